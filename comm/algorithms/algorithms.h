@@ -1,0 +1,56 @@
+// Algorithms turn one collective call into a Plan (comm/engine.h). One file per family:
+// ring.cc (all-reduce, all-gather, reduce-scatter), tree.cc (double binary tree all-reduce, and the
+// rooted broadcast/reduce over a binary tree or a chain, and send/recv).
+// Every rank builds the same message structure from the same arguments; nothing here knows which
+// transport a peer uses.
+#pragma once
+#include <cstddef>
+
+#include "comm/engine.h"
+
+namespace braid {
+
+enum class Algo { kRing, kTree };
+const char* algoName(Algo a);
+
+struct CollArgs {
+  CollKind kind;
+  const void* send;
+  void* recv;
+  std::size_t count;  // as the user passed it
+  DataType dtype;
+  ReduceOp op;
+  int root = -1;
+  int peer = -1;          // send/recv
+  bool isSend = false;    // send/recv
+};
+
+// Where an algorithm runs: this rank, how many, how many channels to spread data over, and
+// persistent scratch memory (grown on demand, kept across calls).
+class Workspace {
+ public:
+  virtual ~Workspace() = default;
+  virtual int rank() const = 0;
+  virtual int nranks() const = 0;
+  virtual std::byte* scratch(std::size_t bytes) = 0;
+};
+
+// Elements [off, off+len) of part i when `total` is split into `parts` nearly equal parts.
+struct Range {
+  std::size_t off;
+  std::size_t len;
+};
+inline Range split(std::size_t total, std::size_t parts, std::size_t i) {
+  std::size_t base = total / parts, rem = total % parts;
+  return {i * base + (i < rem ? i : rem), base + (i < rem ? 1 : 0)};
+}
+
+void buildRingAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
+void buildRingAllGather(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
+void buildRingReduceScatter(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
+void buildTreeAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
+// Broadcast and reduce: `shape` kTree is a binary tree, kRing a pipelined chain.
+void buildRooted(const CollArgs& a, Workspace& ws, Algo shape, int channels, Plan& plan);
+void buildSendRecv(const CollArgs& a, Plan& plan);
+
+}  // namespace braid

@@ -1,0 +1,95 @@
+// Ring algorithms. Rank r sends to r+1 and receives from r-1; data is split into one part per
+// channel and each part into n blocks, and every step forwards the block received in the step
+// before, so a step's send is gated on the previous step's receive (byte by byte, see engine.h).
+//
+// all-reduce, n ranks, step s:      reduce-scatter phase (s = 0..n-2)      all-gather phase (s = 0..n-2)
+//   send block                       r - s                                  r + 1 - s
+//   receive block                    r - s - 1, reduced into recv           r - s, copied into recv
+// After the reduce-scatter phase rank r holds block r+1 fully reduced (the last step applies avg).
+#include <cstring>
+
+#include "comm/algorithms/algorithms.h"
+
+namespace braid {
+namespace {
+std::size_t mod(long long a, int n) { return static_cast<std::size_t>(((a % n) + n) % n); }
+}  // namespace
+
+void buildRingAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan) {
+  const int n = ws.nranks(), r = ws.rank();
+  const std::size_t es = dataTypeSize(a.dtype);
+  auto* send = static_cast<const std::byte*>(a.send);
+  auto* recv = static_cast<std::byte*>(a.recv);
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  const bool avg = a.op == ReduceOp::kAvg;
+  for (int c = 0; c < channels; ++c) {
+    Range part = split(a.count, static_cast<std::size_t>(channels), static_cast<std::size_t>(c));
+    auto blk = [&](std::size_t i) {
+      Range b = split(part.len, static_cast<std::size_t>(n), i);
+      return Range{(part.off + b.off) * es, b.len * es};
+    };
+    int prev = -1;
+    for (int s = 0; s < n - 1; ++s) {
+      Range sb = blk(mod(r - s, n)), rb = blk(mod(r - s - 1, n));
+      plan.send(right, c, (s == 0 ? send : recv) + sb.off, sb.len, prev);
+      prev = plan.recvReduce(left, c, recv + rb.off, send + rb.off, rb.len, -1, avg && s == n - 2);
+    }
+    for (int s = 0; s < n - 1; ++s) {
+      Range sb = blk(mod(r + 1 - s, n)), rb = blk(mod(r - s, n));
+      plan.send(right, c, recv + sb.off, sb.len, prev);
+      prev = plan.recvCopy(left, c, recv + rb.off, rb.len);
+    }
+  }
+}
+
+// all-gather: step s sends block r - s (own block first, straight from the send buffer) and
+// receives block r - s - 1.
+void buildRingAllGather(const CollArgs& a, Workspace& ws, int channels, Plan& plan) {
+  const int n = ws.nranks(), r = ws.rank();
+  const std::size_t es = dataTypeSize(a.dtype);
+  auto* send = static_cast<const std::byte*>(a.send);
+  auto* recv = static_cast<std::byte*>(a.recv);
+  const std::size_t blockBytes = a.count * es;
+  if (send != recv + static_cast<std::size_t>(r) * blockBytes && blockBytes)
+    std::memcpy(recv + static_cast<std::size_t>(r) * blockBytes, send, blockBytes);
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  for (int c = 0; c < channels; ++c) {
+    Range part = split(a.count, static_cast<std::size_t>(channels), static_cast<std::size_t>(c));
+    auto blk = [&](std::size_t i) { return Range{i * blockBytes + part.off * es, part.len * es}; };
+    int prev = -1;
+    for (int s = 0; s < n - 1; ++s) {
+      Range sb = blk(mod(r - s, n)), rb = blk(mod(r - s - 1, n));
+      const std::byte* src = s == 0 ? send + part.off * es : recv + sb.off;
+      plan.send(right, c, src, sb.len, prev);
+      prev = plan.recvCopy(left, c, recv + rb.off, rb.len);
+    }
+  }
+}
+
+// reduce-scatter: step s sends block r - s - 1 and receives block r - s - 2, so the last step
+// (s = n-2) receives block r and writes it to the output. Partial sums live in scratch laid out
+// like the send buffer, so the send buffer is never written.
+void buildRingReduceScatter(const CollArgs& a, Workspace& ws, int channels, Plan& plan) {
+  const int n = ws.nranks(), r = ws.rank();
+  const std::size_t es = dataTypeSize(a.dtype);
+  auto* send = static_cast<const std::byte*>(a.send);
+  auto* recv = static_cast<std::byte*>(a.recv);
+  const std::size_t blockBytes = a.count * es;
+  std::byte* scratch = n > 2 ? ws.scratch(blockBytes * static_cast<std::size_t>(n)) : nullptr;
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  const bool avg = a.op == ReduceOp::kAvg;
+  for (int c = 0; c < channels; ++c) {
+    Range part = split(a.count, static_cast<std::size_t>(channels), static_cast<std::size_t>(c));
+    auto blk = [&](std::size_t i) { return Range{i * blockBytes + part.off * es, part.len * es}; };
+    int prev = -1;
+    for (int s = 0; s < n - 1; ++s) {
+      Range sb = blk(mod(r - s - 1, n)), rb = blk(mod(r - s - 2, n));
+      plan.send(right, c, (s == 0 ? send : scratch) + sb.off, sb.len, prev);
+      bool last = s == n - 2;
+      std::byte* dst = last ? recv + part.off * es : scratch + rb.off;
+      prev = plan.recvReduce(left, c, dst, send + rb.off, rb.len, -1, avg && last);
+    }
+  }
+}
+
+}  // namespace braid

@@ -1,0 +1,156 @@
+// braid.h on top of the internal Comm. Every entry point converts a Status into a braidResult_t
+// and remembers its message for braidGetLastError.
+#include <cstring>
+#include <string>
+
+#include "braid/braid.h"
+#include "comm/c_handle.h"
+#include "comm/communicator.h"
+#include "comm/init.h"
+
+
+namespace {
+thread_local std::string tLastError;
+
+braidResult_t toResult(const braid::Status& s, braid::Comm* comm = nullptr) {
+  if (!s.ok()) {
+    tLastError = s.toString();
+    if (comm) comm->setLastError(s);
+  }
+  return static_cast<braidResult_t>(s.code());
+}
+
+braidResult_t run(braidComm_t comm, const braid::CollArgs& a, void* stream) {
+  if (!comm || !comm->impl) return toResult(braid::Status::InvalidArgument("communicator is NULL"));
+  if (stream)
+    return toResult(braid::Status::InvalidArgument("a CUDA stream was given, but this build of Braid has no CUDA support "
+                                                   "(pass NULL for host buffers)"),
+                    comm->impl.get());
+  return toResult(comm->impl->runBlocking(a), comm->impl.get());
+}
+
+braid::DataType dt(braidDataType_t t) { return static_cast<braid::DataType>(t); }
+braid::ReduceOp rop(braidRedOp_t o) { return static_cast<braid::ReduceOp>(o); }
+
+braidResult_t adopt(braidComm_t* out, braid::Result<std::shared_ptr<braid::Comm>> r) {
+  if (!r.ok()) return toResult(r.status());
+  *out = new braidComm{*r};
+  return braidSuccess;
+}
+}  // namespace
+
+extern "C" {
+
+braidResult_t braidGetUniqueId(braidUniqueId* id) {
+  if (!id) return toResult(braid::Status::InvalidArgument("uniqueId is NULL"));
+  return toResult(braid::makeUniqueId(id));
+}
+
+braidResult_t braidUniqueIdToString(const braidUniqueId* id, char* buf, size_t size) {
+  if (!id || !buf) return toResult(braid::Status::InvalidArgument("NULL argument"));
+  std::string s = braid::uniqueIdToString(*id);
+  if (s.empty()) return toResult(braid::Status::InvalidArgument("not a unique id made by braidGetUniqueId"));
+  if (s.size() + 1 > size) return toResult(braid::Status::InvalidArgument("buffer too small: need " + std::to_string(s.size() + 1)));
+  std::memcpy(buf, s.c_str(), s.size() + 1);
+  return braidSuccess;
+}
+
+braidResult_t braidUniqueIdFromString(const char* text, braidUniqueId* id) {
+  if (!text || !id) return toResult(braid::Status::InvalidArgument("NULL argument"));
+  auto r = braid::uniqueIdFromString(text);
+  if (!r.ok()) return toResult(r.status());
+  *id = *r;
+  return braidSuccess;
+}
+
+braidResult_t braidCommInitRank(braidComm_t* comm, int nranks, braidUniqueId commId, int rank) {
+  if (!comm) return toResult(braid::Status::InvalidArgument("comm is NULL"));
+  return adopt(comm, braid::initFromUniqueId(commId, nranks, rank));
+}
+
+braidResult_t braidCommInitFromEnv(braidComm_t* comm) {
+  if (!comm) return toResult(braid::Status::InvalidArgument("comm is NULL"));
+  return adopt(comm, braid::initFromEnv());
+}
+
+braidResult_t braidCommDestroy(braidComm_t comm) {
+  if (!comm) return toResult(braid::Status::InvalidArgument("communicator is NULL"));
+  braid::Status s = comm->impl->destroy();
+  delete comm;
+  return toResult(s);
+}
+
+braidResult_t braidCommAbort(braidComm_t comm) {
+  if (!comm) return toResult(braid::Status::InvalidArgument("communicator is NULL"));
+  comm->impl->abort();
+  delete comm;
+  return braidSuccess;
+}
+
+braidResult_t braidCommCount(const braidComm_t comm, int* count) {
+  if (!comm || !count) return toResult(braid::Status::InvalidArgument("NULL argument"));
+  *count = comm->impl->nranks();
+  return braidSuccess;
+}
+
+braidResult_t braidCommUserRank(const braidComm_t comm, int* rank) {
+  if (!comm || !rank) return toResult(braid::Status::InvalidArgument("NULL argument"));
+  *rank = comm->impl->rank();
+  return braidSuccess;
+}
+
+braidResult_t braidCommGetAsyncError(braidComm_t comm, braidResult_t* asyncError) {
+  if (!comm || !asyncError) return toResult(braid::Status::InvalidArgument("NULL argument"));
+  *asyncError = static_cast<braidResult_t>(comm->impl->failure().code());
+  return braidSuccess;
+}
+
+braidResult_t braidAllReduce(const void* s, void* r, size_t count, braidDataType_t t, braidRedOp_t op, braidComm_t comm,
+                             void* stream) {
+  return run(comm, {braid::CollKind::kAllReduce, s, r, count, dt(t), rop(op)}, stream);
+}
+
+braidResult_t braidAllGather(const void* s, void* r, size_t sendcount, braidDataType_t t, braidComm_t comm, void* stream) {
+  return run(comm, {braid::CollKind::kAllGather, s, r, sendcount, dt(t), braid::ReduceOp::kSum}, stream);
+}
+
+braidResult_t braidReduceScatter(const void* s, void* r, size_t recvcount, braidDataType_t t, braidRedOp_t op,
+                                 braidComm_t comm, void* stream) {
+  return run(comm, {braid::CollKind::kReduceScatter, s, r, recvcount, dt(t), rop(op)}, stream);
+}
+
+braidResult_t braidBroadcast(const void* s, void* r, size_t count, braidDataType_t t, int root, braidComm_t comm,
+                             void* stream) {
+  return run(comm, {braid::CollKind::kBroadcast, s, r, count, dt(t), braid::ReduceOp::kSum, root}, stream);
+}
+
+braidResult_t braidReduce(const void* s, void* r, size_t count, braidDataType_t t, braidRedOp_t op, int root,
+                          braidComm_t comm, void* stream) {
+  return run(comm, {braid::CollKind::kReduce, s, r, count, dt(t), rop(op), root}, stream);
+}
+
+braidResult_t braidSend(const void* s, size_t count, braidDataType_t t, int peer, braidComm_t comm, void* stream) {
+  return run(comm, {braid::CollKind::kSendRecv, s, nullptr, count, dt(t), braid::ReduceOp::kSum, -1, peer, true}, stream);
+}
+
+braidResult_t braidRecv(void* r, size_t count, braidDataType_t t, int peer, braidComm_t comm, void* stream) {
+  return run(comm, {braid::CollKind::kSendRecv, nullptr, r, count, dt(t), braid::ReduceOp::kSum, -1, peer, false}, stream);
+}
+
+braidResult_t braidBarrier(braidComm_t comm) {
+  return run(comm, {braid::CollKind::kBarrier, nullptr, nullptr, 0, braid::DataType::kInt8, braid::ReduceOp::kSum}, nullptr);
+}
+
+const char* braidGetErrorString(braidResult_t r) {
+  if (r < braidSuccess || r >= braidNumResults) return "unknown result code";
+  return braid::codeName(static_cast<braid::Code>(r));
+}
+
+const char* braidGetLastError(braidComm_t comm) {
+  if (!comm) return tLastError.c_str();
+  thread_local std::string copy;
+  copy = comm->impl->lastError();
+  return copy.c_str();
+}
+
+}  // extern "C"

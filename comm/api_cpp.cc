@@ -1,0 +1,82 @@
+// braid.hpp on top of the internal Comm.
+#include <chrono>
+
+#include "braid/braid.hpp"
+#include "comm/communicator.h"
+#include "comm/init.h"
+
+namespace braid {
+
+Status Work::wait(double timeoutSec) {
+  if (!state_) return Status::InvalidUsage("wait() on an empty Work");
+  std::unique_lock<std::mutex> g(state_->mu);
+  if (timeoutSec < 0) {
+    state_->cv.wait(g, [&] { return state_->done; });
+  } else if (!state_->cv.wait_for(g, std::chrono::duration<double>(timeoutSec), [&] { return state_->done; })) {
+    return Status::Timeout("the work did not finish within " + std::to_string(timeoutSec) + " s (it goes on)");
+  }
+  return state_->status;
+}
+
+bool Work::test() {
+  if (!state_) return true;
+  std::lock_guard<std::mutex> g(state_->mu);
+  return state_->done;
+}
+
+Status Work::status() const {
+  if (!state_) return Status::InvalidUsage("empty Work");
+  std::lock_guard<std::mutex> g(state_->mu);
+  return state_->done ? state_->status : Status::InProgress("still running");
+}
+
+namespace {
+Result<Communicator> wrap(Result<std::shared_ptr<Comm>> r) {
+  if (!r.ok()) return r.status();
+  return Communicator(*r);
+}
+}  // namespace
+
+Result<Communicator> Communicator::fromEnv() { return wrap(initFromEnv()); }
+Result<Communicator> Communicator::fromUniqueId(const braidUniqueId& id, int nranks, int rank) {
+  return wrap(initFromUniqueId(id, nranks, rank));
+}
+Result<Communicator> Communicator::fromStore(const StoreOptions& store, int nranks, int rank) {
+  return wrap(initFromStore(store.host, store.port, store.isHost, nranks, rank));
+}
+
+int Communicator::rank() const { return impl_->rank(); }
+int Communicator::size() const { return impl_->nranks(); }
+std::string Communicator::transportTo(int peer) const {
+  return peer >= 0 && peer < impl_->nranks() ? impl_->transportOf(peer) : "";
+}
+
+Work Communicator::allReduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op) {
+  return Work(impl_->submit({CollKind::kAllReduce, send, recv, count, t, op}));
+}
+Work Communicator::allGather(const void* send, void* recv, std::size_t sendCount, DataType t) {
+  return Work(impl_->submit({CollKind::kAllGather, send, recv, sendCount, t, ReduceOp::kSum}));
+}
+Work Communicator::reduceScatter(const void* send, void* recv, std::size_t recvCount, DataType t, ReduceOp op) {
+  return Work(impl_->submit({CollKind::kReduceScatter, send, recv, recvCount, t, op}));
+}
+Work Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType t, int root) {
+  return Work(impl_->submit({CollKind::kBroadcast, send, recv, count, t, ReduceOp::kSum, root}));
+}
+Work Communicator::reduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op, int root) {
+  return Work(impl_->submit({CollKind::kReduce, send, recv, count, t, op, root}));
+}
+Work Communicator::send(const void* buf, std::size_t count, DataType t, int peer) {
+  return Work(impl_->submit({CollKind::kSendRecv, buf, nullptr, count, t, ReduceOp::kSum, -1, peer, true}));
+}
+Work Communicator::recv(void* buf, std::size_t count, DataType t, int peer) {
+  return Work(impl_->submit({CollKind::kSendRecv, nullptr, buf, count, t, ReduceOp::kSum, -1, peer, false}));
+}
+Work Communicator::barrier() {
+  return Work(impl_->submit({CollKind::kBarrier, nullptr, nullptr, 0, DataType::kInt8, ReduceOp::kSum}));
+}
+
+void Communicator::abort() { impl_->abort(); }
+Status Communicator::asyncError() const { return impl_->failure(); }
+
+}  // namespace braid

@@ -1,0 +1,395 @@
+// Communicator creation, the call path (validate -> fingerprint -> tune -> plan -> engine), and
+// failure handling. A failure seen by any rank is reported once to the store, which tells every
+// other rank; from then on each call on the communicator returns that error.
+#include "comm/communicator.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "comm/log.h"
+#include "comm/tuner.h"
+#include "kernels/reduce.h"
+#include "topology/topology.h"
+#include "transport/registry.h"
+#include "transport/setup.h"
+#include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace braid {
+namespace {
+
+std::uint64_t fnv1a(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string readBootId() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(f, id);
+  return id;
+}
+
+std::string hostName() {
+  char buf[256] = {};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+}  // namespace
+
+void WorkState::finish(Status s) {
+  std::lock_guard<std::mutex> g(mu);
+  status = std::move(s);
+  done = true;
+  cv.notify_all();
+}
+
+Result<std::shared_ptr<Comm>> Comm::create(InitParams params) {
+  std::shared_ptr<Comm> c(new Comm());
+  Status s = c->setup(params);
+  if (!s.ok()) {
+    c->shutdown(true);
+    return s;
+  }
+  return c;
+}
+
+Status Comm::setup(InitParams& p) {
+  rank_ = p.rank;
+  nranks_ = p.nranks;
+  config_ = p.config;
+  log::configure(config_.debug, config_.debugSubsys);
+  log::setRank(rank_);
+  const Deadline deadline = Deadline::after(config_.timeoutSec);
+  const std::string me = "rank " + std::to_string(rank_);
+
+  if (p.hostStore) {
+    // Bind to MASTER_ADDR's interface when it is ours; otherwise (a name that resolves elsewhere,
+    // e.g. behind NAT) to every interface.
+    std::string bindIp = net::isLocalAddress(p.storeIp) ? p.storeIp : "0.0.0.0";
+    auto srv = StoreServer::start(bindIp, p.storePort, p.storeNonce);
+    if (!srv.ok()) return srv.status().withContext(me + " could not host the rendezvous store");
+    storeServer_ = std::move(srv.value());
+  }
+  auto store = StoreClient::connect(p.storeIp, p.storePort, p.storeNonce, rank_, nranks_, deadline);
+  if (!store.ok()) return store.status();
+  store_ = std::move(store.value());
+
+  // The communicator's own nonce names its shared memory and authenticates its sockets.
+  if (rank_ == 0) {
+    unsigned char raw[16] = {};
+    std::ifstream("/dev/urandom", std::ios::binary).read(reinterpret_cast<char*>(raw), sizeof(raw));
+    char hex[33];
+    for (int i = 0; i < 16; ++i) std::snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    Status s = store_->set("comm/nonce", hex, deadline);
+    if (!s.ok()) return s;
+  }
+  auto nonce = store_->get("comm/nonce", deadline);
+  if (!nonce.ok()) return nonce.status();
+  nonce_ = *nonce;
+  commTag_ = fnv1a(nonce_);
+
+  // Publish who this rank is, then learn everyone.
+  tcp_ = std::make_unique<TcpTransport>();
+  PeerInfo self;
+  self.rank = rank_;
+  self.host = hostName();
+  self.bootId = readBootId();
+  self.pid = getpid();
+  self.shmUsable = ShmTransport::probe(config_).usable;
+  if (nranks_ > 1) {
+    Status s = tcp_->listen(config_, p.storeIp);
+    if (!s.ok()) return s.withContext(me + " tcp listener");
+    self.tcpAddr = tcp_->address();
+  }
+  Status s = store_->set("info/" + std::to_string(rank_), self.serialize(), deadline);
+  if (!s.ok()) return s;
+  std::vector<PeerInfo> infos(static_cast<std::size_t>(nranks_));
+  for (int r = 0; r < nranks_; ++r) {
+    auto text = store_->get("info/" + std::to_string(r), deadline);
+    if (!text.ok()) return text.status();
+    auto info = PeerInfo::parse(*text);
+    if (!info.ok()) return info.status();
+    infos[static_cast<std::size_t>(r)] = *info;
+  }
+
+  // Choose a transport per peer and connect.
+  std::vector<int> shmPeers, tcpPeers;
+  transportNames_.assign(static_cast<std::size_t>(nranks_), "self");
+  int localRanks = 0;
+  for (int r = 0; r < nranks_; ++r) {
+    if (infos[static_cast<std::size_t>(r)].sameHostAs(self)) ++localRanks;
+    if (r == rank_) continue;
+    Selection sel = selectTransport(self, infos[static_cast<std::size_t>(r)], config_);
+    transportNames_[static_cast<std::size_t>(r)] = sel.transport;
+    (sel.transport == "shm" ? shmPeers : tcpPeers).push_back(r);
+    BRAID_LOG(kInfo, kInit, "peer %d: %s%s%s", r, sel.transport.c_str(), sel.skipped.empty() ? "" : " (",
+              sel.skipped.empty() ? "" : (sel.skipped + ")").c_str());
+  }
+  SetupContext ctx{rank_, nranks_, nonce_, config_, infos, *store_, deadline};
+  conns_.resize(static_cast<std::size_t>(nranks_));
+  shm_ = std::make_unique<ShmTransport>();
+  auto shmConns = shm_->connect(ctx, shmPeers);
+  if (!shmConns.ok()) {
+    store_->report({Notice::kError, rank_, shmConns.status().code(), me + ": " + shmConns.status().message()});
+    return shmConns.status().withContext(me + " shm setup");
+  }
+  auto tcpConns = tcp_->connect(ctx, tcpPeers);
+  if (!tcpConns.ok()) {
+    store_->report({Notice::kError, rank_, tcpConns.status().code(), me + ": " + tcpConns.status().message()});
+    return tcpConns.status().withContext(me + " tcp setup");
+  }
+  const topology::Summary& topo = topology::summary();
+  bool oversubscribed = localRanks > topo.pus;
+  waiter_ = std::make_unique<Waiter>(config_.spinUs, oversubscribed);
+  if (shm_->myDoorbell()) waiter_->setDoorbell(shm_->myDoorbell());
+  for (auto& c : *shmConns) conns_[static_cast<std::size_t>(c->peer())] = std::move(c);
+  for (auto& c : *tcpConns) {
+    auto* tc = static_cast<TcpConnection*>(c.get());
+    for (int i = 0; i < tc->numChannels(); ++i) waiter_->addSocket(tc->tcpChannel(i).fd());
+    conns_[static_cast<std::size_t>(c->peer())] = std::move(c);
+  }
+  anyTcp_ = !tcpPeers.empty();
+  // Every rank must agree on the tuner's inputs: tcp anywhere makes the whole communicator "tcp".
+  auto tcpCount = store_->add("setup/tcp", anyTcp_ ? 1 : 0, deadline);
+  if (!tcpCount.ok()) return tcpCount.status();
+  s = store_->barrier("setup/done", nranks_, deadline);
+  if (!s.ok()) return s;
+  auto total = store_->add("setup/tcp", 0, deadline);
+  if (!total.ok()) return total.status();
+  anyTcp_ = *total > 0;
+  maxChannels_ = config_.nsocks;
+  shm_->unlinkAll();  // everyone has mapped everything: nothing stays in /dev/shm
+  store_->startWatching([this](const Notice& n) { onNotice(n); });
+  BRAID_LOG(kInfo, kInit, "rank %d of %d ready: %zu shm peers, %zu tcp peers, %d local ranks on %d cpus%s, reduce isa %s",
+            rank_, nranks_, shmPeers.size(), tcpPeers.size(), localRanks, topo.pus,
+            oversubscribed ? " (oversubscribed: spinning less)" : "", kernels::isaName());
+  return Status::Ok();
+}
+
+Comm::~Comm() {
+  if (!closed_.exchange(true)) shutdown(failed_.load());
+}
+
+std::string Comm::transportOf(int peer) const { return transportNames_[static_cast<std::size_t>(peer)]; }
+
+std::byte* Comm::scratch(std::size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);  // zero-filled once: pages touched now, reused later
+  return scratch_.data();
+}
+
+Status Comm::failure() {
+  std::lock_guard<std::mutex> g(failMu_);
+  return failure_;
+}
+
+std::string Comm::lastError() {
+  std::lock_guard<std::mutex> g(errMu_);
+  return lastError_;
+}
+
+void Comm::setLastError(const Status& s) {
+  if (s.ok()) return;
+  std::lock_guard<std::mutex> g(errMu_);
+  lastError_ = s.toString();
+}
+
+void Comm::fail(const Status& s, bool tellOthers) {
+  {
+    std::lock_guard<std::mutex> g(failMu_);
+    if (!failure_.ok()) return;  // the first failure is the root cause
+    failure_ = s;
+    failed_.store(true);
+  }
+  if (waiter_) waiter_->wake();
+  if (tellOthers && store_) store_->report({Notice::kError, rank_, s.code(), s.message()});
+}
+
+void Comm::onNotice(const Notice& n) {
+  if (n.kind == Notice::kPeerGone) {
+    std::string t = n.rank >= 0 && n.rank < nranks_ ? transportOf(n.rank) : "?";
+    fail(Status::RemoteError("rank " + std::to_string(n.rank) + " (" + t + ") exited or closed its connection"), false);
+  } else {
+    fail(Status(n.code, n.message), false);
+  }
+}
+
+Status Comm::validate(const CollArgs& a) const {
+  if (closed_) return Status::InvalidUsage("the communicator was destroyed or aborted");
+  if (!isValid(a.dtype)) return Status::InvalidArgument("unknown data type " + std::to_string(static_cast<int>(a.dtype)));
+  bool reduces = a.kind == CollKind::kAllReduce || a.kind == CollKind::kReduceScatter || a.kind == CollKind::kReduce;
+  if (reduces && !isValid(a.op)) return Status::InvalidArgument("unknown reduction op " + std::to_string(static_cast<int>(a.op)));
+  if ((a.kind == CollKind::kBroadcast || a.kind == CollKind::kReduce) && (a.root < 0 || a.root >= nranks_))
+    return Status::InvalidArgument("root " + std::to_string(a.root) + " is outside 0.." + std::to_string(nranks_ - 1));
+  if (a.kind == CollKind::kSendRecv) {
+    if (a.peer < 0 || a.peer >= nranks_)
+      return Status::InvalidArgument("peer " + std::to_string(a.peer) + " is outside 0.." + std::to_string(nranks_ - 1));
+    if (a.peer == rank_) return Status::InvalidArgument("send/recv to itself (rank " + std::to_string(rank_) + ") is not supported");
+  }
+  const std::size_t es = dataTypeSize(a.dtype);
+  std::size_t elems = a.count;
+  if (a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter) {
+    if (a.count > ~std::size_t{0} / static_cast<std::size_t>(nranks_))
+      return Status::InvalidArgument("count " + std::to_string(a.count) + " times " + std::to_string(nranks_) + " ranks overflows");
+    elems = a.count * static_cast<std::size_t>(nranks_);
+  }
+  if (elems > ~std::size_t{0} / es) return Status::InvalidArgument("count " + std::to_string(a.count) + " overflows the buffer size");
+  if (a.count > 0 && a.kind != CollKind::kBarrier) {
+    bool needSend = a.kind != CollKind::kSendRecv || a.isSend;
+    bool needRecv = a.kind == CollKind::kSendRecv ? !a.isSend : (a.kind != CollKind::kReduce || a.root == rank_);
+    if (a.kind == CollKind::kBroadcast) needSend = a.root == rank_;
+    if (needSend && !a.send) return Status::InvalidArgument("send buffer is NULL with count " + std::to_string(a.count));
+    if (needRecv && !a.recv) return Status::InvalidArgument("receive buffer is NULL with count " + std::to_string(a.count));
+  }
+  return Status::Ok();
+}
+
+Status Comm::execute(const CollArgs& in) {
+  CollArgs a = in;
+  if (failed_) return failure().withContext(std::string(collName(a.kind)) + " on a failed communicator");
+  Fingerprint fp;
+  fp.kind = a.kind;
+  fp.dtype = a.dtype;
+  fp.count = a.count;
+  if (a.kind == CollKind::kAllReduce || a.kind == CollKind::kReduceScatter || a.kind == CollKind::kReduce) fp.op = a.op;
+  if (a.kind == CollKind::kBroadcast || a.kind == CollKind::kReduce) fp.root = a.root;
+  if (a.kind == CollKind::kBroadcast && a.root != rank_) a.send = a.recv;  // only the root's send buffer counts
+  if (a.kind == CollKind::kSendRecv) {
+    fp.root = a.isSend ? a.peer : rank_;
+    fp.sender = a.isSend ? rank_ : a.peer;
+    fp.seq = ++(a.isSend ? sendSeq_ : recvSeq_)[a.peer];
+  } else {
+    fp.seq = ++collSeq_;
+  }
+  const std::size_t es = dataTypeSize(a.dtype);
+  std::size_t total = a.count * es;
+  if (a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter) total *= static_cast<std::size_t>(nranks_);
+
+  if (nranks_ == 1) {  // no peers: a local copy (avg divides by 1)
+    std::size_t bytes = a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter ? a.count * es : total;
+    if (a.kind != CollKind::kBarrier && a.send != a.recv && bytes && a.recv) std::memmove(a.recv, a.send, bytes);
+    return Status::Ok();
+  }
+  TunerChoice t = tune({a.kind, total, nranks_, maxChannels_, anyTcp_}, config_);
+  BRAID_LOG(kInfo, kTune, "%s #%llu: %s, %d channel(s), chunk %zu (model: ring %.1f us, tree %.1f us)",
+            fp.describe().c_str(), static_cast<unsigned long long>(fp.seq), algoName(t.algo), t.channels, t.chunk,
+            t.ringUs, t.treeUs);
+  plan_.reset(fp, commTag_, rank_, nranks_, t.chunk);
+  switch (a.kind) {
+    case CollKind::kAllReduce:
+    case CollKind::kBarrier:
+      if (t.algo == Algo::kTree) buildTreeAllReduce(a, *this, t.channels, plan_);
+      else buildRingAllReduce(a, *this, t.channels, plan_);
+      break;
+    case CollKind::kAllGather: buildRingAllGather(a, *this, t.channels, plan_); break;
+    case CollKind::kReduceScatter: buildRingReduceScatter(a, *this, t.channels, plan_); break;
+    case CollKind::kBroadcast:
+    case CollKind::kReduce: buildRooted(a, *this, t.algo, t.channels, plan_); break;
+    case CollKind::kSendRecv: buildSendRecv(a, plan_); break;
+  }
+  Status s = Engine::run(plan_, *this);
+  if (!s.ok()) {
+    bool fromNotice = failed_.load();
+    fail(s, !fromNotice);
+  }
+  return s;
+}
+
+Status Comm::runBlocking(const CollArgs& a) {
+  Status v = validate(a);
+  if (!v.ok()) return v;
+  {
+    // Calls run in call order: wait for queued asynchronous work first.
+    std::unique_lock<std::mutex> g(qMu_);
+    qCv_.wait(g, [&] { return queue_.empty() && !workerBusy_; });
+  }
+  inFlight_++;
+  Status s;
+  {
+    std::lock_guard<std::mutex> g(execMu_);
+    s = closed_ ? Status::Aborted("the communicator was aborted") : execute(a);
+  }
+  inFlight_--;
+  return s;
+}
+
+std::shared_ptr<WorkState> Comm::submit(const CollArgs& a) {
+  auto w = std::make_shared<WorkState>();
+  Status v = validate(a);
+  if (!v.ok()) {
+    w->finish(v);
+    return w;
+  }
+  std::lock_guard<std::mutex> g(qMu_);
+  if (!worker_.joinable()) worker_ = std::thread([this] { workerLoop(); });
+  queue_.emplace_back(a, w);
+  qCv_.notify_all();
+  return w;
+}
+
+void Comm::workerLoop() {
+  for (;;) {
+    std::pair<CollArgs, std::shared_ptr<WorkState>> item;
+    {
+      std::unique_lock<std::mutex> g(qMu_);
+      qCv_.wait(g, [&] { return stopWorker_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      workerBusy_ = true;
+    }
+    inFlight_++;
+    Status s;
+    {
+      std::lock_guard<std::mutex> g(execMu_);
+      s = closed_ ? Status::Aborted("the communicator was aborted") : execute(item.first);
+    }
+    inFlight_--;
+    setLastError(s);
+    item.second->finish(s);
+    std::lock_guard<std::mutex> g(qMu_);
+    workerBusy_ = false;
+    qCv_.notify_all();
+  }
+}
+
+void Comm::abort() {
+  if (closed_.exchange(true)) return;
+  fail(Status::Aborted("rank " + std::to_string(rank_) + " aborted the communicator"), true);
+  shutdown(true);
+}
+
+Status Comm::destroy() {
+  if (closed_.exchange(true)) return Status::Ok();
+  shutdown(false);
+  return Status::Ok();
+}
+
+void Comm::shutdown(bool abortive) {
+  closed_ = true;
+  {
+    std::lock_guard<std::mutex> g(qMu_);
+    stopWorker_ = true;
+    qCv_.notify_all();
+  }
+  if (abortive) {
+    // Queued work that never started fails now; the running call sees the failure within a slice.
+    std::lock_guard<std::mutex> g(qMu_);
+    for (auto& item : queue_) item.second->finish(Status::Aborted("the communicator was aborted before this call ran"));
+    queue_.clear();
+  }
+  if (worker_.joinable()) worker_.join();
+  std::lock_guard<std::mutex> g(execMu_);  // waits for a blocking call on another thread to leave
+  if (store_) store_->close();
+  if (storeServer_) storeServer_->waitUntilAllLeft(Deadline::after(abortive ? 0 : config_.timeoutSec));
+  conns_.clear();
+  if (shm_) shm_->unlinkAll();
+}
+
+const char* algoName(Algo a) { return a == Algo::kRing ? "ring" : "tree"; }
+
+}  // namespace braid

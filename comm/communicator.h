@@ -1,0 +1,129 @@
+// The communicator: a fixed group of ranks, their connections, and the state that every call shares
+// (sequence numbers, failure, scratch). Blocking calls run on the calling thread; asynchronous ones
+// (braid::Work) run in call order on one worker thread that starts on first use. Either way only one
+// collective runs at a time on a communicator, as NCCL requires of one stream.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/algorithms/algorithms.h"
+#include "comm/config.h"
+#include "comm/engine.h"
+#include "comm/store.h"
+#include "comm/waiter.h"
+#include "transport/transport.h"
+
+namespace braid {
+
+class ShmTransport;
+class TcpTransport;
+
+struct InitParams {
+  int rank = -1;
+  int nranks = -1;
+  std::string storeIp;
+  int storePort = -1;
+  std::string storeNonce;  // admits this communicator's ranks to the store
+  bool hostStore = false;  // this rank runs the store (env mode, rank 0)
+  Config config;
+};
+
+// Shared state of one asynchronous operation.
+struct WorkState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  void finish(Status s);
+};
+
+class Comm final : public EngineHost, public Workspace {
+ public:
+  static Result<std::shared_ptr<Comm>> create(InitParams params);
+  ~Comm() override;
+
+  // Checks the arguments (invalid argument, nothing sent, communicator still usable).
+  Status validate(const CollArgs& a) const;
+  // Runs one call to completion on this thread.
+  Status runBlocking(const CollArgs& a);
+  // Queues one call for the worker thread.
+  std::shared_ptr<WorkState> submit(const CollArgs& a);
+
+  // Stops everything: pending and later calls fail with aborted; other ranks are told.
+  void abort();
+  // Clean shutdown after the last collective.
+  Status destroy();
+
+  // The error that ended the communicator, or ok.
+  Status failure() override;
+  std::string lastError();
+  void setLastError(const Status& s);
+
+  int rank() const override { return rank_; }
+  int nranks() const override { return nranks_; }
+  const Config& config() const { return config_; }
+  // Per peer: "shm", "tcp" or "self", and why the others were skipped.
+  std::string transportOf(int peer) const;
+
+  // EngineHost / Workspace
+  Connection* connection(int peer) override { return conns_[static_cast<std::size_t>(peer)].get(); }
+  Waiter& waiter() override { return *waiter_; }
+  bool failedFast() const override { return failed_.load(std::memory_order_relaxed); }
+  double timeoutSec() const override { return config_.timeoutSec; }
+  std::byte* scratch(std::size_t bytes) override;
+
+ private:
+  Comm() = default;
+  Status setup(InitParams& params);
+  Status execute(const CollArgs& a);
+  void fail(const Status& s, bool tellOthers);
+  void onNotice(const Notice& n);
+  void workerLoop();
+  void shutdown(bool abortive);
+
+  int rank_ = 0, nranks_ = 1;
+  Config config_;
+  std::uint64_t commTag_ = 0;
+  std::string nonce_;
+  std::unique_ptr<StoreServer> storeServer_;
+  std::unique_ptr<StoreClient> store_;
+  std::unique_ptr<ShmTransport> shm_;
+  std::unique_ptr<TcpTransport> tcp_;
+  std::vector<std::unique_ptr<Connection>> conns_;  // by peer rank; null for self
+  std::vector<std::string> transportNames_;
+  std::unique_ptr<Waiter> waiter_;
+  bool anyTcp_ = false;
+  int maxChannels_ = 2;
+
+  std::uint64_t collSeq_ = 0;
+  std::map<int, std::uint64_t> sendSeq_, recvSeq_;
+  Plan plan_;
+  std::vector<std::byte> scratch_;
+
+  std::mutex failMu_;
+  std::atomic<bool> failed_{false};
+  Status failure_;
+  std::mutex errMu_;
+  std::string lastError_;
+
+  std::mutex execMu_;  // one collective at a time
+  std::atomic<int> inFlight_{0};
+  std::atomic<bool> closed_{false};
+
+  std::mutex qMu_;
+  std::condition_variable qCv_;
+  std::deque<std::pair<CollArgs, std::shared_ptr<WorkState>>> queue_;
+  bool workerBusy_ = false;
+  bool stopWorker_ = false;
+  std::thread worker_;
+};
+
+}  // namespace braid

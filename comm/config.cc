@@ -1,0 +1,174 @@
+// The one place Braid reads its environment. Each row binds a variable name to a parser for one
+// Config field, so adding a knob is one line here and one in docs/ENVIRONMENT.md.
+#include "comm/config.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace braid {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+
+Status parseBool(const std::string& s, bool* out) {
+  if (s == "1" || s == "true" || s == "yes" || s == "on") { *out = true; return Status::Ok(); }
+  if (s == "0" || s == "false" || s == "no" || s == "off") { *out = false; return Status::Ok(); }
+  return Status::InvalidArgument("expected 0 or 1");
+}
+
+Result<long long> parseInt(const std::string& s) {
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno || end == s.c_str() || *end) return Status::InvalidArgument("expected an integer");
+  return v;
+}
+
+struct Row {
+  const char* name;
+  const char* defaultValue;
+  const char* meaning;
+  Status (*set)(Config&, const std::string&);
+};
+
+#define BRAID_ASSIGN_INT(field, lo, hi)                                              \
+  [](Config& c, const std::string& s) -> Status {                                    \
+    auto v = parseInt(s);                                                            \
+    if (!v.ok()) return v.status();                                                  \
+    if (*v < (lo) || *v > (hi)) return Status::InvalidArgument("out of range");      \
+    c.field = static_cast<int>(*v);                                                  \
+    return Status::Ok();                                                             \
+  }
+
+const Row kRows[] = {
+    {"BRAID_DEBUG", "WARN", "log level: WARN, INFO or TRACE (INFO shows transport and algorithm choices)",
+     [](Config& c, const std::string& s) -> Status {
+       if (s != "WARN" && s != "INFO" && s != "TRACE" && s != "NONE")
+         return Status::InvalidArgument("expected NONE, WARN, INFO or TRACE");
+       c.debug = s;
+       return Status::Ok();
+     }},
+    {"BRAID_DEBUG_SUBSYS", "ALL", "comma list of subsystems to log: INIT, COLL, NET, SHM, TUNE, BOOT, ALL",
+     [](Config& c, const std::string& s) -> Status { c.debugSubsys = s; return Status::Ok(); }},
+    {"BRAID_TIMEOUT", "300", "seconds any blocking step may wait before it fails with a timeout",
+     [](Config& c, const std::string& s) -> Status {
+       char* end = nullptr;
+       double v = std::strtod(s.c_str(), &end);
+       if (end == s.c_str() || *end || !(v > 0)) return Status::InvalidArgument("expected seconds > 0");
+       c.timeoutSec = v;
+       return Status::Ok();
+     }},
+    {"BRAID_ALGO", "auto", "force the algorithm: ring or tree (auto: the tuner's cost model decides)",
+     [](Config& c, const std::string& s) -> Status {
+       if (s != "auto" && s != "ring" && s != "tree") return Status::InvalidArgument("expected auto, ring or tree");
+       c.algo = s;
+       return Status::Ok();
+     }},
+    {"BRAID_SHM_DISABLE", "0", "1: never use shared memory, so ranks on one host talk over tcp",
+     [](Config& c, const std::string& s) { return parseBool(s, &c.shmDisable); }},
+    {"BRAID_IB_DISABLE", "0", "1: never use InfiniBand verbs",
+     [](Config& c, const std::string& s) { return parseBool(s, &c.ibDisable); }},
+    {"BRAID_SOCKET_IFNAME", "", "interfaces for tcp: prefix list, ^ to exclude, = for exact (eth,^docker,=ib0)",
+     [](Config& c, const std::string& s) -> Status { c.socketIfname = s; return Status::Ok(); }},
+    {"BRAID_NSOCKS", "2", "tcp sockets (channels) per peer, 2 to 16",
+     BRAID_ASSIGN_INT(nsocks, 2, 16)},
+    {"BRAID_BUFFSIZE", "1M", "staging buffer per channel and direction (shm ring, tcp receive buffer); power of two",
+     [](Config& c, const std::string& s) -> Status {
+       auto v = parseSize(s);
+       if (!v.ok()) return v.status();
+       if (*v < 4096 || (*v & (*v - 1))) return Status::InvalidArgument("expected a power of two >= 4K");
+       c.buffSize = *v;
+       return Status::Ok();
+     }},
+    {"BRAID_CHUNKSIZE", "0", "bytes a pipeline step moves at most (0: the tuner decides)",
+     [](Config& c, const std::string& s) -> Status {
+       auto v = parseSize(s);
+       if (!v.ok()) return v.status();
+       c.chunkSize = *v;
+       return Status::Ok();
+     }},
+    {"BRAID_COMM_ID", "", "host:port of the rendezvous listener that braidGetUniqueId opens (default: any port)",
+     [](Config& c, const std::string& s) -> Status { c.commId = s; return Status::Ok(); }},
+    {"BRAID_SPIN_US", "-1", "microseconds to spin before yielding and then blocking (-1: auto, less when oversubscribed)",
+     BRAID_ASSIGN_INT(spinUs, -1, 1000000)},
+};
+#undef BRAID_ASSIGN_INT
+
+}  // namespace
+
+Result<std::size_t> parseSize(const std::string& text) {
+  if (text.empty()) return Status::InvalidArgument("empty size");
+  std::size_t mult = 1;
+  std::string digits = text;
+  switch (text.back()) {
+    case 'K': case 'k': mult = 1ull << 10; digits.pop_back(); break;
+    case 'M': case 'm': mult = 1ull << 20; digits.pop_back(); break;
+    case 'G': case 'g': mult = 1ull << 30; digits.pop_back(); break;
+    default: break;
+  }
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
+    return Status::InvalidArgument("'" + text + "' is not a size (digits with an optional K, M or G)");
+  errno = 0;
+  unsigned long long v = std::strtoull(digits.c_str(), nullptr, 10);
+  if (errno || v > ~std::size_t{0} / mult) return Status::InvalidArgument("size '" + text + "' is too large");
+  return static_cast<std::size_t>(v * mult);
+}
+
+Result<Config> Config::fromEnvironment() {
+  Config c;
+  for (const Row& row : kRows) {
+    const char* v = env(row.name);
+    if (!v) continue;
+    Status s = row.set(c, v);
+    if (!s.ok())
+      return Status::InvalidArgument(std::string(row.name) + "='" + v + "': " + s.message() + " (" + row.meaning + ")");
+  }
+  return c;
+}
+
+std::vector<ConfigRow> describeConfig() {
+  std::vector<ConfigRow> out;
+  for (const Row& row : kRows) {
+    const char* v = env(row.name);
+    out.push_back({row.name, row.defaultValue, row.meaning, v ? v : ""});
+  }
+  return out;
+}
+
+Result<LaunchEnv> readLaunchEnv() {
+  LaunchEnv le;
+  struct Names { const char* rank; const char* size; const char* local; const char* localSize; const char* source; };
+  const Names kFamilies[] = {
+      {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun"},
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "Open MPI"},
+      {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "Slurm"},
+  };
+  auto readInt = [](const char* name, int* out) -> Status {
+    const char* v = env(name);
+    if (!v) return Status::Ok();
+    auto n = parseInt(v);
+    if (!n.ok() || *n < 0 || *n > 1 << 30) return Status::InvalidArgument(std::string(name) + "='" + v + "' is not a valid number");
+    *out = static_cast<int>(*n);
+    return Status::Ok();
+  };
+  for (const Names& f : kFamilies) {
+    if (!env(f.rank)) continue;
+    le.source = f.source;
+    for (auto [name, field] : {std::pair{f.rank, &le.rank}, {f.size, &le.worldSize}, {f.local, &le.localRank},
+                               {f.localSize, &le.localWorldSize}}) {
+      Status s = readInt(name, field);
+      if (!s.ok()) return s;
+    }
+    break;
+  }
+  if (const char* a = env("MASTER_ADDR")) le.masterAddr = a;
+  Status s = readInt("MASTER_PORT", &le.masterPort);
+  if (!s.ok()) return s;
+  return le;
+}
+
+}  // namespace braid

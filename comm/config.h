@@ -1,0 +1,55 @@
+// Every BRAID_* variable is one field of Config, listed once in the table in config.cc with its
+// default and a one-line meaning. Read once at communicator creation and passed down; getenv appears
+// nowhere else in Braid. `braid info` prints the table; docs/ENVIRONMENT.md documents it.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "braid/status.hpp"
+
+namespace braid {
+
+struct Config {
+  std::string debug = "WARN";        // BRAID_DEBUG
+  std::string debugSubsys = "ALL";   // BRAID_DEBUG_SUBSYS
+  double timeoutSec = 300;           // BRAID_TIMEOUT
+  std::string algo = "auto";         // BRAID_ALGO
+  bool shmDisable = false;           // BRAID_SHM_DISABLE
+  bool ibDisable = false;            // BRAID_IB_DISABLE
+  std::string socketIfname;          // BRAID_SOCKET_IFNAME
+  int nsocks = 2;                    // BRAID_NSOCKS
+  std::size_t buffSize = 1 << 20;    // BRAID_BUFFSIZE
+  std::size_t chunkSize = 0;         // BRAID_CHUNKSIZE (0: tuner decides)
+  std::string commId;                // BRAID_COMM_ID
+  int spinUs = -1;                   // BRAID_SPIN_US (-1: auto)
+
+  // Reads every BRAID_* variable; an unparsable value is an invalid-argument error naming it.
+  static Result<Config> fromEnvironment();
+};
+
+// One row of the table, for `braid info` and the docs.
+struct ConfigRow {
+  const char* name;
+  const char* defaultValue;
+  const char* meaning;
+  std::string current;  // value in effect ("" when unset)
+};
+std::vector<ConfigRow> describeConfig();
+
+// The launcher's variables (torchrun's names first, then Open MPI's, then Slurm's).
+struct LaunchEnv {
+  int rank = -1;
+  int worldSize = -1;
+  int localRank = -1;
+  int localWorldSize = -1;
+  std::string masterAddr;
+  int masterPort = -1;
+  std::string source;  // "torchrun", "Open MPI", "Slurm" or "" when none is set
+};
+Result<LaunchEnv> readLaunchEnv();
+
+// "4M" -> 4194304; accepts K, M, G (powers of 1024) and plain numbers.
+Result<std::size_t> parseSize(const std::string& text);
+
+}  // namespace braid

@@ -1,0 +1,29 @@
+// Every blocking step in Braid is bounded: it takes a Deadline (from BRAID_TIMEOUT) and fails with a
+// timeout once it has passed.
+#pragma once
+#include <chrono>
+
+namespace braid {
+
+using Clock = std::chrono::steady_clock;
+
+class Deadline {
+ public:
+  static Deadline after(double seconds) {
+    return Deadline(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+  }
+  bool expired() const { return Clock::now() >= at_; }
+  // Milliseconds left, at least 0, at most cap (for poll/epoll slices).
+  int msLeft(int cap = 1 << 30) const {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(at_ - Clock::now()).count();
+    if (ms < 0) return 0;
+    return ms > cap ? cap : static_cast<int>(ms);
+  }
+  Clock::time_point at() const { return at_; }
+
+ private:
+  explicit Deadline(Clock::time_point at) : at_(at) {}
+  Clock::time_point at_;
+};
+
+}  // namespace braid

@@ -1,0 +1,266 @@
+#include "comm/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "comm/waiter.h"
+#include "kernels/reduce.h"
+#include "transport/transport.h"
+
+namespace braid {
+namespace {
+constexpr std::size_t kHeaderBytes = sizeof(WireHeader);
+std::size_t padOf(std::size_t bytes) { return (8 - bytes % 8) % 8; }
+const std::byte kZeros[8] = {};
+}  // namespace
+
+void Plan::reset(const Fingerprint& f, std::uint64_t commTag, int rank, int nranks, std::size_t chunk) {
+  fp_ = f;
+  commTag_ = commTag;
+  rank_ = rank;
+  nranks_ = nranks;
+  chunk_ = std::max<std::size_t>(chunk, 64);
+  ops_.clear();
+  queues_.clear();
+}
+
+int Plan::add(Op op) {
+  int idx = static_cast<int>(ops_.size());
+  bool sending = op.kind == Op::kSend;
+  auto it = std::find_if(queues_.begin(), queues_.end(), [&](const Queue& q) {
+    return q.peer == op.peer && q.channel == op.channel && q.sending == sending;
+  });
+  if (it == queues_.end()) {
+    queues_.push_back({op.peer, op.channel, sending, {}, 0});
+    it = queues_.end() - 1;
+  }
+  // The step number counts messages within one queue, so both ends agree on it.
+  op.step = static_cast<std::uint32_t>(it->ops.size());
+  it->ops.push_back(idx);
+  ops_.push_back(op);
+  return idx;
+}
+
+int Plan::send(int peer, int channel, const void* src, std::size_t bytes, int dep) {
+  Op op{};
+  op.kind = Op::kSend;
+  op.peer = peer;
+  op.channel = channel;
+  op.src = static_cast<const std::byte*>(src);
+  op.bytes = bytes;
+  op.dep = dep;
+  return add(op);
+}
+
+int Plan::recvCopy(int peer, int channel, void* dst, std::size_t bytes, int dep) {
+  Op op{};
+  op.kind = Op::kRecvCopy;
+  op.peer = peer;
+  op.channel = channel;
+  op.dst = static_cast<std::byte*>(dst);
+  op.bytes = bytes;
+  op.dep = dep;
+  return add(op);
+}
+
+int Plan::recvReduce(int peer, int channel, void* dst, const void* local, std::size_t bytes, int dep, bool finalDivide) {
+  Op op{};
+  op.kind = Op::kRecvReduce;
+  op.peer = peer;
+  op.channel = channel;
+  op.dst = static_cast<std::byte*>(dst);
+  op.src = static_cast<const std::byte*>(local);
+  op.bytes = bytes;
+  op.dep = dep;
+  op.finalDivide = finalDivide;
+  return add(op);
+}
+
+// Drives the queues of one plan; lives only for one Engine::run.
+struct PlanRunner {
+  Plan& plan;
+  EngineHost& host;
+  std::vector<Op>& ops;
+  const Fingerprint& fp;
+  std::size_t esize;
+
+  std::string where(const Op& op) {
+    Connection* c = host.connection(op.peer);
+    return "rank " + std::to_string(op.peer) + " (" + std::string(c ? c->transport() : "?") + ", channel " +
+           std::to_string(op.channel) + ")";
+  }
+
+  // Bytes of this op's payload whose inputs are ready.
+  std::size_t limit(const Op& op) const {
+    if (op.dep < 0) return op.bytes;
+    return std::min(op.bytes, ops[static_cast<std::size_t>(op.dep)].done);
+  }
+  bool depStarted(const Op& op) const { return op.dep < 0 || ops[static_cast<std::size_t>(op.dep)].started; }
+
+  Result<bool> advanceSend(Op& op, Channel& ch) {
+    bool moved = false;
+    if (!op.started) {
+      if (!depStarted(op)) return false;
+      if (op.hdrDone == 0) op.hdr = makeHeader(fp, plan.commTag_, plan.rank_, op.bytes, op.step);
+      auto k = ch.trySend(reinterpret_cast<const std::byte*>(&op.hdr) + op.hdrDone, kHeaderBytes - op.hdrDone);
+      if (!k.ok()) return k.status();
+      op.hdrDone += *k;
+      moved = *k > 0;
+      if (op.hdrDone < kHeaderBytes) return moved;
+      op.started = true;
+    }
+    while (op.done < op.bytes) {
+      std::size_t n = std::min(limit(op) - op.done, plan.chunk_);
+      if (n == 0) return moved;
+      auto k = ch.trySend(op.src + op.done, n);
+      if (!k.ok()) return k.status();
+      if (*k == 0) return moved;
+      op.done += *k;
+      moved = true;
+    }
+    std::size_t pad = padOf(op.bytes);
+    if (op.padDone < pad) {
+      auto k = ch.trySend(kZeros, pad - op.padDone);
+      if (!k.ok()) return k.status();
+      op.padDone += *k;
+      moved |= *k > 0;
+      if (op.padDone < pad) return moved;
+    }
+    op.complete = true;
+    return true;
+  }
+
+  Status checkHeader(const Op& op) {
+    const WireHeader& h = op.hdr;
+    Fingerprint theirs = fingerprintOf(h);
+    if (h.magic != kWireMagic || h.commTag != plan.commTag_)
+      return Status::Internal("corrupt or foreign message from " + where(op) + " during " + fp.describe() + " #" +
+                              std::to_string(fp.seq));
+    if (!theirs.sameCall(fp) || h.sender != op.peer) {
+      int a = std::min(plan.rank_, op.peer), b = std::max(plan.rank_, op.peer);
+      const Fingerprint& fa = a == plan.rank_ ? fp : theirs;
+      const Fingerprint& fb = a == plan.rank_ ? theirs : fp;
+      return Status::InvalidUsage("rank " + std::to_string(a) + " called " + fa.describe() + " as #" +
+                                  std::to_string(fa.seq) + " but rank " + std::to_string(b) + " called " +
+                                  fb.describe() + " as #" + std::to_string(fb.seq) +
+                                  ": every rank must issue the same collectives in the same order");
+    }
+    if (h.bytes != op.bytes || h.step != op.step)
+      return Status::Internal("rank " + std::to_string(op.peer) + " sent message " + std::to_string(h.step) + " of " +
+                              std::to_string(h.bytes) + " bytes where rank " + std::to_string(plan.rank_) +
+                              " expected message " + std::to_string(op.step) + " of " + std::to_string(op.bytes) +
+                              " bytes in " + fp.describe() + " #" + std::to_string(fp.seq) +
+                              " (ranks chose different algorithms: set the same BRAID_ALGO/BRAID_NSOCKS everywhere)");
+    return Status::Ok();
+  }
+
+  Result<bool> advanceRecv(Op& op, Channel& ch) {
+    bool moved = false;
+    if (!op.started) {
+      auto k = ch.tryRecv(reinterpret_cast<std::byte*>(&op.hdr) + op.hdrDone, kHeaderBytes - op.hdrDone);
+      if (!k.ok()) return k.status();
+      op.hdrDone += *k;
+      moved = *k > 0;
+      if (op.hdrDone < kHeaderBytes) return moved;
+      Status s = checkHeader(op);
+      if (!s.ok()) return s;
+      op.started = true;
+    }
+    while (op.done < op.bytes) {
+      std::size_t want = std::min(op.bytes - op.done, plan.chunk_);
+      if (op.kind == Op::kRecvCopy) {
+        auto k = ch.tryRecv(op.dst + op.done, want);
+        if (!k.ok()) return k.status();
+        if (*k == 0) return moved;
+        op.done += *k;
+        moved = true;
+        continue;
+      }
+      want = std::min(want, limit(op) - op.done);
+      auto view = ch.peek();
+      if (!view.ok()) return view.status();
+      std::size_t n = std::min(view->size(), want) / esize * esize;
+      if (n == 0) return moved;
+      std::size_t elems = n / esize;
+      kernels::reduce(op.dst + op.done, op.src + op.done, view->data(), elems, fp.dtype, fp.op);
+      if (op.finalDivide) kernels::divide(op.dst + op.done, elems, fp.dtype, plan.nranks_);
+      ch.consume(n);
+      op.done += n;
+      moved = true;
+    }
+    std::size_t pad = padOf(op.bytes);
+    if (op.padDone < pad) {
+      std::byte sink[8];
+      auto k = ch.tryRecv(sink, pad - op.padDone);
+      if (!k.ok()) return k.status();
+      op.padDone += *k;
+      moved |= *k > 0;
+      if (op.padDone < pad) return moved;
+    }
+    op.complete = true;
+    return true;
+  }
+
+  // Advances one queue as far as it goes; true if anything moved.
+  Result<bool> advance(Plan::Queue& q) {
+    Connection* conn = host.connection(q.peer);
+    Channel& ch = conn->channel(q.channel);
+    bool moved = false;
+    while (q.head < q.ops.size()) {
+      Op& op = ops[static_cast<std::size_t>(q.ops[q.head])];
+      auto r = op.kind == Op::kSend ? advanceSend(op, ch) : advanceRecv(op, ch);
+      if (!r.ok()) return r;
+      moved |= *r;
+      if (!op.complete) break;
+      ++q.head;
+    }
+    return moved;
+  }
+};
+
+Status Engine::run(Plan& plan, EngineHost& host) {
+  const Fingerprint& fp = plan.fp_;
+  PlanRunner runner{plan, host, plan.ops_, fp, std::max<std::size_t>(dataTypeSize(fp.dtype), 1)};
+  std::string what = fp.describe() + " #" + std::to_string(fp.seq);
+  Waiter& waiter = host.waiter();
+  waiter.progressed();
+  const Deadline deadline = Deadline::after(host.timeoutSec());
+  // Receives first in each pass, so that sends gated on them see the bytes they just finished.
+  std::stable_partition(plan.queues_.begin(), plan.queues_.end(), [](const Plan::Queue& q) { return !q.sending; });
+  for (;;) {
+    bool moved = false, all = true;
+    for (Plan::Queue& q : plan.queues_) {
+      if (q.head == q.ops.size()) continue;
+      auto r = runner.advance(q);
+      if (!r.ok()) {
+        Status fail = host.failure();  // a notice may already name the root cause
+        if (!fail.ok()) return fail.withContext(what + " failed on rank " + std::to_string(plan.rank_));
+        return r.status().withContext(what + " failed on rank " + std::to_string(plan.rank_));
+      }
+      moved |= *r;
+      all &= q.head == q.ops.size();
+    }
+    if (all) return Status::Ok();
+    if (host.failedFast()) return host.failure().withContext(what + " failed on rank " + std::to_string(plan.rank_));
+    if (moved) {
+      waiter.progressed();
+      continue;
+    }
+    waiter.idle();
+    if (deadline.expired()) {
+      // Name the first peer this rank is still waiting to hear from (else to send to).
+      const Plan::Queue* stuck = nullptr;
+      for (const Plan::Queue& q : plan.queues_)
+        if (q.head < q.ops.size() && (!stuck || (stuck->sending && !q.sending))) stuck = &q;
+      const Op& op = plan.ops_[static_cast<std::size_t>(stuck->ops[stuck->head])];
+      return Status::Timeout(what + " on rank " + std::to_string(plan.rank_) + " timed out after " +
+                             std::to_string(static_cast<long>(host.timeoutSec())) + " s waiting " +
+                             (stuck->sending ? "to send to " : "to receive from ") + runner.where(op) + " (" +
+                             std::to_string(op.done) + " of " + std::to_string(op.bytes) +
+                             " bytes moved): that rank is stuck, slow, or not calling this collective; "
+                             "raise BRAID_TIMEOUT if it is only slow");
+    }
+  }
+}
+
+}  // namespace braid

@@ -1,0 +1,90 @@
+// The engine runs one collective as a Plan: per (peer, channel, direction) a FIFO queue of
+// messages. A message may depend on another one: it may only move bytes that the other has already
+// finished (a send forwards what a receive has reduced, a reduction waits for its local operand),
+// which pipelines every algorithm at the granularity of `chunk` bytes without explicit chunk loops.
+// The calling thread drives the plan to completion itself (no hand-off), spinning then sleeping
+// through the Waiter when nothing moves.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "braid/status.hpp"
+#include "braid/types.hpp"
+#include "comm/deadline.h"
+#include "comm/fingerprint.h"
+
+namespace braid {
+
+class Connection;
+class Waiter;
+
+struct Op {
+  enum Kind : std::uint8_t { kSend, kRecvCopy, kRecvReduce };
+  Kind kind;
+  bool finalDivide = false;  // avg: divide by nranks as the last reduction step writes
+  bool started = false;      // header sent / received and checked
+  bool complete = false;
+  int peer = -1;
+  int channel = 0;
+  int dep = -1;              // op whose finished bytes gate this one
+  std::uint32_t step = 0;
+  const std::byte* src = nullptr;  // send: source; reduce: local operand
+  std::byte* dst = nullptr;        // receives
+  std::size_t bytes = 0;
+  std::size_t done = 0;            // payload bytes finished
+  std::size_t hdrDone = 0;
+  std::size_t padDone = 0;
+  WireHeader hdr{};                // send: built at start; receive: as read
+};
+
+class Plan {
+ public:
+  void reset(const Fingerprint& f, std::uint64_t commTag, int rank, int nranks, std::size_t chunk);
+  int send(int peer, int channel, const void* src, std::size_t bytes, int dep = -1);
+  int recvCopy(int peer, int channel, void* dst, std::size_t bytes, int dep = -1);
+  int recvReduce(int peer, int channel, void* dst, const void* local, std::size_t bytes, int dep = -1,
+                 bool finalDivide = false);
+  const Fingerprint& fingerprint() const { return fp_; }
+  bool empty() const { return ops_.empty(); }
+
+ private:
+  friend class Engine;
+  friend struct PlanRunner;
+  struct Queue {
+    int peer;
+    int channel;
+    bool sending;
+    std::vector<int> ops;
+    std::size_t head = 0;
+  };
+  int add(Op op);
+  Fingerprint fp_;
+  std::uint64_t commTag_ = 0;
+  int rank_ = 0;
+  int nranks_ = 1;
+  std::size_t chunk_ = 1 << 18;
+  std::vector<Op> ops_;
+  std::vector<Queue> queues_;
+};
+
+// What the engine needs from the communicator: connections, the waiter, and the failure flag.
+class EngineHost {
+ public:
+  virtual ~EngineHost() = default;
+  virtual Connection* connection(int peer) = 0;
+  virtual Waiter& waiter() = 0;
+  // Non-ok once the communicator has failed (a notice from another rank, or an abort).
+  virtual Status failure() = 0;
+  virtual bool failedFast() const = 0;  // a relaxed load, checked on every pass
+  virtual double timeoutSec() const = 0;
+};
+
+class Engine {
+ public:
+  // Runs the plan to completion; on failure returns a Status naming the collective, its sequence
+  // number, this rank, and the peer and transport involved.
+  static Status run(Plan& plan, EngineHost& host);
+};
+
+}  // namespace braid

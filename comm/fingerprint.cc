@@ -1,0 +1,62 @@
+#include "comm/fingerprint.h"
+
+namespace braid {
+
+const char* collName(CollKind k) {
+  switch (k) {
+    case CollKind::kAllReduce: return "allreduce";
+    case CollKind::kAllGather: return "allgather";
+    case CollKind::kReduceScatter: return "reducescatter";
+    case CollKind::kBroadcast: return "broadcast";
+    case CollKind::kReduce: return "reduce";
+    case CollKind::kSendRecv: return "send/recv";
+    case CollKind::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+std::string Fingerprint::describe() const {
+  std::string s;
+  if (kind == CollKind::kSendRecv) {
+    s = "send/recv(count=" + std::to_string(count) + ", " + dataTypeName(dtype) + ") rank " + std::to_string(sender) +
+        "->" + std::to_string(root);
+    return s;
+  }
+  if (kind == CollKind::kBarrier) return "barrier()";
+  s = std::string(collName(kind)) + "(count=" + std::to_string(count) + ", " + dataTypeName(dtype);
+  if (kind == CollKind::kAllReduce || kind == CollKind::kReduceScatter || kind == CollKind::kReduce)
+    s += std::string(", ") + reduceOpName(op);
+  if (kind == CollKind::kBroadcast || kind == CollKind::kReduce) s += ", root=" + std::to_string(root);
+  return s + ")";
+}
+
+WireHeader makeHeader(const Fingerprint& f, std::uint64_t commTag, int sender, std::uint64_t bytes, std::uint32_t step) {
+  WireHeader h{};
+  h.magic = kWireMagic;
+  h.kind = static_cast<std::int32_t>(f.kind);
+  h.commTag = commTag;
+  h.seq = f.seq;
+  h.count = f.count;
+  h.dtype = static_cast<std::int32_t>(f.dtype);
+  h.op = static_cast<std::int32_t>(f.op);
+  h.root = f.root;
+  h.sender = sender;
+  h.bytes = bytes;
+  h.p2pSender = f.sender;
+  h.step = step;
+  return h;
+}
+
+Fingerprint fingerprintOf(const WireHeader& h) {
+  Fingerprint f;
+  f.kind = static_cast<CollKind>(h.kind);
+  f.dtype = static_cast<DataType>(h.dtype);
+  f.op = static_cast<ReduceOp>(h.op);
+  f.root = h.root;
+  f.count = h.count;
+  f.seq = h.seq;
+  f.sender = h.p2pSender;
+  return f;
+}
+
+}  // namespace braid

@@ -1,0 +1,56 @@
+// What identifies one collective call on one rank: the kind, its arguments that every rank must
+// agree on, and its sequence number. Every message starts with a WireHeader carrying the sender's
+// fingerprint, so a receiver notices at the first byte when ranks called different things.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "braid/types.hpp"
+
+namespace braid {
+
+enum class CollKind : std::int32_t {
+  kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast, kReduce, kSendRecv, kBarrier,
+};
+const char* collName(CollKind k);
+
+struct Fingerprint {
+  CollKind kind = CollKind::kBarrier;
+  DataType dtype = DataType::kInt8;
+  ReduceOp op = ReduceOp::kSum;
+  std::int32_t root = -1;     // rooted collectives; for send/recv the receiving rank
+  std::uint64_t count = 0;    // the user's count (per-rank count for all-gather/reduce-scatter)
+  std::uint64_t seq = 0;      // collectives: per communicator; send/recv: per ordered pair
+  std::int32_t sender = -1;   // send/recv: the sending rank
+
+  // "allreduce(count=1024, float32, sum)", "broadcast(count=8, int32, root=2)", "send(count=4, float32) 1->3"
+  std::string describe() const;
+  bool sameCall(const Fingerprint& o) const {
+    return kind == o.kind && dtype == o.dtype && op == o.op && root == o.root && count == o.count && seq == o.seq &&
+           sender == o.sender;
+  }
+};
+
+inline constexpr std::uint32_t kWireMagic = 0x31445242;  // "BRD1"
+
+// 64 bytes before every message on every channel.
+struct WireHeader {
+  std::uint32_t magic;
+  std::int32_t kind;
+  std::uint64_t commTag;
+  std::uint64_t seq;
+  std::uint64_t count;
+  std::int32_t dtype;
+  std::int32_t op;
+  std::int32_t root;
+  std::int32_t sender;     // the rank that sent this message
+  std::uint64_t bytes;     // payload bytes that follow (then zero padding to a multiple of 8)
+  std::int32_t p2pSender;  // Fingerprint::sender
+  std::uint32_t step;
+};
+static_assert(sizeof(WireHeader) == 64);
+
+WireHeader makeHeader(const Fingerprint& f, std::uint64_t commTag, int sender, std::uint64_t bytes, std::uint32_t step);
+Fingerprint fingerprintOf(const WireHeader& h);
+
+}  // namespace braid

@@ -1,0 +1,163 @@
+#include "comm/init.h"
+
+#include <cstring>
+#include <fstream>
+
+#include "comm/communicator.h"
+#include "comm/log.h"
+#include "transport/socket.h"
+
+namespace braid {
+namespace {
+
+constexpr char kIdMagic[8] = {'B', 'R', 'A', 'I', 'D', 'I', 'D', '1'};
+
+struct IdLayout {
+  char magic[8];
+  char ip[40];
+  std::int32_t port;
+  char nonce[40];
+  char reserved[36];
+};
+static_assert(sizeof(IdLayout) == BRAID_UNIQUE_ID_BYTES);
+
+std::string randomHex(int bytes) {
+  std::string raw(static_cast<std::size_t>(bytes), '\0');
+  std::ifstream("/dev/urandom", std::ios::binary).read(raw.data(), bytes);
+  std::string hex;
+  char b[3];
+  for (unsigned char c : raw) {
+    std::snprintf(b, sizeof(b), "%02x", c);
+    hex += b;
+  }
+  return hex;
+}
+
+Result<std::pair<std::string, int>> splitHostPort(const std::string& text) {
+  std::size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) return Status::InvalidArgument("'" + text + "' is not host:port");
+  char* end = nullptr;
+  long port = std::strtol(text.c_str() + colon + 1, &end, 10);
+  if (*end || port < 0 || port > 65535) return Status::InvalidArgument("'" + text + "' has no valid port");
+  return std::pair{text.substr(0, colon), static_cast<int>(port)};
+}
+
+// Where a listener for other ranks should bind when nobody said: the configured interface, else
+// the first non-loopback IPv4 address, else loopback.
+std::string defaultListenIp(const Config& c) {
+  if (!c.socketIfname.empty()) {
+    auto ip = net::addressForInterfaces(c.socketIfname);
+    if (ip.ok()) return *ip;
+  }
+  auto ip = net::addressForInterfaces("^lo");
+  return ip.ok() ? *ip : "127.0.0.1";
+}
+
+Result<std::shared_ptr<Comm>> initWith(InitParams p, int nranks, int rank) {
+  if (nranks < 1) return Status::InvalidArgument("nranks must be at least 1 (got " + std::to_string(nranks) + ")");
+  if (rank < 0 || rank >= nranks)
+    return Status::InvalidArgument("rank " + std::to_string(rank) + " is outside 0.." + std::to_string(nranks - 1));
+  auto cfg = Config::fromEnvironment();
+  if (!cfg.ok()) return cfg.status();
+  p.config = *cfg;
+  p.rank = rank;
+  p.nranks = nranks;
+  return Comm::create(std::move(p));
+}
+
+}  // namespace
+
+Status makeUniqueId(braidUniqueId* id) {
+  auto cfg = Config::fromEnvironment();
+  if (!cfg.ok()) return cfg.status();
+  log::configure(cfg->debug, cfg->debugSubsys);
+  std::string ip;
+  int port = 0;
+  if (!cfg->commId.empty()) {
+    auto hp = splitHostPort(cfg->commId);
+    if (!hp.ok()) return hp.status().withContext("BRAID_COMM_ID");
+    auto resolved = net::resolve(hp->first);
+    if (!resolved.ok()) return resolved.status();
+    ip = *resolved;
+    port = hp->second;
+  } else {
+    ip = defaultListenIp(*cfg);
+  }
+  std::string nonce = randomHex(16);
+  auto server = StoreServer::start(ip, port, nonce);
+  if (!server.ok()) return server.status();
+  IdLayout layout{};
+  std::memcpy(layout.magic, kIdMagic, sizeof(kIdMagic));
+  std::snprintf(layout.ip, sizeof(layout.ip), "%s", ip.c_str());
+  layout.port = (*server)->port();
+  std::snprintf(layout.nonce, sizeof(layout.nonce), "%s", nonce.c_str());
+  (*server)->detach();
+  server->release();  // the detached thread keeps running; the object is intentionally leaked
+  std::memcpy(id->internal, &layout, sizeof(layout));
+  return Status::Ok();
+}
+
+std::string uniqueIdToString(const braidUniqueId& id) {
+  IdLayout l;
+  std::memcpy(&l, id.internal, sizeof(l));
+  if (std::memcmp(l.magic, kIdMagic, sizeof(kIdMagic)) != 0) return "";
+  l.ip[sizeof(l.ip) - 1] = 0;
+  l.nonce[sizeof(l.nonce) - 1] = 0;
+  return std::string(l.ip) + ":" + std::to_string(l.port) + "/" + l.nonce;
+}
+
+Result<braidUniqueId> uniqueIdFromString(const std::string& text) {
+  std::size_t slash = text.find('/');
+  if (slash == std::string::npos) return Status::InvalidArgument("'" + text + "' is not a unique id (host:port/nonce)");
+  auto hp = splitHostPort(text.substr(0, slash));
+  if (!hp.ok()) return hp.status();
+  std::string nonce = text.substr(slash + 1);
+  IdLayout l{};
+  if (hp->first.size() >= sizeof(l.ip) || nonce.empty() || nonce.size() >= sizeof(l.nonce))
+    return Status::InvalidArgument("'" + text + "' is not a unique id (host or nonce too long)");
+  std::memcpy(l.magic, kIdMagic, sizeof(kIdMagic));
+  std::memcpy(l.ip, hp->first.data(), hp->first.size());
+  l.port = hp->second;
+  std::memcpy(l.nonce, nonce.data(), nonce.size());
+  braidUniqueId id{};
+  std::memcpy(id.internal, &l, sizeof(l));
+  return id;
+}
+
+Result<std::shared_ptr<Comm>> initFromUniqueId(const braidUniqueId& id, int nranks, int rank) {
+  IdLayout l;
+  std::memcpy(&l, id.internal, sizeof(l));
+  if (std::memcmp(l.magic, kIdMagic, sizeof(kIdMagic)) != 0)
+    return Status::InvalidArgument("the unique id was not made by braidGetUniqueId (bad magic)");
+  l.ip[sizeof(l.ip) - 1] = 0;
+  l.nonce[sizeof(l.nonce) - 1] = 0;
+  InitParams p;
+  p.storeIp = l.ip;
+  p.storePort = l.port;
+  p.storeNonce = l.nonce;
+  return initWith(std::move(p), nranks, rank);
+}
+
+Result<std::shared_ptr<Comm>> initFromStore(const std::string& host, int port, bool isHost, int nranks, int rank) {
+  auto ip = net::resolve(host);
+  if (!ip.ok()) return ip.status();
+  InitParams p;
+  p.storeIp = *ip;
+  p.storePort = port;
+  p.storeNonce = "store:" + *ip + ":" + std::to_string(port);
+  p.hostStore = isHost;
+  return initWith(std::move(p), nranks, rank);
+}
+
+Result<std::shared_ptr<Comm>> initFromEnv() {
+  auto le = readLaunchEnv();
+  if (!le.ok()) return le.status();
+  if (le->rank < 0 || le->worldSize < 1)
+    return Status::InvalidUsage("RANK and WORLD_SIZE are not set: start the program with `braid run -n N`, torchrun, "
+                                "mpirun or srun, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT yourself");
+  std::string addr = le->masterAddr.empty() ? "127.0.0.1" : le->masterAddr;
+  int port = le->masterPort > 0 ? le->masterPort : 29500;
+  return initFromStore(addr, port, le->rank == 0, le->worldSize, le->rank);
+}
+
+}  // namespace braid

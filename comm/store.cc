@@ -1,0 +1,389 @@
+#include "comm/store.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <vector>
+
+#include "comm/log.h"
+#include "comm/wire_codec.h"
+
+namespace braid {
+namespace {
+
+enum : std::uint8_t {
+  kHello = 'H', kSet = 'S', kGet = 'G', kAdd = 'A', kWaitGe = 'W', kReport = 'R', kBye = 'B',
+  kOk = 'O', kValue = 'V', kErr = 'E', kNotice = 'N',
+};
+
+std::string frame(std::uint8_t type, const std::string& payload) {
+  Writer w;
+  w.u32(static_cast<std::uint32_t>(payload.size() + 1));
+  w.u8(type);
+  return w.data() + payload;
+}
+
+std::string encodeNotice(const Notice& n) {
+  Writer w;
+  w.i32(n.kind);
+  w.i32(n.rank);
+  w.i32(static_cast<int>(n.code));
+  w.str(n.message);
+  return w.data();
+}
+
+bool decodeNotice(const std::string& p, Notice* n) {
+  Reader r(p);
+  std::int32_t kind, code;
+  if (!r.i32(&kind) || !r.i32(&n->rank) || !r.i32(&code) || !r.str(&n->message)) return false;
+  n->kind = kind == Notice::kPeerGone ? Notice::kPeerGone : Notice::kError;
+  n->code = static_cast<Code>(code);
+  return true;
+}
+
+// Reads one frame (blocking until the deadline).
+Status readFrame(int fd, std::uint8_t* type, std::string* payload, const Deadline& d) {
+  std::uint32_t len = 0;
+  Status s = net::recvAll(fd, &len, 4, d);
+  if (!s.ok()) return s;
+  if (len < 1 || len > kMaxFrame) return Status::RemoteError("malformed frame from the store");
+  std::string body(len, '\0');
+  s = net::recvAll(fd, body.data(), len, d);
+  if (!s.ok()) return s;
+  *type = static_cast<std::uint8_t>(body[0]);
+  *payload = body.substr(1);
+  return Status::Ok();
+}
+
+struct ServerClient {
+  net::Fd fd;
+  std::string in;
+  int rank = -1;
+  bool left = false;  // said goodbye or closed
+};
+
+struct PendingWait {
+  std::size_t client;
+  std::uint8_t type;
+  std::string key;
+  std::int64_t atLeast;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- server
+
+Result<std::unique_ptr<StoreServer>> StoreServer::start(const std::string& ip, int port, const std::string& nonce) {
+  auto fd = net::listenOn(ip, port);
+  if (!fd.ok()) return fd.status();
+  std::unique_ptr<StoreServer> s(new StoreServer());
+  s->listen_ = std::move(fd.value());
+  s->port_ = net::localPort(s->listen_.get());
+  s->nonce_ = nonce;
+  s->thread_ = std::thread([srv = s.get()] { srv->serve(); });
+  BRAID_LOG(kInfo, kBoot, "rendezvous store listening on %s:%d", ip.c_str(), s->port_);
+  return s;
+}
+
+StoreServer::~StoreServer() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void StoreServer::waitUntilAllLeft(const Deadline& d) {
+  while (!finished_ && !d.expired()) usleep(2000);
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void StoreServer::detach() {
+  // The server thread owns itself from now on; it exits when every rank has left.
+  thread_.detach();
+  listen_.release();  // closed by the thread
+}
+
+void StoreServer::serve() {
+  int listenFd = listen_.get();
+  std::vector<ServerClient> clients;
+  std::map<std::string, std::string> kv;
+  std::map<std::string, std::int64_t> counters;
+  std::vector<PendingWait> waits;
+  int nranks = -1, joined = 0, left = 0;
+  Deadline writeBudget = Deadline::after(1);
+
+  auto send = [&](ServerClient& c, std::uint8_t type, const std::string& payload) {
+    if (c.left || !c.fd.valid()) return;
+    writeBudget = Deadline::after(1);
+    if (!net::sendAll(c.fd.get(), frame(type, payload).data(), payload.size() + 5, writeBudget).ok()) c.fd.reset();
+  };
+  auto broadcast = [&](const Notice& n, std::size_t except) {
+    for (std::size_t i = 0; i < clients.size(); ++i)
+      if (i != except && clients[i].rank >= 0) send(clients[i], kNotice, encodeNotice(n));
+  };
+  auto drop = [&](std::size_t i, bool announce) {
+    ServerClient& c = clients[i];
+    if (c.left) return;
+    c.left = true;
+    if (c.rank >= 0) {
+      ++left;
+      if (announce) {
+        Notice n{Notice::kPeerGone, c.rank, Code::kRemoteError, ""};
+        BRAID_LOG(kWarn, kBoot, "store: rank %d closed its connection without saying goodbye", c.rank);
+        broadcast(n, i);
+      }
+    }
+    c.fd.reset();
+  };
+  auto serveWaits = [&] {
+    for (std::size_t w = 0; w < waits.size();) {
+      PendingWait& pw = waits[w];
+      bool done = false;
+      if (pw.type == kGet) {
+        auto it = kv.find(pw.key);
+        if (it != kv.end()) { Writer v; v.str(it->second); send(clients[pw.client], kValue, v.data()); done = true; }
+      } else if (counters[pw.key] >= pw.atLeast) {
+        send(clients[pw.client], kOk, "");
+        done = true;
+      }
+      if (done) { waits[w] = waits.back(); waits.pop_back(); } else ++w;
+    }
+  };
+  auto handle = [&](std::size_t i, std::uint8_t type, const std::string& payload) -> bool {
+    ServerClient& c = clients[i];
+    Reader r(payload);
+    if (c.rank < 0 && type != kHello) return false;  // nothing before a valid hello
+    switch (type) {
+      case kHello: {
+        std::string nonce;
+        std::int32_t rank, n;
+        if (!r.str(&nonce) || !r.i32(&rank) || !r.i32(&n) || nonce != nonce_) return false;
+        std::string err;
+        if (n < 1 || rank < 0 || rank >= n) err = "rank " + std::to_string(rank) + " is outside 0.." + std::to_string(n - 1);
+        else if (nranks >= 0 && n != nranks) err = "rank " + std::to_string(rank) + " says there are " + std::to_string(n) + " ranks, others said " + std::to_string(nranks);
+        for (auto& o : clients)
+          if (&o != &c && o.rank == rank && err.empty()) err = "rank " + std::to_string(rank) + " joined twice (two processes were given the same rank)";
+        if (!err.empty()) { Writer w; w.str(err); send(c, kErr, w.data()); return false; }
+        nranks = n;
+        c.rank = rank;
+        ++joined;
+        send(c, kOk, "");
+        return true;
+      }
+      case kSet: {
+        std::string k, v;
+        if (!r.str(&k) || !r.str(&v)) return false;
+        kv[k] = v;
+        send(c, kOk, "");
+        serveWaits();
+        return true;
+      }
+      case kGet: {
+        std::string k;
+        if (!r.str(&k)) return false;
+        waits.push_back({i, kGet, k, 0});
+        serveWaits();
+        return true;
+      }
+      case kAdd: {
+        std::string k;
+        std::int64_t delta;
+        if (!r.str(&k) || !r.i64(&delta)) return false;
+        Writer v;
+        v.str(std::to_string(counters[k] += delta));
+        send(c, kValue, v.data());
+        serveWaits();
+        return true;
+      }
+      case kWaitGe: {
+        std::string k;
+        std::int64_t n;
+        if (!r.str(&k) || !r.i64(&n)) return false;
+        waits.push_back({i, kWaitGe, k, n});
+        serveWaits();
+        return true;
+      }
+      case kReport: {
+        Notice n;
+        if (!decodeNotice(payload, &n)) return false;
+        broadcast(n, i);
+        return true;
+      }
+      case kBye:
+        drop(i, false);
+        return true;
+      default:
+        return false;
+    }
+  };
+
+  while (!stop_) {
+    if (nranks > 0 && joined >= nranks && left >= joined) break;
+    std::vector<pollfd> pfds{{listenFd, POLLIN, 0}};
+    std::vector<std::size_t> owner{0};
+    for (std::size_t i = 0; i < clients.size(); ++i)
+      if (!clients[i].left && clients[i].fd.valid()) { pfds.push_back({clients[i].fd.get(), POLLIN, 0}); owner.push_back(i); }
+    if (::poll(pfds.data(), pfds.size(), 50) <= 0) continue;
+    if (pfds[0].revents & POLLIN) {
+      int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0) { clients.push_back({}); clients.back().fd.reset(fd); }
+    }
+    for (std::size_t p = 1; p < pfds.size(); ++p) {
+      if (!pfds[p].revents) continue;
+      std::size_t i = owner[p];
+      char buf[65536];
+      ssize_t k = ::recv(clients[i].fd.get(), buf, sizeof(buf), MSG_DONTWAIT);
+      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) { drop(i, true); continue; }
+      if (k < 0) continue;
+      clients[i].in.append(buf, static_cast<std::size_t>(k));
+      for (;;) {
+        std::string& in = clients[i].in;
+        if (in.size() < 4) break;
+        std::uint32_t len;
+        std::memcpy(&len, in.data(), 4);
+        if (len < 1 || len > kMaxFrame) { drop(i, clients[i].rank >= 0); break; }
+        if (in.size() < 4 + len) break;
+        std::uint8_t type = static_cast<std::uint8_t>(in[4]);
+        std::string payload = in.substr(5, len - 1);
+        in.erase(0, 4 + len);
+        if (!handle(i, type, payload)) { drop(i, clients[i].rank >= 0 && !clients[i].left); break; }
+        if (clients[i].left) break;
+      }
+    }
+    // Waits of clients that are gone can never be served.
+    for (std::size_t w = 0; w < waits.size();)
+      if (clients[waits[w].client].left) { waits[w] = waits.back(); waits.pop_back(); } else ++w;
+  }
+  finished_ = true;
+  if (!listen_.valid()) ::close(listenFd);  // detached: the thread owns the listener
+}
+
+// ---------------------------------------------------------------- client
+
+Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& ip, int port, const std::string& nonce,
+                                                          int rank, int nranks, const Deadline& d) {
+  std::string where = ip + ":" + std::to_string(port);
+  auto fd = net::connectWithRetry(ip, port, d);
+  if (!fd.ok())
+    return Status::SystemError("rank " + std::to_string(rank) + " could not reach the rendezvous store at " + where + " (" +
+                               fd.status().message() + "). Likely causes: MASTER_ADDR/MASTER_PORT (or the unique id) point "
+                               "to the wrong place, a firewall blocks the port, or rank 0 has not started; raise BRAID_TIMEOUT "
+                               "if rank 0 starts late");
+  std::unique_ptr<StoreClient> c(new StoreClient());
+  c->fd_ = std::move(fd.value());
+  c->endpoint_ = where;
+  Writer w;
+  w.str(nonce);
+  w.i32(rank);
+  w.i32(nranks);
+  auto r = c->request(kHello, w.data(), d);
+  if (!r.ok()) return r.status().withContext("joining the rendezvous at " + where);
+  return c;
+}
+
+StoreClient::~StoreClient() { close(); }
+
+Result<std::string> StoreClient::request(std::uint8_t type, const std::string& payload, const Deadline& d) {
+  {
+    std::lock_guard<std::mutex> g(writeMu_);
+    std::string f = frame(type, payload);
+    Status s = net::sendAll(fd_.get(), f.data(), f.size(), d);
+    if (!s.ok()) return s.withContext("rendezvous store at " + endpoint_);
+  }
+  for (;;) {
+    std::uint8_t t;
+    std::string p;
+    Status s = readFrame(fd_.get(), &t, &p, d);
+    if (s.code() == Code::kTimeout) return Status::Timeout("no answer from the rendezvous store at " + endpoint_ + " before BRAID_TIMEOUT: some rank has not arrived");
+    if (!s.ok()) return Status::RemoteError("the rendezvous store at " + endpoint_ + " went away (" + s.message() + "): rank 0 or the process that created the unique id exited");
+    if (t == kNotice) {
+      Notice n;
+      if (!decodeNotice(p, &n)) return Status::RemoteError("malformed notice from the store");
+      if (n.kind == Notice::kPeerGone) return Status::RemoteError("rank " + std::to_string(n.rank) + " exited or closed its connection during setup");
+      return Status(n.code, n.message);
+    }
+    Reader r(p);
+    std::string text;
+    if (t == kErr) { r.str(&text); return Status::InvalidUsage(text); }
+    if (t == kValue) { if (!r.str(&text)) return Status::Internal("malformed store value"); return text; }
+    if (t == kOk) return std::string();
+    return Status::Internal("unexpected frame from the store");
+  }
+}
+
+Status StoreClient::set(const std::string& key, const std::string& value, const Deadline& d) {
+  Writer w;
+  w.str(key);
+  w.str(value);
+  return request(kSet, w.data(), d).status();
+}
+
+Result<std::string> StoreClient::get(const std::string& key, const Deadline& d) {
+  Writer w;
+  w.str(key);
+  return request(kGet, w.data(), d);
+}
+
+Result<std::int64_t> StoreClient::add(const std::string& key, std::int64_t delta, const Deadline& d) {
+  Writer w;
+  w.str(key);
+  w.i64(delta);
+  auto r = request(kAdd, w.data(), d);
+  if (!r.ok()) return r.status();
+  return static_cast<std::int64_t>(std::stoll(*r));
+}
+
+Status StoreClient::waitAtLeast(const std::string& key, std::int64_t n, const Deadline& d) {
+  Writer w;
+  w.str(key);
+  w.i64(n);
+  return request(kWaitGe, w.data(), d).status();
+}
+
+Status StoreClient::barrier(const std::string& name, int nranks, const Deadline& d) {
+  auto r = add(name, 1, d);
+  if (!r.ok()) return r.status();
+  return waitAtLeast(name, nranks, d);
+}
+
+void StoreClient::startWatching(std::function<void(const Notice&)> onNotice) {
+  watcher_ = std::thread([this, onNotice = std::move(onNotice)] {
+    for (;;) {
+      std::uint8_t t;
+      std::string p;
+      Status s = readFrame(fd_.get(), &t, &p, Deadline::after(1e9));
+      if (closing_) return;
+      if (!s.ok()) {
+        onNotice({Notice::kError, -1, Code::kRemoteError,
+                  "lost the connection to the rendezvous store at " + endpoint_ +
+                      ": the process hosting it (rank 0, or the one that created the unique id) exited"});
+        return;
+      }
+      Notice n;
+      if (t == kNotice && decodeNotice(p, &n)) onNotice(n);
+    }
+  });
+}
+
+void StoreClient::report(const Notice& n) {
+  std::lock_guard<std::mutex> g(writeMu_);
+  std::string f = frame(kReport, encodeNotice(n));
+  (void)net::sendAll(fd_.get(), f.data(), f.size(), Deadline::after(1));
+}
+
+void StoreClient::close() {
+  if (closing_.exchange(true)) return;
+  if (fd_.valid()) {
+    {
+      std::lock_guard<std::mutex> g(writeMu_);
+      std::string f = frame(kBye, "");
+      (void)net::sendAll(fd_.get(), f.data(), f.size(), Deadline::after(1));
+    }
+    ::shutdown(fd_.get(), SHUT_RDWR);  // wakes the watcher
+  }
+  if (watcher_.joinable()) watcher_.join();
+  fd_.reset();
+}
+
+}  // namespace braid

@@ -1,0 +1,84 @@
+// The rendezvous store: a small key-value server (c10d's vocabulary: set, get, add, wait) that runs
+// in rank 0 or in the process that called braidGetUniqueId, and doubles as the control plane after
+// setup: a rank reports a failure once and the store tells every other rank, and a rank whose
+// connection drops without saying goodbye is announced as gone. Frames are length-prefixed and
+// bounded (kMaxFrame); anything malformed drops that connection only.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "braid/status.hpp"
+#include "comm/deadline.h"
+#include "transport/socket.h"
+
+namespace braid {
+
+inline constexpr std::uint32_t kMaxFrame = 1 << 20;
+
+// A failure notice pushed by the store to every rank.
+struct Notice {
+  enum Kind : int { kPeerGone = 1, kError = 2 } kind = kError;
+  int rank = -1;       // the rank that is gone, or that reported the error
+  Code code = Code::kRemoteError;
+  std::string message;
+};
+
+class StoreServer {
+ public:
+  // Listens on ip:port (port 0 picks one). Only clients presenting `nonce` are admitted.
+  static Result<std::unique_ptr<StoreServer>> start(const std::string& ip, int port, const std::string& nonce);
+  ~StoreServer();
+  int port() const { return port_; }
+  // Serves until every rank that said hello has left, or the deadline passes, then stops.
+  void waitUntilAllLeft(const Deadline& d);
+  // Lets the server thread run on its own and end when every rank has left (unique-id mode).
+  void detach();
+
+ private:
+  StoreServer() = default;
+  void serve();
+  net::Fd listen_;
+  int port_ = 0;
+  std::string nonce_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> finished_{false};
+  std::thread thread_;
+};
+
+class StoreClient {
+ public:
+  // Connects (retrying until the deadline) and introduces itself as `rank` of `nranks`.
+  static Result<std::unique_ptr<StoreClient>> connect(const std::string& ip, int port, const std::string& nonce,
+                                                      int rank, int nranks, const Deadline& d);
+  ~StoreClient();
+
+  Status set(const std::string& key, const std::string& value, const Deadline& d);
+  Result<std::string> get(const std::string& key, const Deadline& d);        // waits for the key
+  Result<std::int64_t> add(const std::string& key, std::int64_t delta, const Deadline& d);
+  Status waitAtLeast(const std::string& key, std::int64_t n, const Deadline& d);
+  // Every rank adds itself to `name` and waits for all nranks.
+  Status barrier(const std::string& name, int nranks, const Deadline& d);
+
+  // After setup: a thread reads notices and hands each to `onNotice` until close().
+  void startWatching(std::function<void(const Notice&)> onNotice);
+  // Tells the store (and through it every rank) about a failure. Thread-safe; never blocks long.
+  void report(const Notice& n);
+  // Clean goodbye: the store will not announce this rank as gone.
+  void close();
+
+ private:
+  StoreClient() = default;
+  Result<std::string> request(std::uint8_t type, const std::string& payload, const Deadline& d);
+  net::Fd fd_;
+  std::mutex writeMu_;
+  std::thread watcher_;
+  std::atomic<bool> closing_{false};
+  std::string endpoint_;
+};
+
+}  // namespace braid

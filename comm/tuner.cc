@@ -1,0 +1,44 @@
+// Cost model (alpha: per-message latency, beta: bytes per microsecond of one link):
+//   ring all-reduce    2(n-1) alpha + 2 (n-1)/n S / beta
+//   tree all-reduce    2 ceil(log2 n) alpha + 2 S / beta      (pipelined up then down)
+//   chain bcast/reduce (n-1) alpha + S / beta
+//   tree bcast/reduce  ceil(log2 n) alpha + 2 S / beta        (an inner node feeds two children)
+// alpha and beta are rough figures for this machine class (shm: a cache-line round trip plus the
+// engine's bookkeeping; tcp: loopback round trip), good enough to place the crossover.
+#include "comm/tuner.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace braid {
+
+TunerChoice tune(const TunerInput& in, const Config& config) {
+  const double alpha = in.anyTcp ? 15.0 : 1.0;
+  const double beta = in.anyTcp ? 2000.0 : 6000.0;  // bytes per microsecond
+  const double n = in.nranks, S = static_cast<double>(in.bytes);
+  const double logn = std::ceil(std::log2(std::max(2.0, n)));
+  TunerChoice c{};
+  bool rooted = in.kind == CollKind::kBroadcast || in.kind == CollKind::kReduce;
+  if (rooted) {
+    c.ringUs = (n - 1) * alpha + S / beta;
+    c.treeUs = logn * alpha + 2 * S / beta;
+  } else {
+    c.ringUs = 2 * (n - 1) * alpha + 2 * (n - 1) / n * S / beta;
+    c.treeUs = 2 * logn * alpha + 2 * S / beta;
+  }
+  bool treeCapable = rooted || in.kind == CollKind::kAllReduce || in.kind == CollKind::kBarrier;
+  c.algo = treeCapable && c.treeUs < c.ringUs ? Algo::kTree : Algo::kRing;
+  if (config.algo == "ring") c.algo = Algo::kRing;
+  if (config.algo == "tree" && treeCapable) c.algo = Algo::kTree;
+  // Small messages on one channel (fewer headers); large ones on all of them. The double tree
+  // needs two channels to use both trees.
+  c.channels = in.bytes >= (256u << 10) ? in.maxChannels : 1;
+  if (c.algo == Algo::kTree && !rooted) c.channels = std::max(c.channels, std::min(2, in.maxChannels));
+  // Chunk: small enough that a pipeline of n steps fills quickly, big enough to amortize a pass.
+  std::size_t perStep = in.bytes / static_cast<std::size_t>(std::max(1, in.nranks * c.channels));
+  c.chunk = std::clamp<std::size_t>(perStep / 4, 32u << 10, std::min<std::size_t>(config.buffSize / 2, 512u << 10));
+  if (config.chunkSize) c.chunk = config.chunkSize;
+  return c;
+}
+
+}  // namespace braid

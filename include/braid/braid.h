@@ -1,0 +1,116 @@
+/* Braid: collective communication for CPUs and GPUs, with NCCL's C shapes.
+ *
+ * Contract (every function):
+ *  - Returns a braidResult_t; braidGetErrorString names the code, braidGetLastError(comm) says what
+ *    exactly went wrong (rank, peer, transport, collective, sequence number, and the knob to turn).
+ *  - A bad argument returns braidInvalidArgument, does nothing, and leaves the communicator usable.
+ *  - Any other failure (a peer died, ranks called different collectives, a timeout) ends the
+ *    communicator: every later call returns that error until braidCommDestroy or braidCommAbort.
+ *  - With host buffers and stream == NULL a call returns when the collective is complete on this
+ *    rank. No call waits longer than BRAID_TIMEOUT seconds (default 300).
+ *  - In place: send == recv; for all-gather send == recv + rank*sendcount, for reduce-scatter
+ *    recv == send + rank*recvcount (NCCL's conventions).
+ *  - A communicator is used by one thread at a time (like one CUDA stream in NCCL); different
+ *    communicators are independent.
+ */
+#ifndef BRAID_BRAID_H_
+#define BRAID_BRAID_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BRAID_MAJOR 0
+#define BRAID_MINOR 1
+#define BRAID_PATCH 0
+#define BRAID_UNIQUE_ID_BYTES 128
+
+typedef struct braidComm* braidComm_t;
+
+/* Opaque, 128 bytes like ncclUniqueId: the rendezvous address and a random job nonce. */
+typedef struct {
+  char internal[BRAID_UNIQUE_ID_BYTES];
+} braidUniqueId;
+
+typedef enum {
+  braidSuccess = 0,
+  braidCudaError = 1,
+  braidSystemError = 2,
+  braidInternalError = 3,
+  braidInvalidArgument = 4,
+  braidInvalidUsage = 5,
+  braidRemoteError = 6,
+  braidInProgress = 7,
+  braidTimeout = 8,
+  braidAborted = 9,
+  braidNumResults = 10
+} braidResult_t;
+
+typedef enum {
+  braidInt8 = 0, braidChar = 0,
+  braidUint8 = 1,
+  braidInt32 = 2, braidInt = 2,
+  braidUint32 = 3,
+  braidInt64 = 4,
+  braidUint64 = 5,
+  braidFloat16 = 6, braidHalf = 6,
+  braidFloat32 = 7, braidFloat = 7,
+  braidFloat64 = 8, braidDouble = 8,
+  braidBfloat16 = 9,
+  braidNumTypes = 10
+} braidDataType_t;
+
+typedef enum { braidSum = 0, braidProd = 1, braidMax = 2, braidMin = 3, braidAvg = 4, braidNumOps = 5 } braidRedOp_t;
+
+/* Opens a rendezvous listener in this process (on BRAID_COMM_ID's host:port if set) and describes
+ * it in *uniqueId. Pass the id to every rank out of band (MPI_Bcast, a file, ...). The listener
+ * lives until every rank of the communicator has left. */
+braidResult_t braidGetUniqueId(braidUniqueId* uniqueId);
+/* "host:port/nonce" form of an id, for command lines and logs; buf needs 128 bytes. */
+braidResult_t braidUniqueIdToString(const braidUniqueId* uniqueId, char* buf, size_t bufSize);
+braidResult_t braidUniqueIdFromString(const char* text, braidUniqueId* uniqueId);
+
+/* Collective over nranks processes; blocks until all have joined or BRAID_TIMEOUT passes. */
+braidResult_t braidCommInitRank(braidComm_t* comm, int nranks, braidUniqueId commId, int rank);
+/* Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun, braid run), else Open MPI's or
+ * Slurm's variables; rank 0 hosts the rendezvous store on MASTER_PORT. */
+braidResult_t braidCommInitFromEnv(braidComm_t* comm);
+/* Frees the communicator after its last collective. Rank 0 (env mode) waits for the others to
+ * leave, so that the store outlives their last use of it. */
+braidResult_t braidCommDestroy(braidComm_t comm);
+/* Stops at once: calls in flight on other threads return braidAborted, other ranks get an error
+ * naming this rank, and the communicator is freed. */
+braidResult_t braidCommAbort(braidComm_t comm);
+braidResult_t braidCommCount(const braidComm_t comm, int* count);
+braidResult_t braidCommUserRank(const braidComm_t comm, int* rank);
+/* braidSuccess, or the error that ended the communicator (also one raised by another rank). */
+braidResult_t braidCommGetAsyncError(braidComm_t comm, braidResult_t* asyncError);
+
+braidResult_t braidAllReduce(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype,
+                             braidRedOp_t op, braidComm_t comm, void* stream);
+braidResult_t braidAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, braidDataType_t datatype,
+                             braidComm_t comm, void* stream);
+braidResult_t braidReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, braidDataType_t datatype,
+                                 braidRedOp_t op, braidComm_t comm, void* stream);
+braidResult_t braidBroadcast(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype, int root,
+                             braidComm_t comm, void* stream);
+braidResult_t braidReduce(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype,
+                          braidRedOp_t op, int root, braidComm_t comm, void* stream);
+/* Point to point: a send completes when its data has been handed to the transport (small) or
+ * received (large); match every send with a recv on the peer, in the same order. */
+braidResult_t braidSend(const void* sendbuff, size_t count, braidDataType_t datatype, int peer, braidComm_t comm,
+                        void* stream);
+braidResult_t braidRecv(void* recvbuff, size_t count, braidDataType_t datatype, int peer, braidComm_t comm,
+                        void* stream);
+braidResult_t braidBarrier(braidComm_t comm);
+
+const char* braidGetErrorString(braidResult_t result);
+/* The last error's message on this communicator (or, for comm == NULL, on this thread). */
+const char* braidGetLastError(braidComm_t comm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BRAID_BRAID_H_ */

@@ -1,0 +1,80 @@
+// Braid's C++ API. Errors are values (Status / Result<T>); nothing throws.
+//
+//   auto comm = braid::Communicator::fromEnv();          // torchrun / braid run variables
+//   if (!comm.ok()) { std::cerr << comm.status().toString() << "\n"; return 1; }
+//   braid::Work w = comm->allReduce(in, out, n, braid::DataType::kFloat32, braid::ReduceOp::kSum);
+//   ... overlap other work ...
+//   braid::Status s = w.wait();
+//
+// Calls that return Work run in call order on the communicator's worker thread; the buffers must
+// stay valid until wait() or test() says the work is done. A Communicator is a shared handle:
+// copies refer to the same group; the last copy destroys it.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "braid/braid.h"
+#include "braid/status.hpp"
+#include "braid/types.hpp"
+
+namespace braid {
+
+class Comm;
+struct WorkState;
+
+class Work {
+ public:
+  Work() = default;
+  // Waits at most timeoutSec (negative: until done; every call is bounded by BRAID_TIMEOUT anyway).
+  // Returns the call's status, or timeout if it is still running (the work goes on).
+  Status wait(double timeoutSec = -1);
+  bool test();              // done?
+  Status status() const;    // the result once done; in progress before
+
+ private:
+  friend class Communicator;
+  explicit Work(std::shared_ptr<WorkState> s) : state_(std::move(s)) {}
+  std::shared_ptr<WorkState> state_;
+};
+
+struct StoreOptions {
+  std::string host = "127.0.0.1";  // where the rendezvous store listens
+  int port = 29500;
+  bool isHost = false;             // this process runs the store (normally rank 0)
+};
+
+class Communicator {
+ public:
+  static Result<Communicator> fromEnv();
+  static Result<Communicator> fromUniqueId(const braidUniqueId& id, int nranks, int rank);
+  static Result<Communicator> fromStore(const StoreOptions& store, int nranks, int rank);
+
+  int rank() const;
+  int size() const;
+  // "shm", "tcp" or "self": how this rank reaches `peer`.
+  std::string transportTo(int peer) const;
+
+  Work allReduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op);
+  Work allGather(const void* send, void* recv, std::size_t sendCount, DataType t);
+  Work reduceScatter(const void* send, void* recv, std::size_t recvCount, DataType t, ReduceOp op);
+  Work broadcast(const void* send, void* recv, std::size_t count, DataType t, int root);
+  Work reduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op, int root);
+  Work send(const void* buf, std::size_t count, DataType t, int peer);
+  Work recv(void* buf, std::size_t count, DataType t, int peer);
+  Work barrier();
+
+  // Ends the communicator at once (see braidCommAbort).
+  void abort();
+  // The error that ended the communicator, or ok.
+  Status asyncError() const;
+
+  // For the C API.
+  std::shared_ptr<Comm> impl() const { return impl_; }
+  explicit Communicator(std::shared_ptr<Comm> impl) : impl_(std::move(impl)) {}
+
+ private:
+  std::shared_ptr<Comm> impl_;
+};
+
+}  // namespace braid

@@ -1,0 +1,432 @@
+// Tests for `braid run`. Each runs the launcher binary as a child process, the way users and
+// scripts do, and checks the contract they rely on: the environment ranks see, tagged output,
+// and that one failed rank (or a signal to the launcher) ends the whole job quickly and cleanly.
+// The launcher under test comes from --launcher=PATH (the build passes it).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Past this the launcher is SIGKILLed and the test fails; its ranks follow via PR_SET_PDEATHSIG.
+constexpr auto kRunLimit = std::chrono::seconds(30);
+constexpr std::string_view kLauncherFlag = "--launcher=";
+
+std::string& launcherPath() {
+  static std::string path;
+  return path;
+}
+
+struct Outcome {
+  bool finished = false;  // false: it hit kRunLimit and was killed.
+  int waitStatus = 0;
+  std::string out;
+  std::string err;
+  double seconds = 0;  // From start until the launcher exited.
+
+  int exitCode() const { return WIFEXITED(waitStatus) ? WEXITSTATUS(waitStatus) : -1; }
+};
+
+// Called after each chunk of output with the launcher's pid and what it has printed so far.
+using OutputHook = std::function<void(pid_t, const Outcome&)>;
+
+// Runs the launcher with `args` and collects its output until it exits. Ranks inherit the
+// launcher's stdout when output is not tagged, so the end is the launcher's exit, not EOF.
+Outcome launch(const std::vector<std::string>& args, const OutputHook& hook = {}) {
+  Outcome result;
+  std::vector<char*> argv{launcherPath().data()};
+  std::vector<std::string> words = args;
+  for (std::string& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+
+  int outPipe[2];
+  int errPipe[2];
+  if (::pipe2(outPipe, O_CLOEXEC) != 0 || ::pipe2(errPipe, O_CLOEXEC) != 0) {
+    ADD_FAILURE() << "pipe: " << std::strerror(errno);
+    return result;
+  }
+  const auto start = Clock::now();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(outPipe[1], STDOUT_FILENO);
+    ::dup2(errPipe[1], STDERR_FILENO);
+    ::execv(argv[0], argv.data());
+    std::fprintf(stderr, "cannot execute %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(126);
+  }
+  ::close(outPipe[1]);
+  ::close(errPipe[1]);
+  for (int fd : {outPipe[0], errPipe[0]}) ::fcntl(fd, F_SETFL, O_NONBLOCK);
+  if (pid < 0) {
+    ADD_FAILURE() << "fork: " << std::strerror(errno);
+    ::close(outPipe[0]);
+    ::close(errPipe[0]);
+    return result;
+  }
+
+  auto drain = [&] {
+    char buffer[4096];
+    bool got = false;
+    for (auto [fd, sink] : {std::pair{outPipe[0], &result.out}, std::pair{errPipe[0], &result.err}}) {
+      for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0; got = true) sink->append(buffer, n);
+    }
+    if (got && hook) hook(pid, result);
+  };
+  for (;;) {
+    pollfd fds[2] = {{outPipe[0], POLLIN, 0}, {errPipe[0], POLLIN, 0}};
+    ::poll(fds, 2, 20);
+    drain();
+    if (::waitpid(pid, &result.waitStatus, WNOHANG) == pid) {
+      result.finished = true;
+      break;
+    }
+    if (Clock::now() - start > kRunLimit) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &result.waitStatus, 0);
+      ADD_FAILURE() << "launcher still running after " << kRunLimit.count() << " s; killed it";
+      break;
+    }
+  }
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  drain();
+  ::close(outPipe[0]);
+  ::close(errPipe[0]);
+  return result;
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> result;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) result.push_back(line);
+  return result;
+}
+
+// Pids that ranks printed as "pid N" lines (tagged or not).
+std::vector<pid_t> printedPids(const std::string& out) {
+  std::vector<pid_t> pids;
+  for (const std::string& line : lines(out)) {
+    const std::size_t at = line.find("pid ");
+    if (at != std::string::npos) pids.push_back(static_cast<pid_t>(std::stol(line.substr(at + 4))));
+  }
+  return pids;
+}
+
+bool isGone(pid_t pid) { return ::kill(pid, 0) == -1 && errno == ESRCH; }
+
+// Whether `pid` has ended: gone, or a zombie left for whichever process adopted it to reap.
+bool hasEnded(pid_t pid) {
+  if (isGone(pid)) return true;
+  std::FILE* stat = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (stat == nullptr) return isGone(pid);
+  char state = '?';
+  const int fields = std::fscanf(stat, "%*d (%*[^)]) %c", &state);
+  std::fclose(stat);
+  return fields == 1 && (state == 'Z' || state == 'X');
+}
+
+// A scratch directory where ranks leave marker files, so a rank can fail only once the others
+// are known to be up (and have printed their pids).
+class TempDir {
+ public:
+  TempDir() {
+    // Not temp_directory_path(): that consults TMPDIR, and tests take no configuration from the
+    // environment.
+    std::string pattern = "/tmp/braid-launcher-XXXXXX";
+    if (::mkdtemp(pattern.data()) != nullptr) path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::vector<std::string> shell(const std::string& script) { return {"/bin/sh", "-c", script}; }
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(Launcher, SetsTorchrunEnvironmentAndTagsLines) {
+  const Outcome r = launch(concat(
+      {"-n", "3", "--tag-output", "--"},
+      shell("echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "
+            "$GROUP_RANK $BRAID_LAUNCHER\"")));
+  ASSERT_TRUE(r.finished);
+  EXPECT_EQ(r.exitCode(), 0) << r.err;
+  const auto got = lines(r.out);
+  ASSERT_EQ(got.size(), 3u) << r.out;
+  std::set<int> ranks;
+  std::set<std::string> ports;
+  for (const std::string& line : got) {
+    int tag = -1, rank = -1, world = -1, local = -1, localWorld = -1, group = -1, marker = -1;
+    long port = -1;
+    char addr[64] = {};
+    ASSERT_EQ(std::sscanf(line.c_str(), "[%d] %d %d %d %d %63s %ld %d %d", &tag, &rank, &world, &local,
+                          &localWorld, addr, &port, &group, &marker),
+              9)
+        << line;
+    EXPECT_EQ(tag, rank) << line;
+    EXPECT_EQ(world, 3) << line;
+    EXPECT_EQ(local, rank) << line;
+    EXPECT_EQ(localWorld, 3) << line;
+    EXPECT_STREQ(addr, "127.0.0.1") << line;
+    EXPECT_GE(port, 1) << line;
+    EXPECT_LE(port, 65535) << line;
+    EXPECT_EQ(group, 0) << line;
+    EXPECT_EQ(marker, 1) << line;
+    ranks.insert(rank);
+    ports.insert(std::to_string(port));
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+  EXPECT_EQ(ports.size(), 1u) << "ranks disagree on MASTER_PORT:\n" << r.out;
+}
+
+TEST(Launcher, SecondNodeOfTwoGetsRanksTwoAndThree) {
+  const Outcome r = launch(concat(
+      {"--nnodes", "2", "--node-rank", "1", "-n", "2", "--master-addr", "10.1.2.3", "--master-port",
+       "29500", "--tag-output", "--"},
+      shell("echo \"$RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $MASTER_ADDR $MASTER_PORT\"")));
+  ASSERT_TRUE(r.finished);
+  EXPECT_EQ(r.exitCode(), 0) << r.err;
+  EXPECT_NE(r.out.find("[2] 2 4 0 1 10.1.2.3 29500\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[3] 3 4 1 1 10.1.2.3 29500\n"), std::string::npos) << r.out;
+  EXPECT_EQ(lines(r.out).size(), 2u) << r.out;
+}
+
+TEST(Launcher, AcceptsEqualsFormsAliasAndProgramWithoutDashes) {
+  const Outcome r = launch(concat({"--nproc-per-node=2", "--master-port=12345", "--tag-output"},
+                                       shell("echo $LOCAL_WORLD_SIZE $MASTER_PORT")));
+  ASSERT_TRUE(r.finished);
+  EXPECT_EQ(r.exitCode(), 0) << r.err;
+  EXPECT_NE(r.out.find("[0] 2 12345\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[1] 2 12345\n"), std::string::npos) << r.out;
+}
+
+TEST(Launcher, UntaggedRanksWriteStraightToTheLaunchersOutput) {
+  const Outcome r = launch(concat({"-n", "2", "--"}, shell("echo hello $RANK; echo oops $RANK >&2")));
+  ASSERT_TRUE(r.finished);
+  EXPECT_EQ(r.exitCode(), 0) << r.err;
+  EXPECT_NE(r.out.find("hello 0\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("hello 1\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('['), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("oops 1\n"), std::string::npos) << r.err;
+}
+
+TEST(Launcher, TagsStderrSeparatelyAndFlushesPartialLastLine) {
+  const Outcome r = launch(
+      concat({"-n", "1", "--tag-output", "--"}, shell("echo to-err >&2; printf 'first\\npartial'")));
+  ASSERT_TRUE(r.finished);
+  EXPECT_EQ(r.exitCode(), 0) << r.err;
+  EXPECT_NE(r.out.find("[0] first\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[0] partial"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("to-err"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("[0] to-err\n"), std::string::npos) << r.err;
+}
+
+TEST(Launcher, ManyLinesArriveWholeTaggedAndInOrder) {
+  constexpr int kLines = 20000;
+  const Outcome r = launch(
+      concat({"-n", "4", "--tag-output", "--"}, shell("seq 1 " + std::to_string(kLines))));
+  ASSERT_TRUE(r.finished);
+  EXPECT_EQ(r.exitCode(), 0) << r.err;
+  std::vector<int> next(4, 1);
+  for (const std::string& line : lines(r.out)) {
+    int tag = -1, value = -1;
+    ASSERT_EQ(std::sscanf(line.c_str(), "[%d] %d", &tag, &value), 2) << line;
+    ASSERT_TRUE(tag >= 0 && tag < 4) << line;
+    ASSERT_EQ(value, next[tag]) << line;
+    ++next[tag];
+  }
+  EXPECT_EQ(next, std::vector<int>(4, kLines + 1));
+}
+
+TEST(Launcher, AllRanksSucceedingMeansSuccess) {
+  const Outcome r = launch({"-n", "4", "--", "/bin/true"});
+  ASSERT_TRUE(r.finished);
+  EXPECT_EQ(r.exitCode(), 0) << r.err;
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(Launcher, FailedRankStopsTheOthersAndSetsTheStatus) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string d = dir.path();
+  const Outcome r = launch(concat(
+      {"-n", "3", "--tag-output", "--"},
+      shell("echo pid $$; if [ \"$RANK\" = 1 ]; then "
+            "while [ ! -e " + d + "/0 ] || [ ! -e " + d + "/2 ]; do sleep 0.05; done; exit 7; fi; "
+            "touch " + d + "/$RANK; exec sleep 60")));
+  ASSERT_TRUE(r.finished);
+  EXPECT_LT(r.seconds, 6.0);
+  EXPECT_EQ(r.exitCode(), 7) << r.err;
+  EXPECT_NE(r.err.find("braid run: rank 1 exited with status 7\n"), std::string::npos) << r.err;
+  // Ranks the launcher stopped are not failures.
+  EXPECT_EQ(r.err.find("rank 0 killed"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("rank 2 killed"), std::string::npos) << r.err;
+  const auto pids = printedPids(r.out);
+  EXPECT_EQ(pids.size(), 3u) << r.out;
+  for (pid_t pid : pids) EXPECT_TRUE(isGone(pid)) << "pid " << pid << " survived the launcher";
+}
+
+TEST(Launcher, RankThatIgnoresSigtermIsKilledWithinFiveSeconds) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string marker = dir.path() + "/up";
+  const Outcome r = launch(concat(
+      {"-n", "2", "--tag-output", "--"},
+      shell("if [ \"$RANK\" = 0 ]; then while [ ! -e " + marker + " ]; do sleep 0.05; done; exit 3; fi; "
+            "trap '' TERM; echo pid $$; touch " + marker + "; exec sleep 60")));
+  ASSERT_TRUE(r.finished);
+  EXPECT_LT(r.seconds, 5.5);
+  EXPECT_EQ(r.exitCode(), 3) << r.err;
+  EXPECT_NE(r.err.find("braid run: rank 0 exited with status 3\n"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("rank 1 killed"), std::string::npos) << r.err;
+  const auto pids = printedPids(r.out);
+  ASSERT_EQ(pids.size(), 1u) << r.out;
+  EXPECT_TRUE(isGone(pids[0]));
+}
+
+TEST(Launcher, RankKilledBySignalIsReported) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string marker = dir.path() + "/up";
+  const Outcome r = launch(concat(
+      {"-n", "2", "--tag-output", "--"},
+      shell("echo pid $$; if [ \"$RANK\" = 0 ]; then while [ ! -e " + marker +
+            " ]; do sleep 0.05; done; kill -9 $$; fi; touch " + marker + "; exec sleep 60")));
+  ASSERT_TRUE(r.finished);
+  EXPECT_LT(r.seconds, 6.0);
+  EXPECT_EQ(r.exitCode(), 128 + SIGKILL) << r.err;
+  EXPECT_NE(r.err.find("braid run: rank 0 killed by signal 9 ("), std::string::npos) << r.err;
+  for (pid_t pid : printedPids(r.out)) EXPECT_TRUE(isGone(pid)) << "pid " << pid;
+}
+
+TEST(Launcher, ProgramThatCannotRunExits127) {
+  const Outcome r = launch({"-n", "2", "--", "/nonexistent/braid-program"});
+  ASSERT_TRUE(r.finished);
+  EXPECT_EQ(r.exitCode(), 127) << r.err;
+  EXPECT_NE(r.err.find("braid run: cannot execute /nonexistent/braid-program: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exited with status 127\n"), std::string::npos) << r.err;
+}
+
+void expectSignalStopsEverything(int sig) {
+  bool sent = false;
+  Clock::time_point sentAt;
+  const Outcome r = launch(concat({"-n", "2", "--tag-output", "--"}, shell("echo pid $$; exec sleep 60")),
+                                [&](pid_t launcher, const Outcome& soFar) {
+                                  if (sent || printedPids(soFar.out).size() < 2) return;
+                                  ::kill(launcher, sig);
+                                  sent = true;
+                                  sentAt = Clock::now();
+                                });
+  ASSERT_TRUE(r.finished);
+  ASSERT_TRUE(sent) << r.out << r.err;
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - sentAt).count(), 5.0);
+  EXPECT_FALSE(WIFEXITED(r.waitStatus) && WEXITSTATUS(r.waitStatus) == 0) << r.err;
+  EXPECT_EQ(r.err.find("exited with status"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("killed by signal"), std::string::npos) << r.err;
+  const auto pids = printedPids(r.out);
+  EXPECT_EQ(pids.size(), 2u) << r.out;
+  for (pid_t pid : pids) EXPECT_TRUE(isGone(pid)) << "pid " << pid;
+}
+
+TEST(Launcher, SigtermToLauncherStopsAllRanks) { expectSignalStopsEverything(SIGTERM); }
+
+TEST(Launcher, SigintToLauncherStopsAllRanks) { expectSignalStopsEverything(SIGINT); }
+
+TEST(Launcher, RanksDieWhenTheLauncherIsKilled) {
+  const Outcome r = launch(concat({"-n", "2", "--tag-output", "--"}, shell("echo pid $$; exec sleep 60")),
+                                [sent = false](pid_t launcher, const Outcome& soFar) mutable {
+                                  if (sent || printedPids(soFar.out).size() < 2) return;
+                                  ::kill(launcher, SIGKILL);
+                                  sent = true;
+                                });
+  ASSERT_TRUE(r.finished);
+  ASSERT_TRUE(WIFSIGNALED(r.waitStatus)) << r.err;
+  const auto pids = printedPids(r.out);
+  ASSERT_EQ(pids.size(), 2u) << r.out;
+  // Nobody is left to reap them at once, so give the kernel a moment to deliver PR_SET_PDEATHSIG.
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  for (pid_t pid : pids) {
+    while (!hasEnded(pid) && Clock::now() < deadline) ::usleep(10'000);
+    EXPECT_TRUE(hasEnded(pid)) << "pid " << pid << " outlived its launcher";
+  }
+}
+
+TEST(Launcher, BadArgumentsExitTwoWithUsage) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"-n", "0", "--", "/bin/true"}, "-n"},
+      {{"-n", "abc", "/bin/true"}, "-n"},
+      {{"-n"}, "missing value"},
+      {{"-n", "1"}, "PROGRAM"},
+      {{"-n", "1", "--"}, "PROGRAM"},
+      {{"/bin/true"}, "-n"},
+      {{"--bogus", "-n", "1", "/bin/true"}, "--bogus"},
+      {{"--master-port", "70000", "-n", "1", "/bin/true"}, "--master-port"},
+      {{"--nnodes", "2", "--node-rank", "0", "-n", "1", "--", "/bin/true"}, "--master-addr"},
+      {{"--nnodes", "2", "--node-rank", "0", "-n", "1", "--master-addr", "h", "/bin/true"}, "--master-port"},
+      {{"--nnodes", "2", "--node-rank", "2", "-n", "1", "--master-addr", "h", "--master-port", "9", "/bin/true"},
+       "--node-rank"},
+      {{"--nnodes", "0", "-n", "1", "/bin/true"}, "--nnodes"},
+      {{"--tag-output=yes", "-n", "1", "/bin/true"}, "--tag-output"},
+  };
+  for (const auto& [args, mention] : cases) {
+    std::string joined;
+    for (const std::string& a : args) joined += a + " ";
+    const Outcome r = launch(args);
+    ASSERT_TRUE(r.finished) << joined;
+    EXPECT_EQ(r.exitCode(), 2) << joined << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("braid run: ", 0), 0u) << joined << "\n" << r.err;
+    EXPECT_NE(r.err.find(mention), std::string::npos) << joined << "\n" << r.err;
+    EXPECT_NE(r.err.find("usage: braid run"), std::string::npos) << joined << "\n" << r.err;
+    EXPECT_EQ(r.out, "") << joined;
+  }
+}
+
+TEST(Launcher, HelpPrintsUsageAndSucceeds) {
+  for (const char* flag : {"-h", "--help"}) {
+    const Outcome r = launch({flag});
+    ASSERT_TRUE(r.finished);
+    EXPECT_EQ(r.exitCode(), 0) << flag;
+    EXPECT_NE(r.out.find("usage: braid run"), std::string::npos) << flag;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg.starts_with(kLauncherFlag)) launcherPath() = std::string(arg.substr(kLauncherFlag.size()));
+  }
+  if (launcherPath().empty() || ::access(launcherPath().c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "test_launcher: pass --launcher=PATH to an executable braid-launcher-test\n");
+    return 2;
+  }
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,496 @@
+// Braid: tests for the CPU reduce engine. The expected values never come from the code under
+// test: half/bf16 bits are decoded by their textbook formula and results are rounded by a
+// separate arithmetic reference (frexp/ldexp/nearbyint), so a wrong conversion cannot agree with itself.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/half.h"
+#include "kernels/reduce.h"
+
+namespace braid::kernels {
+namespace {
+
+constexpr DataType kAllTypes[] = {DataType::kInt8,    DataType::kUint8,   DataType::kInt32,  DataType::kUint32,
+                                  DataType::kInt64,   DataType::kUint64,  DataType::kFloat16, DataType::kFloat32,
+                                  DataType::kFloat64, DataType::kBfloat16};
+constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAvg};
+constexpr const char* kIsas[] = {"generic", "avx2", "avx512"};
+constexpr std::size_t kCounts[] = {0, 1, 2, 3, 7, 15, 16, 17, 31, 33, 63, 64, 65, 127, 1000, 4097};
+constexpr std::size_t kMaxCount = 4097;
+constexpr double kBf16Max = 0x1.fep127;
+
+bool isFloat(DataType t) {
+  return t == DataType::kFloat16 || t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kBfloat16;
+}
+
+// Round v to a binary format with mantBits fraction bits, minimum normal exponent minExp and
+// largest finite value maxFinite, to nearest with ties to even (the default FP environment).
+double refRound(double v, int mantBits, int minExp, double maxFinite) {
+  if (std::isnan(v) || v == 0.0 || std::isinf(v)) return v;
+  int e = 0;
+  std::frexp(std::fabs(v), &e);  // |v| in [2^(e-1), 2^e)
+  const double quantum = std::ldexp(1.0, std::max(e - 1, minExp) - mantBits);
+  double r = std::nearbyint(std::fabs(v) / quantum) * quantum;
+  if (r > maxFinite) r = std::numeric_limits<double>::infinity();
+  return std::copysign(r, v);
+}
+double refHalf(double v) { return refRound(v, 10, -14, 65504.0); }
+double refBf16(double v) { return refRound(v, 7, -126, kBf16Max); }
+
+double decodeHalf(std::uint16_t h) {
+  const int e = (h >> 10) & 31;
+  const int m = h & 1023;
+  double v = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+  if (e == 31) v = m == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  return (h & 0x8000) ? -v : v;
+}
+double decodeBf16(std::uint16_t h) {
+  const int e = (h >> 7) & 255;
+  const int m = h & 127;
+  double v = e == 0 ? std::ldexp(m, -133) : std::ldexp(128 + m, e - 134);
+  if (e == 255) v = m == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  return (h & 0x8000) ? -v : v;
+}
+
+template <class T>
+T rawAt(const unsigned char* p, std::size_t i) {
+  T v;
+  std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+  return v;
+}
+template <class T>
+void putAt(unsigned char* p, std::size_t i, T v) {
+  std::memcpy(p + i * sizeof(T), &v, sizeof(T));
+}
+
+// Element i of p, decoded without the code under test.
+double decodeAt(const unsigned char* p, std::size_t i, DataType t) {
+  switch (t) {
+    case DataType::kInt8: return rawAt<std::int8_t>(p, i);
+    case DataType::kUint8: return rawAt<std::uint8_t>(p, i);
+    case DataType::kInt32: return rawAt<std::int32_t>(p, i);
+    case DataType::kUint32: return rawAt<std::uint32_t>(p, i);
+    case DataType::kInt64: return static_cast<double>(rawAt<std::int64_t>(p, i));
+    case DataType::kUint64: return static_cast<double>(rawAt<std::uint64_t>(p, i));
+    case DataType::kFloat16: return decodeHalf(rawAt<std::uint16_t>(p, i));
+    case DataType::kFloat32: return rawAt<float>(p, i);
+    case DataType::kFloat64: return rawAt<double>(p, i);
+    case DataType::kBfloat16: return decodeBf16(rawAt<std::uint16_t>(p, i));
+  }
+  return 0.0;
+}
+
+// Random inputs whose sum/prod/max/min are exact in double and never overflow the type: integers
+// stay within ranges whose pairwise results fit; floats keep exponents moderate (fp16 products
+// reach the subnormal range, so rounding there is exercised too).
+void fillRandom(unsigned char* p, std::size_t n, DataType t, ReduceOp op, std::mt19937_64& rng) {
+  const bool prod = op == ReduceOp::kProd;
+  auto uni = [&rng](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t sign = rng() & 1;
+    switch (t) {
+      case DataType::kInt8: putAt<std::int8_t>(p, i, static_cast<std::int8_t>(prod ? uni(-11, 11) : uni(-60, 60))); break;
+      case DataType::kUint8: putAt<std::uint8_t>(p, i, static_cast<std::uint8_t>(prod ? uni(0, 15) : uni(0, 120))); break;
+      case DataType::kInt32:
+        putAt<std::int32_t>(p, i, static_cast<std::int32_t>(prod ? uni(-40000, 40000) : uni(-1000000000, 1000000000)));
+        break;
+      case DataType::kUint32:
+        putAt<std::uint32_t>(p, i, static_cast<std::uint32_t>(prod ? uni(0, 65535) : uni(0, 2000000000)));
+        break;
+      case DataType::kInt64: putAt<std::int64_t>(p, i, prod ? uni(-(1LL << 25), 1LL << 25) : uni(-(1LL << 51), 1LL << 51)); break;
+      case DataType::kUint64:
+        putAt<std::uint64_t>(p, i, static_cast<std::uint64_t>(prod ? uni(0, 1LL << 26) : uni(0, 1LL << 52)));
+        break;
+      case DataType::kFloat16:
+        putAt<std::uint16_t>(p, i, static_cast<std::uint16_t>(sign << 15 | uni(7, 21) << 10 | uni(0, 1023)));
+        break;
+      case DataType::kBfloat16:
+        putAt<std::uint16_t>(p, i, static_cast<std::uint16_t>(sign << 15 | uni(120, 134) << 7 | uni(0, 127)));
+        break;
+      case DataType::kFloat32:
+        putAt<std::uint32_t>(p, i, static_cast<std::uint32_t>(sign << 31 | uni(107, 147) << 23 | uni(0, (1 << 23) - 1)));
+        break;
+      case DataType::kFloat64:
+        putAt<std::uint64_t>(p, i, sign << 63 | static_cast<std::uint64_t>(uni(1003, 1043)) << 52 | (rng() >> 12));
+        break;
+    }
+  }
+}
+
+double refCombine(double x, double y, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: case ReduceOp::kAvg: return x + y;
+    case ReduceOp::kProd: return x * y;
+    case ReduceOp::kMax: return y > x ? y : x;
+    case ReduceOp::kMin: return y < x ? y : x;
+  }
+  return 0.0;
+}
+
+// The value the engine must produce from an exact double result: the float types go through a
+// float first (the documented semantics for fp16/bf16; for fp32 it is the rounding itself).
+double refResult(double exact, DataType t) {
+  switch (t) {
+    case DataType::kFloat16: return refHalf(static_cast<float>(exact));
+    case DataType::kBfloat16: return refBf16(static_cast<float>(exact));
+    case DataType::kFloat32: return static_cast<float>(exact);
+    case DataType::kFloat64: return exact;
+    default: return exact + 0.0;  // integers have no -0
+  }
+}
+
+bool sameValue(double got, double want) {
+  if (std::isnan(want)) return std::isnan(got);
+  return got == want && std::signbit(got) == std::signbit(want);
+}
+
+// A 64-byte-aligned window into a guarded allocation, so overruns on either side are detected.
+class GuardedBuffer {
+ public:
+  static constexpr std::size_t kGuard = 64;
+  static constexpr unsigned char kFill = 0xa5;
+  explicit GuardedBuffer(std::size_t bytes) : bytes_(bytes), storage_(bytes + 3 * kGuard + 64, kFill) {
+    const auto addr = reinterpret_cast<std::uintptr_t>(storage_.data());
+    base_ = storage_.data() + kGuard + (64 - addr % 64) % 64;
+  }
+  unsigned char* at(std::size_t misalign) { return base_ + misalign; }
+  // True if nothing outside [at(misalign), at(misalign) + used) changed.
+  bool guardsIntact(std::size_t misalign, std::size_t used) const {
+    const unsigned char* lo = base_ + misalign;
+    for (const unsigned char* q = storage_.data(); q < lo; ++q) if (*q != kFill) return false;
+    for (const unsigned char* q = lo + used; q < storage_.data() + storage_.size(); ++q) if (*q != kFill) return false;
+    return true;
+  }
+  void reset() { std::fill(storage_.begin(), storage_.end(), kFill); }
+
+ private:
+  std::size_t bytes_;
+  std::vector<unsigned char> storage_;
+  unsigned char* base_;
+};
+
+// Restores automatic ISA choice when a test ends, whatever it forced.
+struct IsaScope {
+  explicit IsaScope(const char* isa) { setIsaOverride(isa); }
+  ~IsaScope() { setIsaOverride(nullptr); }
+  bool active(const char* isa) const { return std::string(isaName()) == isa; }
+};
+
+using ReduceParam = std::tuple<const char*, DataType, ReduceOp>;
+class ReduceTest : public ::testing::TestWithParam<ReduceParam> {};
+
+enum class Mode { kOutOfPlace, kDstIsA, kDstIsB, kAllSame };
+constexpr Mode kModes[] = {Mode::kOutOfPlace, Mode::kDstIsA, Mode::kDstIsB, Mode::kAllSame};
+const char* modeName(Mode m) {
+  switch (m) {
+    case Mode::kOutOfPlace: return "out-of-place";
+    case Mode::kDstIsA: return "dst==a";
+    case Mode::kDstIsB: return "dst==b";
+    case Mode::kAllSame: return "dst==a==b";
+  }
+  return "?";
+}
+
+TEST_P(ReduceTest, MatchesScalarReference) {
+  const auto [isa, type, op] = GetParam();
+  IsaScope scope(isa);
+  if (!scope.active(isa)) GTEST_SKIP() << "this CPU cannot run " << isa;
+  const std::size_t size = dataTypeSize(type);
+  std::mt19937_64 rng(1000 * static_cast<unsigned>(type) + static_cast<unsigned>(op));
+  std::vector<unsigned char> inA(kMaxCount * size), inB(kMaxCount * size);
+  fillRandom(inA.data(), kMaxCount, type, op, rng);
+  fillRandom(inB.data(), kMaxCount, type, op, rng);
+  std::vector<double> wantAB(kMaxCount), wantAA(kMaxCount);
+  for (std::size_t i = 0; i < kMaxCount; ++i) {
+    const double x = decodeAt(inA.data(), i, type), y = decodeAt(inB.data(), i, type);
+    wantAB[i] = refResult(refCombine(x, y, op), type);
+    wantAA[i] = refResult(refCombine(x, x, op), type);
+  }
+  GuardedBuffer bufA(kMaxCount * size), bufB(kMaxCount * size), bufD(kMaxCount * size);
+  for (std::size_t count : kCounts) {
+    for (std::size_t shift = 0; shift < 4; ++shift) {
+      for (Mode mode : kModes) {
+        bufA.reset(), bufB.reset(), bufD.reset();
+        unsigned char* a = bufA.at(shift);
+        unsigned char* b = mode == Mode::kAllSame ? a : bufB.at((shift + 1) % 4);
+        std::memcpy(a, inA.data(), count * size);
+        if (b != a) std::memcpy(b, inB.data(), count * size);
+        unsigned char* d = mode == Mode::kDstIsA || mode == Mode::kAllSame ? a
+                           : mode == Mode::kDstIsB                         ? b
+                                                                           : bufD.at((shift + 2) % 4);
+        reduce(d, a, b, count, type, op);
+        const std::vector<double>& want = mode == Mode::kAllSame ? wantAA : wantAB;
+        const std::string where = std::string(isa) + " " + dataTypeName(type) + " " + reduceOpName(op) +
+                                  " count=" + std::to_string(count) + " shift=" + std::to_string(shift) + " " +
+                                  modeName(mode);
+        for (std::size_t i = 0; i < count; ++i) {
+          const double got = decodeAt(d, i, type);
+          if (!sameValue(got, want[i])) {
+            FAIL() << where << ": element " << i << " is " << got << ", expected " << want[i] << " from "
+                   << decodeAt(inA.data(), i, type) << " and "
+                   << decodeAt(mode == Mode::kAllSame ? inA.data() : inB.data(), i, type);
+          }
+        }
+        ASSERT_TRUE(bufA.guardsIntact(shift, count * size)) << where << ": wrote outside a";
+        ASSERT_TRUE(bufB.guardsIntact((shift + 1) % 4, b == a ? 0 : count * size)) << where << ": wrote outside b";
+        ASSERT_TRUE(bufD.guardsIntact((shift + 2) % 4, d == bufD.at((shift + 2) % 4) ? count * size : 0))
+            << where << ": wrote outside dst";
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsasTypesOps, ReduceTest,
+                         ::testing::Combine(::testing::ValuesIn(kIsas), ::testing::ValuesIn(kAllTypes),
+                                            ::testing::ValuesIn(kAllOps)),
+                         [](const ::testing::TestParamInfo<ReduceParam>& info) {
+                           return std::string(std::get<0>(info.param)) + "_" + dataTypeName(std::get<1>(info.param)) +
+                                  "_" + reduceOpName(std::get<2>(info.param));
+                         });
+
+using DivideParam = std::tuple<const char*, DataType>;
+class DivideTest : public ::testing::TestWithParam<DivideParam> {};
+
+TEST_P(DivideTest, MatchesScalarDivision) {
+  const auto [isa, type] = GetParam();
+  IsaScope scope(isa);
+  if (!scope.active(isa)) GTEST_SKIP() << "this CPU cannot run " << isa;
+  const std::size_t size = dataTypeSize(type), count = 1000 + 5;
+  std::mt19937_64 rng(static_cast<unsigned>(type));
+  std::vector<unsigned char> in(count * size);
+  fillRandom(in.data(), count, type, ReduceOp::kSum, rng);
+  for (int divisor : {1, 3, 7}) {
+    GuardedBuffer buf(count * size);
+    unsigned char* x = buf.at(3);
+    std::memcpy(x, in.data(), in.size());
+    divide(x, count, type, divisor);
+    for (std::size_t i = 0; i < count; ++i) {
+      const double v = decodeAt(in.data(), i, type);
+      double want = 0;
+      if (type == DataType::kFloat64) {
+        want = v / divisor;
+      } else if (isFloat(type)) {
+        want = refResult(static_cast<float>(v) / static_cast<float>(divisor), type);
+      } else {
+        want = refResult(std::trunc(v / divisor), type);  // exact: |v| <= 2^52, then truncated
+      }
+      ASSERT_TRUE(sameValue(decodeAt(x, i, type), want))
+          << isa << " " << dataTypeName(type) << " / " << divisor << " element " << i << ": " << v << " -> "
+          << decodeAt(x, i, type) << ", expected " << want;
+    }
+    ASSERT_TRUE(buf.guardsIntact(3, count * size));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsasTypes, DivideTest, ::testing::Combine(::testing::ValuesIn(kIsas), ::testing::ValuesIn(kAllTypes)),
+                         [](const ::testing::TestParamInfo<DivideParam>& info) {
+                           return std::string(std::get<0>(info.param)) + "_" + dataTypeName(std::get<1>(info.param));
+                         });
+
+TEST(Divide, IntegerTruncatesTowardZero) {
+  std::int32_t v[] = {7, -7, 9, -9, 0, std::numeric_limits<std::int32_t>::min()};
+  divide(v, 6, DataType::kInt32, 2);
+  EXPECT_EQ(v[0], 3);
+  EXPECT_EQ(v[1], -3);
+  EXPECT_EQ(v[2], 4);
+  EXPECT_EQ(v[3], -4);
+  EXPECT_EQ(v[4], 0);
+  EXPECT_EQ(v[5], -1073741824);
+  std::uint8_t u[] = {255, 7};
+  divide(u, 2, DataType::kUint8, 4);
+  EXPECT_EQ(u[0], 63);
+  EXPECT_EQ(u[1], 1);
+  std::uint64_t big = 0xffffffffffffffffULL;
+  divide(&big, 1, DataType::kUint64, 3);
+  EXPECT_EQ(big, 0x5555555555555555ULL);
+}
+
+TEST(Divide, FloatIsIeeeDivision) {
+  float f = 1.0f;
+  divide(&f, 1, DataType::kFloat32, 3);
+  EXPECT_EQ(f, 1.0f / 3.0f);
+  std::uint16_t h = 0x3c00;  // 1.0
+  divide(&h, 1, DataType::kFloat16, 3);
+  EXPECT_EQ(h, 0x3555);  // 0.33325195, the fp16 nearest 1/3
+  std::uint16_t bf = 0x3f80;  // 1.0
+  divide(&bf, 1, DataType::kBfloat16, 3);
+  EXPECT_EQ(bf, 0x3eab);  // 0.333984375
+}
+
+TEST(ReduceNaN, MaxMinWithNaNFollowTheDocumentedRule) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const char* isa : kIsas) {
+    IsaScope scope(isa);
+    if (!scope.active(isa)) continue;
+    for (DataType t : {DataType::kFloat16, DataType::kFloat32, DataType::kFloat64, DataType::kBfloat16}) {
+      for (ReduceOp op : {ReduceOp::kMax, ReduceOp::kMin}) {
+        constexpr std::size_t kN = 67;  // vector body plus a scalar tail
+        const std::size_t size = dataTypeSize(t);
+        std::vector<unsigned char> a(kN * size), b(kN * size), d(kN * size);
+        const double pairs[4][2] = {{nan, 1.0}, {1.0, nan}, {nan, nan}, {2.0, -3.0}};
+        for (std::size_t i = 0; i < kN; ++i) {
+          storeFromDouble(a.data(), i, t, pairs[i % 4][0]);
+          storeFromDouble(b.data(), i, t, pairs[i % 4][1]);
+        }
+        reduce(d.data(), a.data(), b.data(), kN, t, op);
+        for (std::size_t i = 0; i < kN; ++i) {
+          const double got = decodeAt(d.data(), i, t), x = pairs[i % 4][0], y = pairs[i % 4][1];
+          const std::string where = std::string(isa) + " " + dataTypeName(t) + " " + reduceOpName(op) + " #" +
+                                    std::to_string(i);
+          if (std::isnan(x)) {
+            EXPECT_TRUE(std::isnan(got)) << where << ": a NaN in a must propagate";
+          } else if (std::isnan(y)) {
+            EXPECT_EQ(got, x) << where << ": a NaN in b must yield a";
+          } else {
+            EXPECT_EQ(got, op == ReduceOp::kMax ? 2.0 : -3.0) << where;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ReduceWrap, IntegerOverflowWrapsOnEveryIsa) {
+  for (const char* isa : kIsas) {
+    IsaScope scope(isa);
+    if (!scope.active(isa)) continue;
+    std::vector<std::int32_t> a(100, std::numeric_limits<std::int32_t>::max()), b(100, 1), d(100);
+    reduce(d.data(), a.data(), b.data(), 100, DataType::kInt32, ReduceOp::kSum);
+    EXPECT_EQ(d[99], std::numeric_limits<std::int32_t>::min()) << isa;
+    std::vector<std::int8_t> c(100, 16), e(100);
+    reduce(e.data(), c.data(), c.data(), 100, DataType::kInt8, ReduceOp::kProd);
+    EXPECT_EQ(e[0], 0) << isa;
+    std::vector<std::uint8_t> u(100, 200), w(100, 100), r(100);
+    reduce(r.data(), u.data(), w.data(), 100, DataType::kUint8, ReduceOp::kSum);
+    EXPECT_EQ(r[50], 44) << isa;
+  }
+}
+
+TEST(HalfConversion, DecodesEveryBitPatternByTheFormula) {
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const auto bits = static_cast<std::uint16_t>(h);
+    ASSERT_TRUE(sameValue(halfToFloat(bits), decodeHalf(bits))) << std::hex << h;
+    ASSERT_TRUE(sameValue(bf16ToFloat(bits), decodeBf16(bits))) << std::hex << h;
+  }
+}
+
+TEST(HalfConversion, EveryBitPatternRoundTrips) {
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const auto bits = static_cast<std::uint16_t>(h);
+    const std::uint16_t half = floatToHalf(halfToFloat(bits)), bf = floatToBf16(bf16ToFloat(bits));
+    if ((h & 0x7c00) == 0x7c00 && (h & 0x03ff) != 0) {  // NaN: stays NaN, keeps its sign
+      EXPECT_TRUE((half & 0x7c00) == 0x7c00 && (half & 0x03ff) != 0 && (half & 0x8000) == (h & 0x8000)) << std::hex << h;
+    } else {
+      EXPECT_EQ(half, bits) << std::hex << h;
+    }
+    if ((h & 0x7f80) == 0x7f80 && (h & 0x007f) != 0) {
+      EXPECT_TRUE((bf & 0x7f80) == 0x7f80 && (bf & 0x007f) != 0 && (bf & 0x8000) == (h & 0x8000)) << std::hex << h;
+    } else {
+      EXPECT_EQ(bf, bits) << std::hex << h;
+    }
+  }
+}
+
+// Floats on a sweep of all 2^32 patterns, plus every midpoint between adjacent fp16/bf16 values
+// and its two float neighbours: the ties and near-ties where round-to-nearest-even matters.
+TEST(HalfConversion, FloatRoundingMatchesReference) {
+  auto check = [](float f) {
+    const double wantH = refHalf(f), wantB = refBf16(f);
+    ASSERT_TRUE(sameValue(decodeHalf(floatToHalf(f)), wantH)) << std::hexfloat << f;
+    ASSERT_TRUE(sameValue(decodeBf16(floatToBf16(f)), wantB)) << std::hexfloat << f;
+  };
+  for (std::uint64_t bits = 0; bits < (1ULL << 32); bits += 997) check(std::bit_cast<float>(static_cast<std::uint32_t>(bits)));
+  for (std::uint32_t h = 0; h < 0x7c00; ++h) {
+    for (double sign : {1.0, -1.0}) {
+      const auto mid = static_cast<float>(sign * (decodeHalf(static_cast<std::uint16_t>(h)) +
+                                                  decodeHalf(static_cast<std::uint16_t>(h + 1))) / 2);
+      for (float f : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e30f * static_cast<float>(sign))}) check(f);
+    }
+  }
+  for (std::uint32_t h = 0; h < 0x7f80; ++h) {
+    const auto mid = static_cast<float>((decodeBf16(static_cast<std::uint16_t>(h)) +
+                                         decodeBf16(static_cast<std::uint16_t>(h + 1))) / 2);
+    for (float f : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e38f), -mid}) check(f);
+  }
+}
+
+TEST(HalfConversion, RoundToNearestEvenCases) {
+  EXPECT_EQ(floatToHalf(1.0f + 0x1p-11f), 0x3c00);             // tie, even is below
+  EXPECT_EQ(floatToHalf(1.0f + 3 * 0x1p-11f), 0x3c02);         // tie, even is above
+  EXPECT_EQ(floatToHalf(1.0f + 0x1p-11f + 0x1p-20f), 0x3c01);  // just past the tie
+  EXPECT_EQ(floatToHalf(65504.0f), 0x7bff);
+  EXPECT_EQ(floatToHalf(65519.99f), 0x7bff);
+  EXPECT_EQ(floatToHalf(65520.0f), 0x7c00);  // the tie above the largest finite rounds to inf
+  EXPECT_EQ(floatToHalf(-1e10f), 0xfc00);
+  EXPECT_EQ(floatToHalf(0x1p-25f), 0x0000);      // half the smallest subnormal: ties to 0
+  EXPECT_EQ(floatToHalf(3 * 0x1p-25f), 0x0002);  // 1.5 ulp: ties to 2
+  EXPECT_EQ(floatToHalf(0x1p-25f + 0x1p-40f), 0x0001);
+  EXPECT_EQ(floatToHalf(1023.5f * 0x1p-24f), 0x0400);  // rounds up into the smallest normal
+  EXPECT_EQ(floatToHalf(-0.0f), 0x8000);
+  EXPECT_EQ(floatToHalf(std::numeric_limits<float>::infinity()), 0x7c00);
+  EXPECT_EQ(floatToBf16(1.0f + 0x1p-8f), 0x3f80);
+  EXPECT_EQ(floatToBf16(1.0f + 3 * 0x1p-8f), 0x3f82);
+  EXPECT_EQ(floatToBf16(std::numeric_limits<float>::max()), 0x7f80);
+  EXPECT_EQ(floatToBf16(std::bit_cast<float>(0x7f800001u)) & 0x7fc0, 0x7fc0);  // a signalling NaN comes out quiet
+}
+
+TEST(ElementAccess, StoreRoundsDoubleOnceAndLoadIsExact) {
+  std::uint16_t h = 0;
+  storeFromDouble(&h, 0, DataType::kFloat16, 1.0 + 0x1p-11 + 0x1p-40);  // via a rounded float it would be a tie
+  EXPECT_EQ(h, 0x3c01);
+  storeFromDouble(&h, 0, DataType::kFloat16, 1.0 + 0x1p-11);
+  EXPECT_EQ(h, 0x3c00);
+  storeFromDouble(&h, 0, DataType::kBfloat16, 1.0 + 0x1p-8 + 0x1p-40);
+  EXPECT_EQ(h, 0x3f81);
+  storeFromDouble(&h, 0, DataType::kFloat16, 1e300);
+  EXPECT_EQ(h, 0x7c00);
+  unsigned char buf[4 * 8] = {};
+  for (DataType t : kAllTypes) {
+    const double v = t == DataType::kUint8 || t == DataType::kUint32 || t == DataType::kUint64 ? 77.0 : -77.0;
+    storeFromDouble(buf + 1, 2, t, v);  // unaligned on purpose
+    EXPECT_EQ(loadAsDouble(buf + 1, 2, t), v) << dataTypeName(t);
+    EXPECT_EQ(decodeAt(buf + 1, 2, t), v) << dataTypeName(t);
+  }
+}
+
+TEST(Names, TypesAndOps) {
+  const char* types[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"};
+  for (int i = 0; i < kNumDataTypes; ++i) EXPECT_STREQ(dataTypeName(static_cast<DataType>(i)), types[i]);
+  const char* ops[] = {"sum", "prod", "max", "min", "avg"};
+  for (int i = 0; i < kNumReduceOps; ++i) EXPECT_STREQ(reduceOpName(static_cast<ReduceOp>(i)), ops[i]);
+  EXPECT_STREQ(dataTypeName(static_cast<DataType>(42)), "?");
+  EXPECT_STREQ(reduceOpName(static_cast<ReduceOp>(-1)), "?");
+}
+
+TEST(Dispatch, OverrideFallsBackToAuto) {
+  setIsaOverride(nullptr);
+  const std::string detected = isaName();
+  EXPECT_TRUE(detected == "generic" || detected == "avx2" || detected == "avx512") << detected;
+  setIsaOverride("generic");
+  EXPECT_STREQ(isaName(), "generic");
+  setIsaOverride("no-such-isa");
+  EXPECT_EQ(isaName(), detected);
+  setIsaOverride("auto");
+  EXPECT_EQ(isaName(), detected);
+}
+
+TEST(Dispatch, InvalidTypeOrOpDoesNothing) {
+  std::int32_t a[4] = {1, 2, 3, 4}, d[4] = {9, 9, 9, 9};
+  reduce(d, a, a, 4, static_cast<DataType>(42), ReduceOp::kSum);
+  reduce(d, a, a, 4, DataType::kInt32, static_cast<ReduceOp>(9));
+  divide(d, 4, static_cast<DataType>(-3), 2);
+  for (std::int32_t v : d) EXPECT_EQ(v, 9);
+}
+
+}  // namespace
+}  // namespace braid::kernels

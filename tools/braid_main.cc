@@ -1,0 +1,32 @@
+// The `braid` command: run (launcher), perf (benchmark), info (build, host, configuration).
+#include <cstdio>
+#include <cstring>
+
+#include "tools/launcher.h"
+#include "tools/tools.h"
+
+namespace {
+const char* kUsage =
+    "usage: braid COMMAND [ARGS]\n"
+    "  run   -n N [--master-addr A] [--master-port P] [--nnodes K --node-rank R] [--tag-output] -- PROGRAM ARGS\n"
+    "        start N ranks of PROGRAM on this host, the way torchrun does\n"
+    "  perf  COLLECTIVE [options]   nccl-tests' table for a collective (run it under `braid run`)\n"
+    "  info                          build, host, transports, and every BRAID_* variable\n";
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const char* cmd = argv[1];
+  if (!std::strcmp(cmd, "run")) return braid::tools::runLauncher(argc - 1, argv + 1);
+  if (!std::strcmp(cmd, "perf")) return braid::tools::runPerf(argc - 1, argv + 1);
+  if (!std::strcmp(cmd, "info")) return braid::tools::runInfo(argc - 1, argv + 1);
+  if (!std::strcmp(cmd, "--version")) {
+    std::printf("braid 0.1.0\n");
+    return 0;
+  }
+  std::fprintf(stderr, "braid: unknown command '%s'\n%s", cmd, kUsage);
+  return 2;
+}

@@ -1,0 +1,63 @@
+// `braid info`: what this build and this host offer, and every BRAID_* variable with its value.
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "braid_build_config.h"
+#include "comm/c_handle.h"
+#include "comm/config.h"
+#include "kernels/reduce.h"
+#include "tools/tools.h"
+#include "topology/topology.h"
+#include "transport/registry.h"
+#include "transport/shm/shm_transport.h"
+
+namespace braid::tools {
+
+std::string describeAlgoSetting() {
+  auto c = Config::fromEnvironment();
+  if (!c.ok() || c->algo == "auto") return "auto (latency/bandwidth cost model; BRAID_ALGO=ring|tree forces one)";
+  return c->algo + " (forced by BRAID_ALGO)";
+}
+
+void printTransportSummary(braidComm_t comm, int rank, int nranks) {
+  std::map<std::string, int> counts;
+  for (int p = 0; p < nranks; ++p)
+    if (p != rank) counts[comm->impl->transportOf(p)]++;
+  std::string line = "rank " + std::to_string(rank) + ":";
+  for (auto& [t, k] : counts) line += " " + t + " x" + std::to_string(k);
+  if (counts.empty()) line += " no peers";
+  constexpr std::size_t kWidth = 96;
+  std::vector<char> mine(kWidth, 0), all(kWidth * static_cast<std::size_t>(nranks), 0);
+  std::snprintf(mine.data(), kWidth, "%s", line.c_str());
+  if (braidAllGather(mine.data(), all.data(), kWidth, braidUint8, comm, nullptr) != braidSuccess) return;
+  if (rank != 0) return;
+  for (int r = 0; r < nranks; ++r) std::printf("#   transports %s\n", all.data() + static_cast<std::size_t>(r) * kWidth);
+}
+
+int runInfo(int, char**) {
+  const topology::Summary& t = topology::summary();
+  std::printf("braid %d.%d.%d\n", BRAID_MAJOR, BRAID_MINOR, BRAID_PATCH);
+  std::printf("build: cuda %s, ibverbs headers %s\n", BRAID_HAVE_CUDA ? "found (kernels come with the CUDA issue)" : "no",
+              BRAID_HAVE_IBVERBS ? "found" : "no");
+  std::printf("host: %d cores, %d hardware threads, %d NUMA nodes, %s\n", t.cores, t.pus, t.numaNodes,
+              t.cpuModel.empty() ? "unknown CPU" : t.cpuModel.c_str());
+  std::printf("reduce kernels: %s\n", kernels::isaName());
+  auto cfg = Config::fromEnvironment();
+  if (!cfg.ok()) {
+    std::printf("configuration error: %s\n", cfg.status().message().c_str());
+    return 1;
+  }
+  Availability shm = ShmTransport::probe(*cfg), ib = probeIb(*cfg);
+  std::printf("transports: shm %s, tcp usable, ib %s\n", shm.usable ? "usable" : ("unusable (" + shm.reason + ")").c_str(),
+              ib.usable ? "usable" : ("unusable (" + ib.reason + ")").c_str());
+  std::printf("\n%-20s %-8s %-12s %s\n", "variable", "default", "value", "meaning");
+  for (const ConfigRow& row : describeConfig())
+    std::printf("%-20s %-8s %-12s %s\n", row.name, row.defaultValue, row.current.empty() ? "-" : row.current.c_str(),
+                row.meaning);
+  return 0;
+}
+
+}  // namespace braid::tools

@@ -1,0 +1,105 @@
+#include "transport/shm/shm_transport.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "comm/log.h"
+#include "transport/shm/shm_channel.h"
+
+namespace braid {
+namespace {
+std::size_t ctlBytes(int channels) { return (static_cast<std::size_t>(2 * channels) * sizeof(RingCtl) + 4095) & ~std::size_t{4095}; }
+std::size_t pairBytes(int channels, std::size_t cap) { return ctlBytes(channels) + 2 * static_cast<std::size_t>(channels) * cap; }
+
+// dir 0 carries lower -> higher rank, dir 1 the other way.
+RingView ring(void* base, int channels, std::size_t cap, int dir, int c) {
+  auto* ctl = static_cast<RingCtl*>(base) + (dir * channels + c);
+  auto* data = static_cast<std::byte*>(base) + ctlBytes(channels) + static_cast<std::size_t>(dir * channels + c) * cap;
+  return {ctl, data};
+}
+}  // namespace
+
+Availability ShmTransport::probe(const Config& config) {
+  if (config.shmDisable) return {false, "disabled by BRAID_SHM_DISABLE=1"};
+  struct stat st{};
+  if (stat("/dev/shm", &st) != 0) return {false, "/dev/shm does not exist"};
+  if (access("/dev/shm", W_OK) != 0) return {false, "/dev/shm is not writable"};
+  return {true, ""};
+}
+
+Result<std::vector<std::unique_ptr<Connection>>> ShmTransport::connect(const SetupContext& ctx,
+                                                                       const std::vector<int>& peers) {
+  std::vector<std::unique_ptr<Connection>> out;
+  if (peers.empty()) return out;
+  const int channels = ctx.config.nsocks;
+  const std::size_t cap = ctx.config.buffSize;
+  const std::string prefix = "/braid-" + ctx.nonce;
+  const std::size_t bellBytes = static_cast<std::size_t>(ctx.nranks) * sizeof(Doorbell);
+  const int leader = std::min(ctx.rank, *std::min_element(peers.begin(), peers.end()));
+  const std::string bellName = prefix + "-db" + std::to_string(leader);
+
+  // Create first (doorbells if this rank leads the host, then the pairs it owns), publish, then
+  // open the others': nobody waits on a segment before creating its own, so setup cannot deadlock.
+  if (leader == ctx.rank) {
+    auto seg = ShmSegment::create(bellName, bellBytes);
+    if (!seg.ok()) return seg.status();
+    bells_ = *seg;
+    for (int r = 0; r < ctx.nranks; ++r) new (static_cast<Doorbell*>(bells_->data()) + r) Doorbell();
+    created_.push_back(bells_);
+    Status s = ctx.store.set("shm/db/" + std::to_string(leader), "1", ctx.deadline);
+    if (!s.ok()) return s;
+  }
+  std::vector<std::shared_ptr<ShmSegment>> pairs(peers.size());
+  for (std::size_t i = 0; i < peers.size(); ++i) {
+    int p = peers[i];
+    if (p < ctx.rank) continue;
+    std::string name = prefix + "-" + std::to_string(ctx.rank) + "-" + std::to_string(p);
+    auto seg = ShmSegment::create(name, pairBytes(channels, cap));
+    if (!seg.ok()) return seg.status();
+    for (int dir = 0; dir < 2; ++dir)
+      for (int c = 0; c < channels; ++c) new (ring((*seg)->data(), channels, cap, dir, c).ctl) RingCtl();
+    pairs[i] = *seg;
+    created_.push_back(*seg);
+    Status s = ctx.store.set("shm/pair/" + std::to_string(ctx.rank) + "/" + std::to_string(p), "1", ctx.deadline);
+    if (!s.ok()) return s;
+  }
+  if (!bells_) {
+    auto ready = ctx.store.get("shm/db/" + std::to_string(leader), ctx.deadline);
+    if (!ready.ok()) return ready.status();
+    auto seg = ShmSegment::open(bellName, bellBytes);
+    if (!seg.ok()) return seg.status();
+    bells_ = *seg;
+  }
+  auto* bells = static_cast<Doorbell*>(bells_->data());
+  myBell_ = bells + ctx.rank;
+  for (std::size_t i = 0; i < peers.size(); ++i) {
+    int p = peers[i];
+    if (p > ctx.rank) continue;
+    auto ready = ctx.store.get("shm/pair/" + std::to_string(p) + "/" + std::to_string(ctx.rank), ctx.deadline);
+    if (!ready.ok()) return ready.status();
+    auto seg = ShmSegment::open(prefix + "-" + std::to_string(p) + "-" + std::to_string(ctx.rank), pairBytes(channels, cap));
+    if (!seg.ok()) return seg.status();
+    pairs[i] = *seg;
+  }
+  for (std::size_t i = 0; i < peers.size(); ++i) {
+    int p = peers[i];
+    int outDir = ctx.rank < p ? 0 : 1;
+    std::vector<std::unique_ptr<ShmChannel>> chans;
+    for (int c = 0; c < channels; ++c)
+      chans.push_back(std::make_unique<ShmChannel>(ring(pairs[i]->data(), channels, cap, outDir, c),
+                                                   ring(pairs[i]->data(), channels, cap, 1 - outDir, c), cap,
+                                                   bells + p));
+    out.push_back(std::make_unique<ShmConnection>(p, pairs[i], bells_, std::move(chans)));
+  }
+  BRAID_LOG(kInfo, kShm, "shm: %zu peers, %d channels of %zu KiB rings each way", peers.size(), channels, cap >> 10);
+  return out;
+}
+
+void ShmTransport::unlinkAll() {
+  for (auto& s : created_) s->unlink();
+  created_.clear();
+}
+
+}  // namespace braid

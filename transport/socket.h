@@ -1,0 +1,57 @@
+// TCP socket helpers shared by the rendezvous store and the tcp transport. Setup-time I/O here is
+// blocking with a Deadline; the data path (tcp_channel) uses the raw nonblocking fd instead.
+#pragma once
+#include <string>
+#include <utility>
+
+#include "braid/status.hpp"
+#include "comm/deadline.h"
+
+namespace braid::net {
+
+// Owns a file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept { reset(std::exchange(o.fd_, -1)); return *this; }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// IPv4 "a.b.c.d" for a host name or address.
+Result<std::string> resolve(const std::string& host);
+// The local address the kernel would use to reach `remoteIp` (no packet is sent).
+Result<std::string> localAddressToward(const std::string& remoteIp);
+// The first IPv4 address of an interface matching NCCL-style `spec`: "eth,ib" prefixes,
+// "^docker,lo" excluded prefixes, "=eth0" exact names.
+Result<std::string> addressForInterfaces(const std::string& spec);
+bool interfaceMatches(const std::string& spec, const std::string& ifname);
+// True if `ip` belongs to an interface of this host.
+bool isLocalAddress(const std::string& ip);
+
+Result<Fd> listenOn(const std::string& ip, int port, int backlog = 4096);
+int localPort(int fd);
+// One connect attempt bounded by the deadline.
+Result<Fd> connectTo(const std::string& ip, int port, const Deadline& d);
+// connectTo, retried with backoff until the deadline (a listener that is not up yet).
+Result<Fd> connectWithRetry(const std::string& ip, int port, const Deadline& d);
+Result<Fd> acceptOne(int listenFd, const Deadline& d);
+
+Status sendAll(int fd, const void* data, std::size_t n, const Deadline& d);
+Status recvAll(int fd, void* data, std::size_t n, const Deadline& d);
+
+void setNonBlocking(int fd, bool on);
+void setNoDelay(int fd);
+std::string errnoText(int err);
+
+}  // namespace braid::net

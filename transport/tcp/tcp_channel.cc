@@ -1,0 +1,73 @@
+#include "transport/tcp/tcp_channel.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace braid {
+
+TcpChannel::TcpChannel(net::Fd fd, int peer, std::size_t cap) : fd_(std::move(fd)), peer_(peer), ring_(cap), mask_(cap - 1) {
+  net::setNonBlocking(fd_.get(), true);
+  std::memset(ring_.data(), 0, cap);  // touch once now, not on the hot path
+}
+
+Status TcpChannel::closedError(int err) const {
+  return Status::RemoteError("rank " + std::to_string(peer_) + " (tcp) exited or closed its connection" +
+                             (err ? " (" + net::errnoText(err) + ")" : ""));
+}
+
+Result<std::size_t> TcpChannel::trySend(const void* data, std::size_t n) {
+  if (n == 0) return std::size_t{0};
+  ssize_t k = ::send(fd_.get(), data, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (k >= 0) return static_cast<std::size_t>(k);
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return std::size_t{0};
+  return closedError(errno);
+}
+
+Result<std::span<const std::byte>> TcpChannel::peek() {
+  std::size_t cap = ring_.size();
+  std::size_t used = static_cast<std::size_t>(head_ - tail_);
+  if (used < cap) {
+    // Fill the contiguous free space after head (stop at the ring's end: alignment of elements
+    // across the wrap is kept because every message starts at a multiple of 8 in the stream).
+    std::size_t pos = static_cast<std::size_t>(head_) & mask_;
+    std::size_t room = std::min(cap - used, cap - pos);
+    ssize_t k = ::recv(fd_.get(), ring_.data() + pos, room, MSG_DONTWAIT);
+    if (k > 0) head_ += static_cast<std::size_t>(k);
+    else if (k == 0) return closedError(0);
+    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return closedError(errno);
+  }
+  std::size_t pos = static_cast<std::size_t>(tail_) & mask_;
+  return std::span<const std::byte>(ring_.data() + pos, std::min(static_cast<std::size_t>(head_ - tail_), cap - pos));
+}
+
+void TcpChannel::consume(std::size_t n) { tail_ += n; }
+
+Result<std::size_t> TcpChannel::tryRecv(void* dst, std::size_t n) {
+  auto* out = static_cast<std::byte*>(dst);
+  std::size_t got = 0;
+  while (got < n && head_ != tail_) {  // staged bytes first, in stream order
+    std::size_t pos = static_cast<std::size_t>(tail_) & mask_;
+    std::size_t k = std::min({n - got, static_cast<std::size_t>(head_ - tail_), ring_.size() - pos});
+    std::memcpy(out + got, ring_.data() + pos, k);
+    tail_ += k;
+    got += k;
+  }
+  if (got < n) {
+    ssize_t k = ::recv(fd_.get(), out + got, n - got, MSG_DONTWAIT);
+    if (k > 0) {
+      got += static_cast<std::size_t>(k);
+      head_ += static_cast<std::size_t>(k);  // the ring was empty: keep its positions on the stream
+      tail_ = head_;
+    } else if (k == 0) {
+      return closedError(0);
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return closedError(errno);
+    }
+  }
+  return got;
+}
+
+}  // namespace braid

@@ -1,0 +1,48 @@
+// The tcp data path: one nonblocking socket per channel. Sends go straight from the caller's
+// memory to the kernel (no staging copy); receives that reduce read from a staging ring so the
+// reduction happens in one pass out of it, while plain receives go straight into the destination
+// once the ring is empty.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/socket.h"
+#include "transport/transport.h"
+
+namespace braid {
+
+class TcpChannel : public Channel {
+ public:
+  TcpChannel(net::Fd fd, int peer, std::size_t cap);
+  Result<std::size_t> trySend(const void* data, std::size_t n) override;
+  Result<std::span<const std::byte>> peek() override;
+  void consume(std::size_t n) override;
+  Result<std::size_t> tryRecv(void* dst, std::size_t n) override;
+  int fd() const { return fd_.get(); }
+
+ private:
+  Status closedError(int err) const;
+  net::Fd fd_;
+  int peer_;
+  std::vector<std::byte> ring_;   // staging for peek(); positions are absolute stream offsets
+  std::size_t mask_;
+  std::uint64_t head_ = 0, tail_ = 0;
+};
+
+class TcpConnection : public Connection {
+ public:
+  TcpConnection(int peer, std::vector<std::unique_ptr<TcpChannel>> channels)
+      : peer_(peer), channels_(std::move(channels)) {}
+  int peer() const override { return peer_; }
+  std::string_view transport() const override { return "tcp"; }
+  int numChannels() const override { return static_cast<int>(channels_.size()); }
+  Channel& channel(int i) override { return *channels_[static_cast<std::size_t>(i)]; }
+  TcpChannel& tcpChannel(int i) { return *channels_[static_cast<std::size_t>(i)]; }
+
+ private:
+  int peer_;
+  std::vector<std::unique_ptr<TcpChannel>> channels_;
+};
+
+}  // namespace braid

@@ -1,0 +1,61 @@
+// Transports move bytes between this rank and its peers. A Connection reaches one peer and holds
+// several Channels; a Channel is one FIFO byte stream in each direction. Collectives never learn
+// which transport they run on: they only call the Channel methods below.
+//
+// Threading: a connection and its channels are driven by one thread at a time (the communicator's
+// caller or its progress thread). No method blocks; waiting is the Waiter's job (comm/waiter.h).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "braid/status.hpp"
+
+namespace braid {
+
+class Channel {
+ public:
+  virtual ~Channel() = default;
+  // Appends up to n bytes to the outgoing stream; returns how many were taken (0 when full).
+  virtual Result<std::size_t> trySend(const void* data, std::size_t n) = 0;
+  // The received bytes that are contiguous and ready to read; may be empty. Reading a span and
+  // then calling consume() lets a collective reduce straight out of the transport's buffer.
+  virtual Result<std::span<const std::byte>> peek() = 0;
+  virtual void consume(std::size_t n) = 0;
+  // Moves up to n received bytes into dst; returns how many.
+  virtual Result<std::size_t> tryRecv(void* dst, std::size_t n) = 0;
+};
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  virtual int peer() const = 0;
+  virtual std::string_view transport() const = 0;
+  virtual int numChannels() const = 0;
+  virtual Channel& channel(int i) = 0;
+};
+
+// What one rank publishes about itself through the bootstrap before connections are made.
+struct PeerInfo {
+  int rank = -1;
+  std::string host;       // hostname
+  std::string bootId;     // /proc/sys/kernel/random/boot_id: same host means same kernel
+  int pid = 0;
+  std::string tcpAddr;    // "ip:port" of this rank's tcp listener
+  bool shmUsable = true;  // this rank can create and map shared memory
+
+  bool sameHostAs(const PeerInfo& o) const { return host == o.host && bootId == o.bootId; }
+  std::string serialize() const;
+  static Result<PeerInfo> parse(const std::string& text);
+};
+
+struct Availability {
+  bool usable = false;
+  std::string reason;  // why not, in words a person can act on
+};
+
+}  // namespace braid

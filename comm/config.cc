@@ -45,7 +45,7 @@ struct Row {
   }
 
 const Row kRows[] = {
-    {"BRAID_DEBUG", "WARN", "log level: WARN, INFO or TRACE (INFO shows transport and algorithm choices)",
+    {"BRAID_DEBUG", "WARN", "log level: NONE, WARN, INFO or TRACE (INFO shows transport and algorithm choices)",
      [](Config& c, const std::string& s) -> Status {
        if (s != "WARN" && s != "INFO" && s != "TRACE" && s != "NONE")
          return Status::InvalidArgument("expected NONE, WARN, INFO or TRACE");
@@ -72,7 +72,7 @@ const Row kRows[] = {
      [](Config& c, const std::string& s) { return parseBool(s, &c.shmDisable); }},
     {"BRAID_IB_DISABLE", "0", "1: never use InfiniBand verbs",
      [](Config& c, const std::string& s) { return parseBool(s, &c.ibDisable); }},
-    {"BRAID_SOCKET_IFNAME", "", "interfaces for tcp: prefix list, ^ to exclude, = for exact (eth,^docker,=ib0)",
+    {"BRAID_SOCKET_IFNAME", "", "interfaces for tcp: prefixes (eth,ib), ^ before the list excludes (^docker,lo), = before it matches exactly (=eth0)",
      [](Config& c, const std::string& s) -> Status { c.socketIfname = s; return Status::Ok(); }},
     {"BRAID_NSOCKS", "2", "tcp sockets (channels) per peer, 2 to 16",
      BRAID_ASSIGN_INT(nsocks, 2, 16)},
@@ -158,11 +158,12 @@ Result<LaunchEnv> readLaunchEnv() {
   for (const Names& f : kFamilies) {
     if (!env(f.rank)) continue;
     le.source = f.source;
-    for (auto [name, field] : {std::pair{f.rank, &le.rank}, {f.size, &le.worldSize}, {f.local, &le.localRank},
-                               {f.localSize, &le.localWorldSize}}) {
+    for (auto [name, field] : {std::pair{f.rank, &le.rank}, {f.size, &le.worldSize}, {f.local, &le.localRank}}) {
       Status s = readInt(name, field);
       if (!s.ok()) return s;
     }
+    // Only informative, and Slurm may write it as "2(x3)": an unparsable value is ignored.
+    (void)readInt(f.localSize, &le.localWorldSize);
     break;
   }
   if (const char* a = env("MASTER_ADDR")) le.masterAddr = a;

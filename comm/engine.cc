@@ -1,6 +1,8 @@
 #include "comm/engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstring>
 
 #include "comm/waiter.h"
@@ -233,7 +235,12 @@ Status Engine::run(Plan& plan, EngineHost& host) {
       if (q.head == q.ops.size()) continue;
       auto r = runner.advance(q);
       if (!r.ok()) {
-        Status fail = host.failure();  // a notice may already name the root cause
+        // A peer that closed its connection may only be reacting to a failure elsewhere, which
+        // the store is announcing right now: give the notice a moment, so that the error names
+        // the root cause (the rank that died, the mismatched call) rather than the messenger.
+        if (r.status().code() == Code::kRemoteError)
+          for (int i = 0; i < 500 && !host.failedFast(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        Status fail = host.failure();
         if (!fail.ok()) return fail.withContext(what + " failed on rank " + std::to_string(plan.rank_));
         return r.status().withContext(what + " failed on rank " + std::to_string(plan.rank_));
       }

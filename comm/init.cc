@@ -44,13 +44,10 @@ Result<std::pair<std::string, int>> splitHostPort(const std::string& text) {
 
 // Where a listener for other ranks should bind when nobody said: the configured interface, else
 // the first non-loopback IPv4 address, else loopback.
-std::string defaultListenIp(const Config& c) {
-  if (!c.socketIfname.empty()) {
-    auto ip = net::addressForInterfaces(c.socketIfname);
-    if (ip.ok()) return *ip;
-  }
+Result<std::string> defaultListenIp(const Config& c) {
+  if (!c.socketIfname.empty()) return net::addressForInterfaces(c.socketIfname);
   auto ip = net::addressForInterfaces("^lo");
-  return ip.ok() ? *ip : "127.0.0.1";
+  return ip.ok() ? *ip : std::string("127.0.0.1");
 }
 
 Result<std::shared_ptr<Comm>> initWith(InitParams p, int nranks, int rank) {
@@ -81,7 +78,9 @@ Status makeUniqueId(braidUniqueId* id) {
     ip = *resolved;
     port = hp->second;
   } else {
-    ip = defaultListenIp(*cfg);
+    auto chosen = defaultListenIp(*cfg);
+    if (!chosen.ok()) return chosen.status();
+    ip = *chosen;
   }
   std::string nonce = randomHex(16);
   auto server = StoreServer::start(ip, port, nonce);

@@ -82,7 +82,7 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(const std::string& ip, i
   s->listen_ = std::move(fd.value());
   s->port_ = net::localPort(s->listen_.get());
   s->nonce_ = nonce;
-  s->thread_ = std::thread([srv = s.get()] { srv->serve(); });
+  s->thread_ = std::thread([srv = s.get(), fd = s->listen_.get()] { srv->serve(fd); });
   BRAID_LOG(kInfo, kBoot, "rendezvous store listening on %s:%d", ip.c_str(), s->port_);
   return s;
 }
@@ -104,8 +104,7 @@ void StoreServer::detach() {
   listen_.release();  // closed by the thread
 }
 
-void StoreServer::serve() {
-  int listenFd = listen_.get();
+void StoreServer::serve(int listenFd) {
   std::vector<ServerClient> clients;
   std::map<std::string, std::string> kv;
   std::map<std::string, std::int64_t> counters;
@@ -300,6 +299,12 @@ Result<std::string> StoreClient::request(std::uint8_t type, const std::string& p
     if (t == kNotice) {
       Notice n;
       if (!decodeNotice(p, &n)) return Status::RemoteError("malformed notice from the store");
+      // A set or add is answered anyway: keep the notice for the watcher. A get or wait might
+      // never be answered, so it fails with the notice now.
+      if (type == kSet || type == kAdd) {
+        early_.push_back(n);
+        continue;
+      }
       if (n.kind == Notice::kPeerGone) return Status::RemoteError("rank " + std::to_string(n.rank) + " exited or closed its connection during setup");
       return Status(n.code, n.message);
     }
@@ -348,6 +353,8 @@ Status StoreClient::barrier(const std::string& name, int nranks, const Deadline&
 }
 
 void StoreClient::startWatching(std::function<void(const Notice&)> onNotice) {
+  for (const Notice& n : early_) onNotice(n);
+  early_.clear();
   watcher_ = std::thread([this, onNotice = std::move(onNotice)] {
     for (;;) {
       std::uint8_t t;

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "braid/status.hpp"
 #include "comm/deadline.h"
@@ -41,7 +42,7 @@ class StoreServer {
 
  private:
   StoreServer() = default;
-  void serve();
+  void serve(int listenFd);  // the fd is passed in: detach() may release listen_ meanwhile
   net::Fd listen_;
   int port_ = 0;
   std::string nonce_;
@@ -64,7 +65,8 @@ class StoreClient {
   // Every rank adds itself to `name` and waits for all nranks.
   Status barrier(const std::string& name, int nranks, const Deadline& d);
 
-  // After setup: a thread reads notices and hands each to `onNotice` until close().
+  // After setup: a thread reads notices and hands each to `onNotice` until close(). Notices that
+  // arrived during a set or add (another rank failed right after setup) are handed over first.
   void startWatching(std::function<void(const Notice&)> onNotice);
   // Tells the store (and through it every rank) about a failure. Thread-safe; never blocks long.
   void report(const Notice& n);
@@ -75,6 +77,7 @@ class StoreClient {
   StoreClient() = default;
   Result<std::string> request(std::uint8_t type, const std::string& payload, const Deadline& d);
   net::Fd fd_;
+  std::vector<Notice> early_;  // notices that arrived while a set/add waited for its reply
   std::mutex writeMu_;
   std::thread watcher_;
   std::atomic<bool> closing_{false};

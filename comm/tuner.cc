@@ -36,8 +36,10 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
   if (c.algo == Algo::kTree && !rooted) c.channels = std::max(c.channels, std::min(2, in.maxChannels));
   // Chunk: small enough that a pipeline of n steps fills quickly, big enough to amortize a pass.
   std::size_t perStep = in.bytes / static_cast<std::size_t>(std::max(1, in.nranks * c.channels));
-  c.chunk = std::clamp<std::size_t>(perStep / 4, 32u << 10, std::min<std::size_t>(config.buffSize / 2, 512u << 10));
+  const std::size_t hi = std::min<std::size_t>(config.buffSize / 2, 512u << 10);
+  c.chunk = std::clamp<std::size_t>(perStep / 4, std::min<std::size_t>(32u << 10, hi), hi);
   if (config.chunkSize) c.chunk = config.chunkSize;
+  c.chunk = std::max<std::size_t>(c.chunk & ~std::size_t{63}, 64);  // whole elements of every type
   return c;
 }
 

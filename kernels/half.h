@@ -1,7 +1,9 @@
 // Braid: IEEE binary16 (fp16) and bfloat16 <-> binary32 conversion by bit manipulation.
 // Every function is branch-free so GCC can vectorize loops that call it with plain SSE2, and every
 // result is exact or rounded to nearest, ties to even, for all inputs: normals, subnormals,
-// infinities and NaN (NaNs stay NaN; a float NaN keeps its top payload bits and is quieted).
+// infinities and NaN (NaNs stay NaN; a float NaN keeps its top payload bits and is quieted). The
+// float arithmetic inside never sees or makes a float subnormal that matters, so FTZ/DAZ do not
+// change any result.
 // These functions carry no target attribute on purpose: they are compiled for the baseline ISA in
 // every translation unit and inlined into the ISA-specific loops, so the linker can merge the
 // out-of-line copies of different translation units without ever picking up AVX code.

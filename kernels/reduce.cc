@@ -47,9 +47,14 @@ namespace kernels {
 namespace {
 
 #if defined(__x86_64__)
-bool cpuHasAvx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+bool cpuHasF16c() {
+#if defined(__clang__)
+  return true;  // clang 14 cannot query f16c; F16C predates AVX2 on every Intel and AMD core anyway
+#else
+  return __builtin_cpu_supports("f16c");
+#endif
 }
+bool cpuHasAvx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpuHasF16c(); }
 bool cpuHasAvx512() {
   return cpuHasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl");

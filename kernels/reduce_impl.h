@@ -40,7 +40,9 @@ namespace avx512 { extern const KernelTable kTable; }
 // (_mm512_undefined_ps), which -Wmaybe-uninitialized flags once inlined (GCC PR 105593). The
 // warning is attributed to the header's lines, so silencing it around the include is enough.
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #endif
@@ -51,6 +53,11 @@ namespace braid::kernels::BRAID_KERNEL_ISA {
 // divides, which lets GCC vectorize it even under -O2's "very cheap" cost model (no epilogue, no
 // runtime alias check thanks to ivdep); the tail of fewer than kBlock elements runs scalar.
 inline constexpr std::size_t kBlock = 64;
+#if defined(__clang__)
+#define BRAID_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#else
+#define BRAID_IVDEP _Pragma("GCC ivdep")
+#endif
 
 // Buffers carry no alignment promise, so every access goes through memcpy, which GCC turns into
 // plain (unaligned) loads and stores and still vectorizes.
@@ -192,14 +199,20 @@ BRAID_KERNEL_TARGET void reduceLoop(void* dst, const void* src0, const void* src
   // dst may be a or b, but element i is read before it is written and never read again, so
   // there is no dependence between iterations: exactly what ivdep promises.
   for (; i + kBlock <= n; i += kBlock) {
-#pragma GCC ivdep
+    BRAID_IVDEP
     for (std::size_t j = i; j < i + kBlock; ++j) combineAt<C, Op>(d, a, b, j);
   }
   for (; i < n; ++i) combineAt<C, Op>(d, a, b, i);
 }
 
+// The divisor's type: float for fp16/bf16/fp32 and double for fp64 (an IEEE division in the
+// compute type); for integers the usual arithmetic conversion with int, so a divisor of 256 stays
+// 256 for uint8 and unsigned types divide unsigned.
+template <class V>
+using DivisorType = std::conditional_t<std::is_integral_v<V>, std::common_type_t<V, int>, V>;
+
 template <class C>
-inline void divideAt(unsigned char* x, std::size_t i, typename C::Value divisor) {
+inline void divideAt(unsigned char* x, std::size_t i, DivisorType<typename C::Value> divisor) {
   using S = typename C::Storage;
   storeAt<S>(x, i, C::store(static_cast<typename C::Value>(C::load(loadAt<S>(x, i)) / divisor)));
 }
@@ -207,12 +220,10 @@ inline void divideAt(unsigned char* x, std::size_t i, typename C::Value divisor)
 template <class C>
 BRAID_KERNEL_TARGET void divideLoop(void* buf, std::size_t n, int divisor) {
   auto* x = static_cast<unsigned char*>(buf);
-  // Converting the divisor to the element type keeps unsigned division unsigned and makes the
-  // float path an IEEE division in float (double for fp64).
-  const auto dv = static_cast<typename C::Value>(divisor);
+  const auto dv = static_cast<DivisorType<typename C::Value>>(divisor);
   std::size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
-#pragma GCC ivdep
+    BRAID_IVDEP
     for (std::size_t j = i; j < i + kBlock; ++j) divideAt<C>(x, j, dv);
   }
   for (; i < n; ++i) divideAt<C>(x, i, dv);
@@ -247,4 +258,5 @@ constexpr KernelTable makeTable(const char* name) {
 }
 
 }  // namespace braid::kernels::BRAID_KERNEL_ISA
+#undef BRAID_IVDEP
 #endif  // BRAID_KERNEL_ISA

@@ -47,30 +47,21 @@ double refRound(double v, int mantBits, int minExp, double maxFinite) {
 double refHalf(double v) { return refRound(v, 10, -14, 65504.0); }
 double refBf16(double v) { return refRound(v, 7, -126, kBf16Max); }
 
-double decodeHalf(std::uint16_t h) {
-  const int e = (h >> 10) & 31;
-  const int m = h & 1023;
-  double v = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
-  if (e == 31) v = m == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+// A 16-bit float with mantBits fraction bits and exponent bias `bias`, by the textbook formula.
+double decodeShort(std::uint16_t h, int mantBits, int bias) {
+  const int e = (h & 0x7fff) >> mantBits, m = h & ((1 << mantBits) - 1), eMax = (1 << (15 - mantBits)) - 1;
+  double v = std::ldexp(e == 0 ? m : m + (1 << mantBits), std::max(e, 1) - bias - mantBits);
+  if (e == eMax) v = m == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
   return (h & 0x8000) ? -v : v;
 }
-double decodeBf16(std::uint16_t h) {
-  const int e = (h >> 7) & 255;
-  const int m = h & 127;
-  double v = e == 0 ? std::ldexp(m, -133) : std::ldexp(128 + m, e - 134);
-  if (e == 255) v = m == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
-  return (h & 0x8000) ? -v : v;
-}
+double decodeHalf(std::uint16_t h) { return decodeShort(h, 10, 15); }
+double decodeBf16(std::uint16_t h) { return decodeShort(h, 7, 127); }
 
 template <class T>
 T rawAt(const unsigned char* p, std::size_t i) {
   T v;
   std::memcpy(&v, p + i * sizeof(T), sizeof(T));
   return v;
-}
-template <class T>
-void putAt(unsigned char* p, std::size_t i, T v) {
-  std::memcpy(p + i * sizeof(T), &v, sizeof(T));
 }
 
 // Element i of p, decoded without the code under test.
@@ -91,39 +82,32 @@ double decodeAt(const unsigned char* p, std::size_t i, DataType t) {
 }
 
 // Random inputs whose sum/prod/max/min are exact in double and never overflow the type: integers
-// stay within ranges whose pairwise results fit; floats keep exponents moderate (fp16 products
-// reach the subnormal range, so rounding there is exercised too).
+// stay within ranges whose pairwise results fit; floats are built from bits with moderate
+// exponents (fp16 products reach the subnormal range, so rounding there is exercised too).
 void fillRandom(unsigned char* p, std::size_t n, DataType t, ReduceOp op, std::mt19937_64& rng) {
   const bool prod = op == ReduceOp::kProd;
   auto uni = [&rng](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
-  for (std::size_t i = 0; i < n; ++i) {
+  auto next = [&]() -> std::uint64_t {
     const std::uint64_t sign = rng() & 1;
     switch (t) {
-      case DataType::kInt8: putAt<std::int8_t>(p, i, static_cast<std::int8_t>(prod ? uni(-11, 11) : uni(-60, 60))); break;
-      case DataType::kUint8: putAt<std::uint8_t>(p, i, static_cast<std::uint8_t>(prod ? uni(0, 15) : uni(0, 120))); break;
-      case DataType::kInt32:
-        putAt<std::int32_t>(p, i, static_cast<std::int32_t>(prod ? uni(-40000, 40000) : uni(-1000000000, 1000000000)));
-        break;
-      case DataType::kUint32:
-        putAt<std::uint32_t>(p, i, static_cast<std::uint32_t>(prod ? uni(0, 65535) : uni(0, 2000000000)));
-        break;
-      case DataType::kInt64: putAt<std::int64_t>(p, i, prod ? uni(-(1LL << 25), 1LL << 25) : uni(-(1LL << 51), 1LL << 51)); break;
-      case DataType::kUint64:
-        putAt<std::uint64_t>(p, i, static_cast<std::uint64_t>(prod ? uni(0, 1LL << 26) : uni(0, 1LL << 52)));
-        break;
-      case DataType::kFloat16:
-        putAt<std::uint16_t>(p, i, static_cast<std::uint16_t>(sign << 15 | uni(7, 21) << 10 | uni(0, 1023)));
-        break;
-      case DataType::kBfloat16:
-        putAt<std::uint16_t>(p, i, static_cast<std::uint16_t>(sign << 15 | uni(120, 134) << 7 | uni(0, 127)));
-        break;
-      case DataType::kFloat32:
-        putAt<std::uint32_t>(p, i, static_cast<std::uint32_t>(sign << 31 | uni(107, 147) << 23 | uni(0, (1 << 23) - 1)));
-        break;
-      case DataType::kFloat64:
-        putAt<std::uint64_t>(p, i, sign << 63 | static_cast<std::uint64_t>(uni(1003, 1043)) << 52 | (rng() >> 12));
-        break;
+      case DataType::kInt8: return static_cast<std::uint64_t>(prod ? uni(-11, 11) : uni(-60, 60));
+      case DataType::kUint8: return static_cast<std::uint64_t>(prod ? uni(0, 15) : uni(0, 120));
+      case DataType::kInt32: return static_cast<std::uint64_t>(prod ? uni(-40000, 40000) : uni(-1000000000, 1000000000));
+      case DataType::kUint32: return static_cast<std::uint64_t>(prod ? uni(0, 65535) : uni(0, 2000000000));
+      case DataType::kInt64: return static_cast<std::uint64_t>(prod ? uni(-(1LL << 25), 1LL << 25) : uni(-(1LL << 51), 1LL << 51));
+      case DataType::kUint64: return static_cast<std::uint64_t>(prod ? uni(0, 1LL << 26) : uni(0, 1LL << 52));
+      case DataType::kFloat16: return sign << 15 | static_cast<std::uint64_t>(uni(7, 21) << 10 | uni(0, 1023));
+      case DataType::kBfloat16: return sign << 15 | static_cast<std::uint64_t>(uni(120, 134) << 7 | uni(0, 127));
+      case DataType::kFloat32: return sign << 31 | static_cast<std::uint64_t>(uni(107, 147) << 23 | uni(0, (1 << 23) - 1));
+      case DataType::kFloat64: return sign << 63 | static_cast<std::uint64_t>(uni(1003, 1043)) << 52 | (rng() >> 12);
     }
+    return 0;
+  };
+  // Little-endian x86/ARM: the low bytes of the two's complement value are the element.
+  const std::size_t size = dataTypeSize(t);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t v = next();
+    std::memcpy(p + i * size, &v, size);
   }
 }
 
@@ -159,22 +143,22 @@ class GuardedBuffer {
  public:
   static constexpr std::size_t kGuard = 64;
   static constexpr unsigned char kFill = 0xa5;
-  explicit GuardedBuffer(std::size_t bytes) : bytes_(bytes), storage_(bytes + 3 * kGuard + 64, kFill) {
+  explicit GuardedBuffer(std::size_t bytes) : storage_(bytes + 3 * kGuard + 64, kFill) {
     const auto addr = reinterpret_cast<std::uintptr_t>(storage_.data());
     base_ = storage_.data() + kGuard + (64 - addr % 64) % 64;
   }
   unsigned char* at(std::size_t misalign) { return base_ + misalign; }
   // True if nothing outside [at(misalign), at(misalign) + used) changed.
   bool guardsIntact(std::size_t misalign, std::size_t used) const {
-    const unsigned char* lo = base_ + misalign;
-    for (const unsigned char* q = storage_.data(); q < lo; ++q) if (*q != kFill) return false;
-    for (const unsigned char* q = lo + used; q < storage_.data() + storage_.size(); ++q) if (*q != kFill) return false;
-    return true;
+    auto untouched = [](const unsigned char* from, const unsigned char* to) {
+      return std::all_of(from, to, [](unsigned char c) { return c == kFill; });
+    };
+    return untouched(storage_.data(), base_ + misalign) &&
+           untouched(base_ + misalign + used, storage_.data() + storage_.size());
   }
   void reset() { std::fill(storage_.begin(), storage_.end(), kFill); }
 
  private:
-  std::size_t bytes_;
   std::vector<unsigned char> storage_;
   unsigned char* base_;
 };
@@ -191,15 +175,7 @@ class ReduceTest : public ::testing::TestWithParam<ReduceParam> {};
 
 enum class Mode { kOutOfPlace, kDstIsA, kDstIsB, kAllSame };
 constexpr Mode kModes[] = {Mode::kOutOfPlace, Mode::kDstIsA, Mode::kDstIsB, Mode::kAllSame};
-const char* modeName(Mode m) {
-  switch (m) {
-    case Mode::kOutOfPlace: return "out-of-place";
-    case Mode::kDstIsA: return "dst==a";
-    case Mode::kDstIsB: return "dst==b";
-    case Mode::kAllSame: return "dst==a==b";
-  }
-  return "?";
-}
+constexpr const char* kModeNames[] = {"out-of-place", "dst==a", "dst==b", "dst==a==b"};
 
 TEST_P(ReduceTest, MatchesScalarReference) {
   const auto [isa, type, op] = GetParam();
@@ -232,7 +208,7 @@ TEST_P(ReduceTest, MatchesScalarReference) {
         const std::vector<double>& want = mode == Mode::kAllSame ? wantAA : wantAB;
         const std::string where = std::string(isa) + " " + dataTypeName(type) + " " + reduceOpName(op) +
                                   " count=" + std::to_string(count) + " shift=" + std::to_string(shift) + " " +
-                                  modeName(mode);
+                                  kModeNames[static_cast<int>(mode)];
         for (std::size_t i = 0; i < count; ++i) {
           const double got = decodeAt(d, i, type);
           if (!sameValue(got, want[i])) {
@@ -298,18 +274,21 @@ INSTANTIATE_TEST_SUITE_P(AllIsasTypes, DivideTest, ::testing::Combine(::testing:
                          });
 
 TEST(Divide, IntegerTruncatesTowardZero) {
-  std::int32_t v[] = {7, -7, 9, -9, 0, std::numeric_limits<std::int32_t>::min()};
-  divide(v, 6, DataType::kInt32, 2);
-  EXPECT_EQ(v[0], 3);
-  EXPECT_EQ(v[1], -3);
-  EXPECT_EQ(v[2], 4);
-  EXPECT_EQ(v[3], -4);
-  EXPECT_EQ(v[4], 0);
-  EXPECT_EQ(v[5], -1073741824);
-  std::uint8_t u[] = {255, 7};
-  divide(u, 2, DataType::kUint8, 4);
-  EXPECT_EQ(u[0], 63);
-  EXPECT_EQ(u[1], 1);
+  std::vector<std::int32_t> v = {7, -7, 9, -9, 0, std::numeric_limits<std::int32_t>::min()};
+  divide(v.data(), v.size(), DataType::kInt32, 2);
+  EXPECT_EQ(v, (std::vector<std::int32_t>{3, -3, 4, -4, 0, -1073741824}));
+  std::vector<std::uint8_t> u = {255, 7};
+  divide(u.data(), u.size(), DataType::kUint8, 4);
+  EXPECT_EQ(u, (std::vector<std::uint8_t>{63, 1}));
+  // Divisors wider than the element (many ranks averaging int8) must not be narrowed.
+  std::vector<std::uint8_t> u2 = {255, 200};
+  divide(u2.data(), u2.size(), DataType::kUint8, 256);
+  EXPECT_EQ(u2, (std::vector<std::uint8_t>{0, 0}));
+  std::vector<std::int8_t> s = {-128, 127, 100};
+  divide(s.data(), s.size(), DataType::kInt8, 100);
+  EXPECT_EQ(s, (std::vector<std::int8_t>{-1, 1, 1}));
+  divide(s.data(), s.size(), DataType::kInt8, 200);
+  EXPECT_EQ(s, (std::vector<std::int8_t>{0, 0, 0}));
   std::uint64_t big = 0xffffffffffffffffULL;
   divide(&big, 1, DataType::kUint64, 3);
   EXPECT_EQ(big, 0x5555555555555555ULL);
@@ -385,19 +364,15 @@ TEST(HalfConversion, DecodesEveryBitPatternByTheFormula) {
 }
 
 TEST(HalfConversion, EveryBitPatternRoundTrips) {
+  // NaN must stay NaN with its sign; every other pattern must come back bit for bit.
+  auto roundTrips = [](std::uint16_t in, std::uint16_t out, std::uint16_t expMask) {
+    auto isNan = [expMask](std::uint16_t v) { return (v & expMask) == expMask && (v & ~expMask & 0x7fff) != 0; };
+    return isNan(in) ? isNan(out) && (out & 0x8000) == (in & 0x8000) : out == in;
+  };
   for (std::uint32_t h = 0; h < 65536; ++h) {
     const auto bits = static_cast<std::uint16_t>(h);
-    const std::uint16_t half = floatToHalf(halfToFloat(bits)), bf = floatToBf16(bf16ToFloat(bits));
-    if ((h & 0x7c00) == 0x7c00 && (h & 0x03ff) != 0) {  // NaN: stays NaN, keeps its sign
-      EXPECT_TRUE((half & 0x7c00) == 0x7c00 && (half & 0x03ff) != 0 && (half & 0x8000) == (h & 0x8000)) << std::hex << h;
-    } else {
-      EXPECT_EQ(half, bits) << std::hex << h;
-    }
-    if ((h & 0x7f80) == 0x7f80 && (h & 0x007f) != 0) {
-      EXPECT_TRUE((bf & 0x7f80) == 0x7f80 && (bf & 0x007f) != 0 && (bf & 0x8000) == (h & 0x8000)) << std::hex << h;
-    } else {
-      EXPECT_EQ(bf, bits) << std::hex << h;
-    }
+    EXPECT_TRUE(roundTrips(bits, floatToHalf(halfToFloat(bits)), 0x7c00)) << std::hex << h;
+    EXPECT_TRUE(roundTrips(bits, floatToBf16(bf16ToFloat(bits)), 0x7f80)) << std::hex << h;
   }
 }
 

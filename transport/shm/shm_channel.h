@@ -1,7 +1,7 @@
 // The shared-memory data path: one single-producer single-consumer byte ring per direction. Head
 // and tail are monotonically increasing byte counts on their own cache lines; each side keeps a
-// private copy of the other's counter and re-reads the shared one only when it runs out, so a
-// steady stream touches each shared line once per refill rather than once per call.
+// private copy of the other's counter; the producer re-reads the consumer's tail only when its
+// copy says the ring is full.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -38,7 +38,7 @@ class ShmChannel : public Channel {
   std::size_t cap_, mask_;
   Doorbell* peerBell_;
   std::uint64_t outHead_ = 0, outTailSeen_ = 0;  // producer side of out_
-  std::uint64_t inTail_ = 0, inHeadSeen_ = 0;    // consumer side of in_
+  std::uint64_t inTail_ = 0, inHeadSeen_ = 0;    // consumer side of in_ (head re-read on every peek)
 };
 
 class ShmConnection : public Connection {

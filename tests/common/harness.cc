@@ -1,0 +1,123 @@
+#include "tests/common/harness.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+namespace braid::test {
+namespace {
+
+bool readAll(int fd, void* p, std::size_t n) {
+  auto* c = static_cast<char*>(p);
+  while (n) {
+    ssize_t k = read(fd, c, n);
+    if (k <= 0) return false;
+    c += k;
+    n -= static_cast<std::size_t>(k);
+  }
+  return true;
+}
+
+std::vector<RankOutcome> waitAll(const std::vector<pid_t>& pids, double timeoutSec) {
+  std::vector<RankOutcome> out(pids.size());
+  std::vector<bool> done(pids.size(), false);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutSec);
+  std::size_t left = pids.size();
+  while (left) {
+    for (std::size_t i = 0; i < pids.size(); ++i) {
+      if (done[i]) continue;
+      int st = 0;
+      if (waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+        out[i].exitStatus = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        done[i] = true;
+        --left;
+      }
+    }
+    if (!left) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (std::size_t i = 0; i < pids.size(); ++i)
+        if (!done[i]) {
+          kill(pids[i], SIGKILL);
+          waitpid(pids[i], nullptr, 0);
+          out[i].timedOut = true;
+          std::fprintf(stderr, "harness: rank %zu did not finish within %.0f s and was killed\n", i, timeoutSec);
+        }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return out;
+}
+
+}  // namespace
+
+void report(int rank, const std::string& message) { std::fprintf(stderr, "rank %d: %s\n", rank, message.c_str()); }
+
+Env transportEnv(const std::string& transport) {
+  if (transport == "tcp") return {{"BRAID_SHM_DISABLE", "1"}};
+  return {};
+}
+
+std::vector<RankOutcome> forkRanks(int n, const std::function<int(int)>& body, double timeoutSec) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int rc = body(r);
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  return waitAll(pids, timeoutSec);
+}
+
+std::vector<RankOutcome> runRanks(int n, const std::function<int(int, braidComm_t)>& body, const Env& env,
+                                  double timeoutSec) {
+  std::vector<int> readEnds(static_cast<std::size_t>(n), -1), writeEnds(static_cast<std::size_t>(n), -1);
+  for (int r = 1; r < n; ++r) {
+    int fds[2];
+    if (pipe(fds) != 0) std::abort();
+    readEnds[static_cast<std::size_t>(r)] = fds[0];
+    writeEnds[static_cast<std::size_t>(r)] = fds[1];
+  }
+  auto outcome = forkRanks(
+      n,
+      [&](int rank) {
+        for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+        braidUniqueId id;
+        if (rank == 0) {
+          if (braidGetUniqueId(&id) != braidSuccess) {
+            report(rank, std::string("braidGetUniqueId failed: ") + braidGetLastError(nullptr));
+            return 90;
+          }
+          for (int r = 1; r < n; ++r)
+            if (write(writeEnds[static_cast<std::size_t>(r)], &id, sizeof(id)) != sizeof(id)) return 91;
+        } else if (!readAll(readEnds[static_cast<std::size_t>(rank)], &id, sizeof(id))) {
+          return 92;
+        }
+        braidComm_t comm = nullptr;
+        if (braidCommInitRank(&comm, n, id, rank) != braidSuccess) {
+          report(rank, std::string("braidCommInitRank failed: ") + braidGetLastError(nullptr));
+          return 93;
+        }
+        int rc = body(rank, comm);
+        if (rc < 0) return -rc;
+        braidResult_t d = braidCommDestroy(comm);
+        return rc ? rc : (d == braidSuccess ? 0 : 94);
+      },
+      timeoutSec);
+  for (int fd : readEnds) if (fd >= 0) close(fd);
+  for (int fd : writeEnds) if (fd >= 0) close(fd);
+  return outcome;
+}
+
+}  // namespace braid::test

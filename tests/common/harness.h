@@ -1,0 +1,35 @@
+// Runs a test body in N real processes that form one communicator (shm or tcp between them), the
+// way users run Braid. Rank 0 creates a unique id and hands it to the others through pipes.
+#pragma once
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "braid/braid.h"
+
+namespace braid::test {
+
+struct RankOutcome {
+  int exitStatus = -1;  // exit code, or 128 + signal
+  bool timedOut = false;
+};
+
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+// Forks `n` processes; each sets `env`, joins the communicator, runs body(rank, comm) and exits with
+// its return value (the communicator is destroyed first unless the body returns < 0, which means
+// "already destroyed or aborted": exit with -value). Bounded by timeoutSec (then everything is killed).
+std::vector<RankOutcome> runRanks(int n, const std::function<int(int, braidComm_t)>& body, const Env& env = {},
+                                  double timeoutSec = 120);
+
+// Like runRanks, but the body gets no communicator (it creates its own).
+std::vector<RankOutcome> forkRanks(int n, const std::function<int(int)>& body, double timeoutSec = 60);
+
+// The transport under test as environment: {"shm"} -> nothing, {"tcp"} -> BRAID_SHM_DISABLE=1.
+Env transportEnv(const std::string& transport);
+
+// Prints "rank R: message" to stderr (children report what went wrong this way).
+void report(int rank, const std::string& message);
+
+}  // namespace braid::test

@@ -1,0 +1,200 @@
+// Failure behaviour over real processes: mismatched collectives, a killed rank, API misuse, and bad
+// initialization. Every case is bounded in time and checks the error text users will read.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "braid/braid.h"
+#include "tests/common/harness.h"
+
+namespace braid::test {
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+class Failures : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Failures, MismatchedCollectivesNameBothCallsOnEveryRank) {
+  Env env = transportEnv(GetParam());
+  env.push_back({"BRAID_TIMEOUT", "30"});
+  auto outcome = runRanks(3, [](int rank, braidComm_t comm) {
+    std::vector<float> a(1024 * 3, 1.0f), b(1024 * 3);
+    braidResult_t r = rank == 1 ? braidAllGather(a.data(), b.data(), 256, braidFloat32, comm, nullptr)
+                                : braidAllReduce(a.data(), b.data(), 1024, braidFloat32, braidSum, comm, nullptr);
+    std::string msg = braidGetLastError(comm);
+    if (r != braidInvalidUsage) { report(rank, "expected invalid usage, got " + std::string(braidGetErrorString(r)) + ": " + msg); return 1; }
+    if (!contains(msg, "allreduce(count=1024, float32, sum) as #1") || !contains(msg, "allgather(count=256, float32) as #1")) {
+      report(rank, "message does not name both calls: " + msg);
+      return 2;
+    }
+    // The communicator stays failed.
+    r = braidAllReduce(a.data(), b.data(), 4, braidFloat32, braidSum, comm, nullptr);
+    if (r == braidSuccess) { report(rank, "a call after the failure succeeded"); return 3; }
+    braidResult_t async;
+    braidCommGetAsyncError(comm, &async);
+    if (async != braidInvalidUsage) { report(rank, "async error is not invalid usage"); return 4; }
+    return 0;
+  }, env, 60);
+  for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 0);
+}
+
+TEST_P(Failures, SkippedCallIsDetectedBySequenceNumber) {
+  // Rank 1 skips the barrier: its all-reduce meets rank 0's barrier, both numbered #1, and rank 0's
+  // all-reduce (#2) never gets a partner. Every rank must learn of it; none may hang.
+  Env env = transportEnv(GetParam());
+  env.push_back({"BRAID_TIMEOUT", "30"});
+  auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
+    float x = 1, y = 0;
+    braidResult_t r = braidSuccess;
+    if (rank == 0) r = braidBarrier(comm);
+    if (r == braidSuccess) r = braidAllReduce(&x, &y, 1, braidFloat32, braidSum, comm, nullptr);
+    std::string msg = braidGetLastError(comm);
+    if (r != braidInvalidUsage) { report(rank, "expected invalid usage: " + msg); return 1; }
+    if (!contains(msg, "rank 0 called barrier() as #1 but rank 1 called allreduce(count=1, float32, sum) as #1")) {
+      report(rank, "message does not name both calls: " + msg);
+      return 2;
+    }
+    return 0;
+  }, env, 60);
+  for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 0);
+}
+
+TEST_P(Failures, KilledRankIsNamedBySurvivorsWithinTenSeconds) {
+  Env env = transportEnv(GetParam());
+  env.push_back({"BRAID_TIMEOUT", "60"});
+  const int victim = 2;
+  auto outcome = runRanks(4, [&](int rank, braidComm_t comm) {
+    std::vector<float> a(4096, 1.0f), b(4096);
+    for (int it = 0;; ++it) {
+      if (rank == victim && it == 50) raise(SIGKILL);
+      double t0 = now();
+      braidResult_t r = braidAllReduce(a.data(), b.data(), a.size(), braidFloat32, braidSum, comm, nullptr);
+      if (r == braidSuccess) continue;
+      double waited = now() - t0;
+      std::string msg = braidGetLastError(comm);
+      if (r != braidRemoteError) { report(rank, "expected remote error: " + msg); return 1; }
+      if (!contains(msg, "rank " + std::to_string(victim) + " (")) { report(rank, "error does not name rank 2: " + msg); return 2; }
+      if (!contains(msg, "allreduce")) { report(rank, "error does not name the collective: " + msg); return 3; }
+      if (waited > 10) { report(rank, "took " + std::to_string(waited) + " s"); return 4; }
+      return 0;
+    }
+  }, env, 60);
+  for (int r = 0; r < 4; ++r) {
+    if (r == victim) EXPECT_EQ(outcome[static_cast<std::size_t>(r)].exitStatus, 128 + SIGKILL);
+    else EXPECT_EQ(outcome[static_cast<std::size_t>(r)].exitStatus, 0) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Failures, ::testing::Values("shm", "tcp"));
+
+// Every API function with bad input returns invalid argument and leaves the communicator usable.
+TEST(Misuse, BadArgumentsAreRejectedAndTheCommunicatorStaysUsable) {
+  auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
+    float buf[8] = {1, 2, 3, 4, 5, 6, 7, 8}, out[16];
+    const std::size_t huge = SIZE_MAX / 2;
+    struct Case { const char* what; braidResult_t got; };
+    int dummyStream = 0;
+    Case cases[] = {
+        {"allreduce NULL send", braidAllReduce(nullptr, out, 4, braidFloat32, braidSum, comm, nullptr)},
+        {"allreduce NULL recv", braidAllReduce(buf, nullptr, 4, braidFloat32, braidSum, comm, nullptr)},
+        {"allreduce bad dtype", braidAllReduce(buf, out, 4, static_cast<braidDataType_t>(42), braidSum, comm, nullptr)},
+        {"allreduce bad op", braidAllReduce(buf, out, 4, braidFloat32, static_cast<braidRedOp_t>(9), comm, nullptr)},
+        {"allreduce overflow", braidAllReduce(buf, out, huge, braidFloat32, braidSum, comm, nullptr)},
+        {"allreduce stream", braidAllReduce(buf, out, 4, braidFloat32, braidSum, comm, &dummyStream)},
+        {"allgather overflow", braidAllGather(buf, out, SIZE_MAX / 2 + 1, braidInt8, comm, nullptr)},
+        {"reducescatter NULL", braidReduceScatter(nullptr, out, 4, braidFloat32, braidSum, comm, nullptr)},
+        {"broadcast root -1", braidBroadcast(buf, out, 4, braidFloat32, -1, comm, nullptr)},
+        {"broadcast root 2", braidBroadcast(buf, out, 4, braidFloat32, 2, comm, nullptr)},
+        {"reduce root 5", braidReduce(buf, out, 4, braidFloat32, braidSum, 5, comm, nullptr)},
+        {"send peer 7", braidSend(buf, 4, braidFloat32, 7, comm, nullptr)},
+        {"send to self", braidSend(buf, 4, braidFloat32, rank, comm, nullptr)},
+        {"recv NULL", braidRecv(nullptr, 4, braidFloat32, 1 - rank, comm, nullptr)},
+        {"NULL comm", braidAllReduce(buf, out, 4, braidFloat32, braidSum, nullptr, nullptr)},
+        {"count NULL", braidCommCount(comm, nullptr)},
+    };
+    int bad = 0;
+    for (const Case& c : cases) {
+      if (c.got != braidInvalidArgument) {
+        report(rank, std::string(c.what) + ": got " + braidGetErrorString(c.got));
+        ++bad;
+      }
+    }
+    if (std::string(braidGetLastError(nullptr)).empty()) { report(rank, "no last error text"); ++bad; }
+    // Zero-count calls with NULL buffers are fine.
+    if (braidAllReduce(nullptr, nullptr, 0, braidFloat32, braidSum, comm, nullptr) != braidSuccess) ++bad;
+    // Still usable: a real all-reduce gives the right answer.
+    float one = 1, sum = 0;
+    if (braidAllReduce(&one, &sum, 1, braidFloat32, braidSum, comm, nullptr) != braidSuccess || sum != 2) {
+      report(rank, "communicator unusable after bad input: " + std::string(braidGetLastError(comm)));
+      ++bad;
+    }
+    return bad;
+  });
+  for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 0);
+}
+
+TEST(Init, RankOutOfRangeAndZeroRanksAreInvalidArguments) {
+  braidUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  braidComm_t comm;
+  EXPECT_EQ(braidCommInitRank(&comm, 2, id, 5), braidInvalidArgument);
+  EXPECT_EQ(braidCommInitRank(&comm, 0, id, 0), braidInvalidArgument);
+  EXPECT_EQ(braidCommInitRank(&comm, -3, id, 0), braidInvalidArgument);
+  EXPECT_EQ(braidCommInitRank(nullptr, 2, id, 0), braidInvalidArgument);
+  EXPECT_EQ(braidCommInitRank(&comm, 2, id, 0), braidInvalidArgument);  // not a unique id
+}
+
+TEST(Init, TheSameRankTwiceIsRejected) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  auto outcome = forkRanks(3, [&](int proc) {
+    setenv("BRAID_TIMEOUT", "10", 1);
+    braidUniqueId id;
+    if (proc == 0) {
+      braidGetUniqueId(&id);
+      for (int i = 0; i < 2; ++i) if (write(fds[1], &id, sizeof(id)) != sizeof(id)) return 9;
+    } else if (read(fds[0], &id, sizeof(id)) != sizeof(id)) {
+      return 9;
+    }
+    braidComm_t comm;
+    int rank = proc == 0 ? 0 : 1;  // processes 1 and 2 both claim rank 1
+    braidResult_t r = braidCommInitRank(&comm, 2, id, rank);
+    if (r == braidSuccess) { braidCommDestroy(comm); return 0; }
+    std::string msg = braidGetLastError(nullptr);
+    return contains(msg, "joined twice") ? 10 : (report(proc, msg), 11);
+  }, 60);
+  int ok = 0, twice = 0;
+  for (auto& o : outcome) { ok += o.exitStatus == 0; twice += o.exitStatus == 10; }
+  EXPECT_EQ(twice, 1) << "exactly one process should be told that rank 1 joined twice";
+  EXPECT_EQ(ok, 2);
+}
+
+TEST(Init, UnreachableStoreFailsWithinTheTimeoutAndNamesTheAddress) {
+  braidUniqueId id;
+  ASSERT_EQ(braidUniqueIdFromString("127.0.0.1:1/00112233445566778899aabbccddeeff", &id), braidSuccess);
+  auto outcome = forkRanks(1, [&](int) {
+    setenv("BRAID_TIMEOUT", "2", 1);
+    braidComm_t comm;
+    double t0 = now();
+    braidResult_t r = braidCommInitRank(&comm, 2, id, 1);
+    double took = now() - t0;
+    std::string msg = braidGetLastError(nullptr);
+    if (r == braidSuccess || took > 6 || !contains(msg, "127.0.0.1:1") || !contains(msg, "MASTER_ADDR")) {
+      report(1, "took " + std::to_string(took) + " s: " + msg);
+      return 1;
+    }
+    return 0;
+  }, 30);
+  EXPECT_EQ(outcome[0].exitStatus, 0);
+}
+
+}  // namespace
+}  // namespace braid::test

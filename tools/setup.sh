@@ -1,0 +1,26 @@
+# Shared by tools/quickstart and tools/check: install what is missing (Debian 12, as root), then
+# configure and build into build/. Idempotent: a second run installs nothing and rebuilds only
+# what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(meson ninja-build g++ pkg-config python3 libhwloc-dev libibverbs-dev googletest libgtest-dev libbenchmark-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing packages: ${missing[*]}; run as root or: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -f build/build.ninja ]; then
+  meson setup build -Dwerror=true
+fi
+ninja -C build

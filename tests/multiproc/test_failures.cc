@@ -1,7 +1,9 @@
 // Failure behaviour over real processes: mismatched collectives, a killed rank, API misuse, and bad
 // initialization. Every case is bounded in time and checks the error text users will read.
 #include <gtest/gtest.h>
+#include <dirent.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +21,16 @@ namespace {
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Braid's entries in /dev/shm (all of them, any job).
+int shmEntries() {
+  int n = 0;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) n += std::string(e->d_name).rfind("braid-", 0) == 0;
+    closedir(d);
+  }
+  return n;
+}
 
 class Failures : public ::testing::TestWithParam<std::string> {};
 
@@ -71,6 +83,7 @@ TEST_P(Failures, KilledRankIsNamedBySurvivorsWithinTenSeconds) {
   Env env = transportEnv(GetParam());
   env.push_back({"BRAID_TIMEOUT", "60"});
   const int victim = 2;
+  const int shmBefore = shmEntries();
   auto outcome = runRanks(4, [&](int rank, braidComm_t comm) {
     std::vector<float> a(4096, 1.0f), b(4096);
     for (int it = 0;; ++it) {
@@ -91,6 +104,7 @@ TEST_P(Failures, KilledRankIsNamedBySurvivorsWithinTenSeconds) {
     if (r == victim) EXPECT_EQ(outcome[static_cast<std::size_t>(r)].exitStatus, 128 + SIGKILL);
     else EXPECT_EQ(outcome[static_cast<std::size_t>(r)].exitStatus, 0) << "rank " << r;
   }
+  EXPECT_EQ(shmEntries(), shmBefore) << "segments left in /dev/shm after a rank was killed";
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Failures, ::testing::Values("shm", "tcp"));
@@ -139,6 +153,33 @@ TEST(Misuse, BadArgumentsAreRejectedAndTheCommunicatorStaysUsable) {
     return bad;
   });
   for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 0);
+}
+
+// A /dev/shm too small for the rings (Docker's 64 MB, simulated with a file size limit) is a clear
+// error at creation that names the ways out, never a SIGBUS later.
+TEST(Init, TooLittleSharedMemoryIsAClearErrorNotACrash) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  auto limited = forkRanks(2, [&](int proc) {
+    setenv("BRAID_TIMEOUT", "20", 1);
+    signal(SIGXFSZ, SIG_IGN);
+    rlimit lim{1 << 20, 1 << 20};  // files (and shm segments) of at most 1 MiB
+    setrlimit(RLIMIT_FSIZE, &lim);
+    braidUniqueId id;
+    if (proc == 0) {
+      braidGetUniqueId(&id);
+      if (write(fds[1], &id, sizeof(id)) != sizeof(id)) return 9;
+    } else if (read(fds[0], &id, sizeof(id)) != sizeof(id)) {
+      return 9;
+    }
+    braidComm_t comm;
+    braidResult_t r = braidCommInitRank(&comm, 2, id, proc);
+    std::string msg = braidGetLastError(nullptr);
+    if (r == braidSuccess) { report(proc, "init succeeded with 4 MiB segments under a 1 MiB limit"); return 1; }
+    if (!contains(msg, "/dev/shm") || !contains(msg, "BRAID_SHM_DISABLE")) { report(proc, msg); return 2; }
+    return 0;
+  }, 60);
+  for (auto& o : limited) EXPECT_EQ(o.exitStatus, 0);
 }
 
 TEST(Init, RankOutOfRangeAndZeroRanksAreInvalidArguments) {

@@ -26,7 +26,7 @@ Result<std::size_t> ShmChannel::trySend(const void* data, std::size_t n) {
 Result<std::span<const std::byte>> ShmChannel::peek() {
   // Always re-read head: a caller that could not use what it saw (part of an element) needs the
   // bytes that arrived since, not the stale view.
-  inHeadSeen_ = in_.ctl->head.load(std::memory_order_acquire);
+  if (inHeadSeen_ - inTail_ < 64) inHeadSeen_ = in_.ctl->head.load(std::memory_order_acquire);
   std::size_t avail = static_cast<std::size_t>(inHeadSeen_ - inTail_);
   std::size_t pos = static_cast<std::size_t>(inTail_) & mask_;
   return std::span<const std::byte>(in_.data + pos, std::min(avail, cap_ - pos));

@@ -1,8 +1,10 @@
 # Shared by tools/quickstart and tools/check: install what is missing (Debian 12, as root), then
-# configure and build into build/. Idempotent: a second run installs nothing and rebuilds only
-# what changed.
+# configure and build. Idempotent: a second run installs nothing and rebuilds only what changed.
+# Usage: tools/setup.sh [BUILD_DIR [MESON_OPTION...]]   (default: build/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+builddir=${1:-build}
+shift || true
 
 packages=(meson ninja-build g++ pkg-config python3 libhwloc-dev libibverbs-dev googletest libgtest-dev libbenchmark-dev)
 missing=()
@@ -20,7 +22,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if [ ! -f build/build.ninja ]; then
-  meson setup build -Dwerror=true
+if [ ! -f "$builddir/build.ninja" ]; then
+  meson setup "$builddir" -Dwerror=true "$@"
 fi
-ninja -C build
+ninja -C "$builddir"

@@ -1,0 +1,73 @@
+#include "comm/ddp/buckets.h"
+
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "comm/ddp/numeric.h"
+
+namespace braid::ddp::detail {
+
+namespace {
+constexpr std::align_val_t kAlign{64};
+}
+
+void HostBuffer::Free::operator()(std::byte* p) const { ::operator delete(p, kAlign); }
+
+Result<HostBuffer> HostBuffer::allocate(std::size_t bytes) {
+  HostBuffer b;
+  if (bytes == 0) return b;
+  auto* p = static_cast<std::byte*>(::operator new(bytes, kAlign, std::nothrow));
+  if (!p) {
+    return Status::SystemError("GradSync: cannot allocate " + std::to_string(bytes) +
+                               " bytes of bucket memory; lower GradSyncOptions::bucketCapBytes or free memory");
+  }
+  // Touch every page now: a fresh page costs several times a copy, and the first step should not
+  // pay for it in the middle of backward.
+  std::memset(p, 0, bytes);
+  b.data_.reset(p);
+  b.bytes_ = bytes;
+  return b;
+}
+
+Status layoutBuckets(const std::vector<Parameter>& params, const GradSyncOptions& options,
+                     std::vector<Bucket>& buckets, std::vector<Slot>& slots) {
+  buckets.clear();
+  slots.assign(params.size(), Slot{});
+  std::size_t bytes = 0;  // of the open bucket
+  for (std::size_t k = params.size(); k-- > 0;) {
+    const Parameter& p = params[k];
+    const std::size_t size = p.count * dataTypeSize(p.dtype);
+    bool open = !buckets.empty();
+    if (open) {
+      const std::size_t cap = buckets.size() == 1 ? options.firstBucketCapBytes : options.bucketCapBytes;
+      if (buckets.back().info.dtype != p.dtype || bytes + size > cap) open = false;
+    }
+    if (!open) {
+      buckets.emplace_back();
+      buckets.back().info.dtype = p.dtype;
+      bytes = 0;
+    }
+    Bucket& b = buckets.back();
+    slots[k] = Slot{buckets.size() - 1, b.info.count};
+    b.info.params.push_back(k);
+    b.offsets.push_back(b.info.count);
+    b.info.count += p.count;
+    bytes += size;
+  }
+  for (Bucket& b : buckets) {
+    auto storage = HostBuffer::allocate(b.info.count * dataTypeSize(b.info.dtype));
+    if (!storage.ok()) return storage.status();
+    b.storage = std::move(storage).value();
+    b.wireType = wireType(b.info.dtype, options.wireFormat);
+    if (b.wireType != b.info.dtype) {
+      auto wire = HostBuffer::allocate(b.info.count * dataTypeSize(b.wireType));
+      if (!wire.ok()) return wire.status();
+      b.wire = std::move(wire).value();
+    }
+    b.pending = b.info.params.size();
+  }
+  return Status::Ok();
+}
+
+}  // namespace braid::ddp::detail

@@ -1,0 +1,187 @@
+// One training step of the gradient layer. The rule that shapes everything here: a rank may never
+// queue a collective that another rank does not queue at the same position, or the other ranks
+// wait until BRAID_TIMEOUT. So nothing that only one rank knows (a parameter it did not mark, a NaN
+// it saw) may change what it sends. Every rank always sends every bucket and, when there is
+// anything to agree on, the flags; the decision is taken afterwards from the reduced flags, which
+// are the same on every rank.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "comm/ddp/grad_sync_state.h"
+#include "comm/ddp/numeric.h"
+
+namespace braid::ddp::detail {
+
+namespace {
+constexpr std::int32_t kNobody = std::numeric_limits<std::int32_t>::max();
+}
+
+std::byte* GradSyncState::slotData(std::size_t param) const {
+  const Slot& s = slots[param];
+  const Bucket& b = buckets[s.bucket];
+  return b.storage.data() + s.offset * dataTypeSize(b.info.dtype);
+}
+
+std::size_t GradSyncState::paramBytes(std::size_t param) const {
+  return params[param].count * dataTypeSize(params[param].dtype);
+}
+
+Status GradSyncState::markReady(std::size_t index) {
+  if (index >= params.size()) {
+    return Status::InvalidArgument("GradSync::markReady: index " + std::to_string(index) + " is outside 0.." +
+                                   std::to_string(params.size()) + " (registered parameters)");
+  }
+  if (!stepActive && noSyncDepth > 0) {
+    usedInWindow[index] = 1;
+    return Status::Ok();
+  }
+  if (marked[index]) {
+    return Status::InvalidUsage("GradSync::markReady: parameter '" + params[index].name + "' (#" +
+                                std::to_string(index) + ") was marked ready twice in one step; finish() ends a step");
+  }
+  stepActive = true;
+  marked[index] = 1;
+  if (!options.gradientsAsBucketViews) std::memcpy(slotData(index), params[index].grad, paramBytes(index));
+  Bucket& b = buckets[slots[index].bucket];
+  if (--b.pending == 0) launchReady();
+  return Status::Ok();
+}
+
+void GradSyncState::launchReady() {
+  // A full bucket behind one that is not full yet waits: starting it first would put this rank's
+  // all-reduces in a different order from a rank whose gradients arrived in another order.
+  while (nextLaunch < buckets.size() && buckets[nextLaunch].pending == 0) launch(buckets[nextLaunch++]);
+}
+
+void GradSyncState::launch(Bucket& b) {
+  if (options.checkFinite) {
+    for (std::size_t p : b.info.params) {
+      if (!allFinite(slotData(p), params[p].count, params[p].dtype)) nonFinite[p] = 1;
+    }
+  }
+  if (b.wire.data()) {
+    // Divide before narrowing: a sum of averages fits where a sum of values may overflow fp16.
+    narrow(b.storage.data(), b.info.dtype, b.wire.data(), b.wireType, b.info.count,
+           options.average ? comm.size() : 1);
+    b.work = comm.allReduce(b.wire.data(), b.wire.data(), b.info.count, b.wireType, ReduceOp::kSum);
+  } else {
+    b.work = comm.allReduce(b.storage.data(), b.storage.data(), b.info.count, b.info.dtype,
+                            options.average ? ReduceOp::kAvg : ReduceOp::kSum);
+  }
+  b.launched = true;
+}
+
+void GradSyncState::fillUnmarked(std::size_t p) {
+  // A parameter used only in the noSync micro-batches of this window has its accumulated gradient
+  // in its buffer; one used nowhere counts as zero here. Which of the two is an error is decided
+  // later, from the flags, identically on every rank.
+  Bucket& b = buckets[slots[p].bucket];
+  if (usedInWindow[p]) {
+    if (!options.gradientsAsBucketViews) std::memcpy(slotData(p), params[p].grad, paramBytes(p));
+  } else {
+    std::memset(slotData(p), 0, paramBytes(p));
+  }
+  --b.pending;
+}
+
+Status GradSyncState::finish() {
+  if (!stepActive && noSyncDepth > 0) return Status::Ok();  // accumulating: nothing to send
+  stepActive = true;
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    if (!marked[p]) fillUnmarked(p);
+  }
+  launchReady();
+
+  const std::size_t n = params.size();
+  const bool agree = n > 0 && (!options.allowUnusedParameters || options.checkFinite);
+  std::vector<std::int32_t> flags;
+  Work flagsWork;
+  if (agree) {
+    // MIN over ranks of "my rank if I have the problem": the lowest rank with it, or kNobody.
+    const auto me = static_cast<std::int32_t>(comm.rank());
+    flags.assign(2 * n, kNobody);
+    for (std::size_t p = 0; p < n; ++p) {
+      if (!marked[p]) flags[p] = me;
+      if (nonFinite[p]) flags[n + p] = me;
+    }
+    flagsWork = comm.allReduce(flags.data(), flags.data(), flags.size(), DataType::kInt32, ReduceOp::kMin);
+  }
+  Status s = waitAll();
+  if (agree) {
+    Status f = flagsWork.wait();
+    if (s.ok()) s = f;
+  }
+  if (s.ok() && agree) s = verdict(flags);
+  if (!s.ok()) {
+    resetStep();
+    return s.withContext("GradSync::finish");
+  }
+
+  for (Bucket& b : buckets) {
+    if (b.wire.data()) widen(b.wire.data(), b.wireType, b.storage.data(), b.info.dtype, b.info.count);
+    if (options.gradientsAsBucketViews) continue;
+    for (std::size_t p : b.info.params) std::memcpy(params[p].grad, slotData(p), paramBytes(p));
+  }
+  resetStep();
+  return Status::Ok();
+}
+
+Status GradSyncState::waitAll() {
+  Status first;
+  for (Bucket& b : buckets) {
+    if (!b.launched) continue;
+    Status s = b.work.wait();
+    b.launched = false;
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+Status GradSyncState::verdict(const std::vector<std::int32_t>& flags) const {
+  const std::size_t n = params.size();
+  auto report = [&](std::size_t from, const char* what, const std::string& advice, bool usage) -> Status {
+    std::size_t first = n, count = 0;
+    for (std::size_t p = 0; p < n; ++p) {
+      if (flags[from + p] == kNobody) continue;
+      if (first == n) first = p;
+      ++count;
+    }
+    if (first == n) return Status::Ok();
+    std::string msg = "parameter '" + params[first].name + "' (#" + std::to_string(first) + ") " + what +
+                      " on rank " + std::to_string(flags[from + first]);
+    if (count > 1) msg += " (and " + std::to_string(count - 1) + " more parameters)";
+    msg += "; " + advice;
+    return usage ? Status::InvalidUsage(msg) : Status::InvalidArgument(msg);
+  };
+  if (!options.allowUnusedParameters) {
+    Status s = report(0, "was not marked ready before finish()",
+                      "every parameter must be marked ready in every synchronized step. If some parameters take "
+                      "no part in the loss, set GradSyncOptions::allowUnusedParameters = true (a parameter not "
+                      "marked then counts as a zero gradient on that rank). The step was dropped",
+                      true);
+    if (!s.ok()) return s;
+  }
+  if (options.checkFinite) {
+    return report(n, "has a gradient with NaN or Inf",
+                  "found by GradSyncOptions::checkFinite in that rank's own gradient, before reduction. The step was "
+                  "dropped", false);
+  }
+  return Status::Ok();
+}
+
+void GradSyncState::resetStep() {
+  for (Bucket& b : buckets) {
+    b.pending = b.info.params.size();
+    b.launched = false;
+    b.work = Work();
+  }
+  std::fill(marked.begin(), marked.end(), 0);
+  std::fill(usedInWindow.begin(), usedInWindow.end(), 0);
+  std::fill(nonFinite.begin(), nonFinite.end(), 0);
+  nextLaunch = 0;
+  stepActive = false;
+}
+
+}  // namespace braid::ddp::detail

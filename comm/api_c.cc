@@ -22,11 +22,13 @@ braidResult_t toResult(const braid::Status& s, braid::Comm* comm = nullptr) {
 
 braidResult_t run(braidComm_t comm, const braid::CollArgs& a, void* stream) {
   if (!comm || !comm->impl) return toResult(braid::Status::InvalidArgument("communicator is NULL"));
+  // Hold the communicator for the whole call: braidCommAbort on another thread may free `comm`.
+  std::shared_ptr<braid::Comm> impl = comm->impl;
   if (stream)
     return toResult(braid::Status::InvalidArgument("a CUDA stream was given, but this build of Braid has no CUDA support "
                                                    "(pass NULL for host buffers)"),
-                    comm->impl.get());
-  return toResult(comm->impl->runBlocking(a), comm->impl.get());
+                    impl.get());
+  return toResult(impl->runBlocking(a), impl.get());
 }
 
 braid::DataType dt(braidDataType_t t) { return static_cast<braid::DataType>(t); }
@@ -75,15 +77,14 @@ braidResult_t braidCommInitFromEnv(braidComm_t* comm) {
 
 braidResult_t braidCommDestroy(braidComm_t comm) {
   if (!comm) return toResult(braid::Status::InvalidArgument("communicator is NULL"));
-  braid::Status s = comm->impl->destroy();
-  delete comm;
-  return toResult(s);
+  // The handle stays allocated (a few bytes) so that a late call on it gets invalid usage
+  // instead of touching freed memory; everything the communicator held is released now.
+  return toResult(comm->impl->destroy());
 }
 
 braidResult_t braidCommAbort(braidComm_t comm) {
   if (!comm) return toResult(braid::Status::InvalidArgument("communicator is NULL"));
-  comm->impl->abort();
-  delete comm;
+  comm->impl->abort();  // the handle stays allocated, as with braidCommDestroy
   return braidSuccess;
 }
 

@@ -358,8 +358,9 @@ void Comm::workerLoop() {
 }
 
 void Comm::abort() {
-  if (closed_.exchange(true)) return;
+  if (closed_.load()) return;
   fail(Status::Aborted("rank " + std::to_string(rank_) + " aborted the communicator"), true);
+  if (closed_.exchange(true)) return;
   shutdown(true);
 }
 
@@ -384,10 +385,19 @@ void Comm::shutdown(bool abortive) {
   }
   if (worker_.joinable()) worker_.join();
   std::lock_guard<std::mutex> g(execMu_);  // waits for a blocking call on another thread to leave
-  if (store_) store_->close();
+  if (store_) store_->close();               // also joins the watcher: nothing else touches us now
   if (storeServer_) storeServer_->waitUntilAllLeft(Deadline::after(abortive ? 0 : config_.timeoutSec));
+  // Release everything now: the C handle outlives this (later calls get invalid usage), so the
+  // sockets, mappings and buffers must not wait for the object to be freed.
   conns_.clear();
+  waiter_.reset();  // before shm_: it may point at a doorbell in shared memory
   if (shm_) shm_->unlinkAll();
+  shm_.reset();
+  tcp_.reset();
+  store_.reset();
+  storeServer_.reset();
+  std::vector<std::byte>().swap(scratch_);
+  plan_ = Plan();
 }
 
 const char* algoName(Algo a) { return a == Algo::kRing ? "ring" : "tree"; }

@@ -77,11 +77,13 @@ braidResult_t braidCommInitRank(braidComm_t* comm, int nranks, braidUniqueId com
 /* Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun, braid run), else Open MPI's or
  * Slurm's variables; rank 0 hosts the rendezvous store on MASTER_PORT. */
 braidResult_t braidCommInitFromEnv(braidComm_t* comm);
-/* Frees the communicator after its last collective. Rank 0 (env mode) waits for the others to
- * leave, so that the store outlives their last use of it. */
+/* Releases the communicator after its last collective. Rank 0 (env mode) waits for the others to
+ * leave, so that the store outlives their last use of it. The handle itself stays valid: any later
+ * call on it returns braidInvalidUsage ("destroyed or aborted"). */
 braidResult_t braidCommDestroy(braidComm_t comm);
-/* Stops at once: calls in flight on other threads return braidAborted, other ranks get an error
- * naming this rank, and the communicator is freed. */
+/* Stops at once: calls in flight on other threads return braidAborted within a few milliseconds,
+ * other ranks get an error naming this rank, and everything the communicator held (sockets, shared
+ * memory, threads) is released. Later calls on the handle return braidInvalidUsage. */
 braidResult_t braidCommAbort(braidComm_t comm);
 braidResult_t braidCommCount(const braidComm_t comm, int* count);
 braidResult_t braidCommUserRank(const braidComm_t comm, int* rank);

@@ -1,12 +1,10 @@
 // `braid info`: what this build and this host offer, and every BRAID_* variable with its value.
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "braid_build_config.h"
-#include "comm/c_handle.h"
 #include "comm/config.h"
 #include "kernels/reduce.h"
 #include "tools/tools.h"
@@ -20,21 +18,6 @@ std::string describeAlgoSetting() {
   auto c = Config::fromEnvironment();
   if (!c.ok() || c->algo == "auto") return "auto (latency/bandwidth cost model; BRAID_ALGO=ring|tree forces one)";
   return c->algo + " (forced by BRAID_ALGO)";
-}
-
-void printTransportSummary(braidComm_t comm, int rank, int nranks) {
-  std::map<std::string, int> counts;
-  for (int p = 0; p < nranks; ++p)
-    if (p != rank) counts[comm->impl->transportOf(p)]++;
-  std::string line = "rank " + std::to_string(rank) + ":";
-  for (auto& [t, k] : counts) line += " " + t + " x" + std::to_string(k);
-  if (counts.empty()) line += " no peers";
-  constexpr std::size_t kWidth = 96;
-  std::vector<char> mine(kWidth, 0), all(kWidth * static_cast<std::size_t>(nranks), 0);
-  std::snprintf(mine.data(), kWidth, "%s", line.c_str());
-  if (braidAllGather(mine.data(), all.data(), kWidth, braidUint8, comm, nullptr) != braidSuccess) return;
-  if (rank != 0) return;
-  for (int r = 0; r < nranks; ++r) std::printf("#   transports %s\n", all.data() + static_cast<std::size_t>(r) * kWidth);
 }
 
 int runInfo(int, char**) {

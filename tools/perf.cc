@@ -2,6 +2,11 @@
 // slowest rank's mean per iteration; algbw = size / time; busbw = algbw times nccl-tests' factor
 // (all-reduce 2(n-1)/n; all-gather and reduce-scatter (n-1)/n; broadcast, reduce, sendrecv 1), so
 // the numbers paste beside NCCL's.
+//
+// With -c 1 every iteration's result is checked element by element against the CPU reference
+// (tools/pattern.h). Checking is not timed: each iteration then runs alone (inputs refilled, a
+// barrier, the timed call, the check), which adds the barrier's skew to the time; -c 0 times the
+// iterations back to back.
 #include <unistd.h>
 
 #include <chrono>
@@ -9,40 +14,40 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
 #include "braid/braid.h"
+#include "braid_version.h"
 #include "comm/config.h"
 #include "kernels/reduce.h"
 #include "tools/pattern.h"
+#include "tools/perf_report.h"
 #include "tools/tools.h"
 
 namespace braid::tools {
 namespace {
 
-struct Options {
-  std::string coll = "allreduce";
-  std::size_t minBytes = 8, maxBytes = 32u << 20;
-  double factor = 2;
-  std::size_t step = 0;
-  int iters = 20, warmup = 5, check = 1, root = 0;
-  std::string dtype = "float", op = "sum";
-};
-
 const char* kUsage =
     "usage: braid perf COLLECTIVE [-b MINBYTES] [-e MAXBYTES] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]\n"
-    "                  [-c 0|1] [-d DTYPE] [-o OP] [-r ROOT] [-a ring|tree] [--transport shm|tcp]\n"
+    "                  [-c 0|1] [-d DTYPE|all] [-o OP|all] [-r ROOT] [-a ring|tree] [--transport shm|tcp]\n"
+    "                  [--json FILE]\n"
     "  COLLECTIVE: allreduce allgather reducescatter broadcast reduce sendrecv barrier\n"
-    "  run it under a launcher: braid run -n 4 braid perf allreduce -b 8 -e 64M\n";
+    "  sizes take K, M, G suffixes; run it under a launcher: braid run -n 4 braid perf allreduce -b 8 -e 64M\n";
 
-struct TypeName { const char* name; braidDataType_t t; };
-const TypeName kTypes[] = {{"int8", braidInt8}, {"uint8", braidUint8}, {"int32", braidInt32}, {"int", braidInt32},
-                           {"uint32", braidUint32}, {"int64", braidInt64}, {"uint64", braidUint64},
-                           {"half", braidFloat16}, {"float16", braidFloat16}, {"float", braidFloat32},
-                           {"float32", braidFloat32}, {"double", braidFloat64}, {"float64", braidFloat64},
-                           {"bfloat16", braidBfloat16}};
+struct TypeName {
+  const char* name;
+  DataType t;
+};
+const TypeName kTypes[] = {{"int8", DataType::kInt8},       {"uint8", DataType::kUint8},
+                           {"int32", DataType::kInt32},     {"uint32", DataType::kUint32},
+                           {"int64", DataType::kInt64},     {"uint64", DataType::kUint64},
+                           {"half", DataType::kFloat16},    {"float", DataType::kFloat32},
+                           {"double", DataType::kFloat64},  {"bfloat16", DataType::kBfloat16}};
 const char* kOps[] = {"sum", "prod", "max", "min", "avg"};
+
+bool isReduction(const std::string& c) { return c == "allreduce" || c == "reducescatter" || c == "reduce"; }
 
 double busFactor(const std::string& coll, int n) {
   if (coll == "allreduce") return 2.0 * (n - 1) / n;
@@ -52,36 +57,119 @@ double busFactor(const std::string& coll, int n) {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-int fail(const char* what, braidResult_t r, braidComm_t comm) {
-  std::fprintf(stderr, "braid perf: %s failed: %s (%s)\n", what, braidGetErrorString(r), braidGetLastError(comm));
-  return 1;
-}
+struct Run {
+  PerfOptions o;
+  braidComm_t comm = nullptr;
+  int rank = 0, n = 1;
+  std::vector<std::byte> sendBuf, recvBuf;
+  std::size_t totalWrong = 0;
+  braidResult_t error = braidSuccess;
 
-}  // namespace
+  int peer() const { return rank ^ 1; }  // sendrecv pairs 0-1, 2-3, ...; an odd last rank sits out
 
-int runPerf(int argc, char** argv) {
-  Options o;
+  braidResult_t call(DataType dt, ReduceOp op, const void* s, void* r, std::size_t count) {
+    auto t = static_cast<braidDataType_t>(dt);
+    auto ro = static_cast<braidRedOp_t>(op);
+    const std::size_t per = count / static_cast<std::size_t>(n);
+    const std::string& c = o.coll;
+    if (c == "allreduce") return braidAllReduce(s, r, count, t, ro, comm, nullptr);
+    if (c == "allgather") return braidAllGather(s, r, per, t, comm, nullptr);
+    if (c == "reducescatter") return braidReduceScatter(s, r, per, t, ro, comm, nullptr);
+    if (c == "broadcast") return braidBroadcast(s, r, count, t, o.root, comm, nullptr);
+    if (c == "reduce") return braidReduce(s, r, count, t, ro, o.root, comm, nullptr);
+    if (c == "barrier") return braidBarrier(comm);
+    if (peer() >= n) return braidSuccess;
+    return (rank & 1) ? braidRecv(r, count, t, peer(), comm, nullptr) : braidSend(s, count, t, peer(), comm, nullptr);
+  }
+
+  // Measures one column (out-of-place or in-place) of one row.
+  PerfCell measure(DataType dt, ReduceOp op, std::size_t count, bool inPlace) {
+    const std::size_t es = dataTypeSize(dt);
+    const bool gathered = o.coll == "allgather" || o.coll == "reducescatter";
+    const std::size_t per = gathered ? count / static_cast<std::size_t>(n) : count;
+    const std::size_t rr = static_cast<std::size_t>(rank);
+    std::byte* recv = recvBuf.data();
+    std::byte* send = inPlace ? recv : sendBuf.data();
+    if (inPlace && o.coll == "allgather") send = recv + rr * per * es;
+    void* out = (inPlace && o.coll == "reducescatter") ? static_cast<void*>(send + rr * per * es) : recv;
+    auto fill = [&] {
+      if (o.coll == "allgather") pattern::fill(send, per, dt, op, rank, rr * per);
+      else pattern::fill(send, count, dt, op, rank, 0);
+    };
+    auto wrongNow = [&]() -> std::size_t {
+      const std::string& c = o.coll;
+      if (c == "allreduce") return pattern::countWrong(out, count, dt, op, n, 0);
+      if (c == "reducescatter") return pattern::countWrong(out, per, dt, op, n, rr * per);
+      if (c == "reduce") return rank == o.root ? pattern::countWrong(out, count, dt, op, n, 0) : 0;
+      if (c == "broadcast") return pattern::countWrong(out, count, dt, op, n, 0, o.root);
+      if (c == "sendrecv") return (rank & 1) && peer() < n ? pattern::countWrong(out, count, dt, op, n, 0, peer()) : 0;
+      std::size_t w = 0;
+      if (c == "allgather")
+        for (int q = 0; q < n; ++q)
+          w += pattern::countWrong(recv + static_cast<std::size_t>(q) * per * es, per, dt, op, n,
+                                   static_cast<std::size_t>(q) * per, q);
+      return w;
+    };
+    const bool check = o.check && o.coll != "barrier";
+    if (check) fill();
+    for (int w = 0; w < o.warmup && error == braidSuccess; ++w) {
+      if (check && inPlace) fill();
+      error = call(dt, op, send, out, count);
+    }
+    double mine = 0;
+    std::uint64_t wrong = 0;
+    if (!check) {
+      if (error == braidSuccess) error = braidBarrier(comm);
+      double t0 = now();
+      for (int it = 0; it < o.iters && error == braidSuccess; ++it) error = call(dt, op, send, out, count);
+      mine = now() - t0;
+    } else {
+      for (int it = 0; it < o.iters && error == braidSuccess; ++it) {
+        if (inPlace || it == 0) fill();
+        error = braidBarrier(comm);
+        double t0 = now();
+        if (error == braidSuccess) error = call(dt, op, send, out, count);
+        mine += now() - t0;
+        if (error == braidSuccess) wrong += wrongNow();
+      }
+    }
+    mine = mine / o.iters * 1e6;
+    PerfCell cell;
+    if (error != braidSuccess) return cell;
+    double slowest = 0;
+    std::uint64_t allWrong = 0;
+    braidAllReduce(&mine, &slowest, 1, braidFloat64, braidMax, comm, nullptr);
+    braidAllReduce(&wrong, &allWrong, 1, braidUint64, braidSum, comm, nullptr);
+    cell.timeUs = slowest;
+    cell.wrong = allWrong;
+    double bytes = static_cast<double>(count * es);
+    cell.algbw = bytes / slowest / 1e3;
+    cell.busbw = cell.algbw * busFactor(o.coll, n);
+    totalWrong += allWrong;
+    return cell;
+  }
+};
+
+int parse(int argc, char** argv, PerfOptions& o) {
   int i = 1;
   if (i < argc && argv[i][0] != '-') o.coll = argv[i++];
   for (; i < argc; ++i) {
     std::string a = argv[i];
-    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    const char* v = nullptr;
-    auto size = [&](std::size_t* out) {
-      auto s = v ? parseSize(v) : Result<std::size_t>(Status::InvalidArgument("missing value"));
-      if (!s.ok()) { std::fprintf(stderr, "braid perf: %s: %s\n", a.c_str(), s.status().message().c_str()); return false; }
-      *out = *s;
-      return true;
-    };
-    if (a == "-h" || a == "--help") { std::fputs(kUsage, stdout); return 0; }
-    if (a == "--transport") {
-      v = next();
-      if (!v || (std::strcmp(v, "shm") && std::strcmp(v, "tcp"))) { std::fprintf(stderr, "braid perf: --transport takes shm or tcp\n"); return 2; }
-      setenv("BRAID_SHM_DISABLE", std::strcmp(v, "tcp") == 0 ? "1" : "0", 1);
-      continue;
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
     }
-    v = next();
-    if (!v) { std::fprintf(stderr, "braid perf: %s needs a value\n%s", a.c_str(), kUsage); return 2; }
+    const char* v = i + 1 < argc ? argv[++i] : nullptr;
+    if (!v) {
+      std::fprintf(stderr, "braid perf: %s needs a value\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+    auto size = [&](std::size_t* out) {
+      auto s = parseSize(v);
+      if (!s.ok()) std::fprintf(stderr, "braid perf: %s: %s\n", a.c_str(), s.status().message().c_str());
+      else *out = *s;
+      return s.ok();
+    };
     bool ok = true;
     if (a == "-b") ok = size(&o.minBytes);
     else if (a == "-e") ok = size(&o.maxBytes);
@@ -93,137 +181,103 @@ int runPerf(int argc, char** argv) {
     else if (a == "-d") o.dtype = v;
     else if (a == "-o") o.op = v;
     else if (a == "-r") o.root = std::atoi(v);
-    else if (a == "-a") setenv("BRAID_ALGO", v, 1);
-    else { std::fprintf(stderr, "braid perf: unknown option %s\n%s", a.c_str(), kUsage); return 2; }
+    else if (a == "-a") o.algo = v;
+    else if (a == "--json") o.json = v;
+    else if (a == "--transport") o.transport = v;
+    else {
+      std::fprintf(stderr, "braid perf: unknown option %s\n%s", a.c_str(), kUsage);
+      return 2;
+    }
     if (!ok) return 2;
   }
   const char* known[] = {"allreduce", "allgather", "reducescatter", "broadcast", "reduce", "sendrecv", "barrier"};
   bool collOk = false;
   for (const char* k : known) collOk |= o.coll == k;
-  const TypeName* type = nullptr;
-  for (const TypeName& t : kTypes) if (o.dtype == t.name) type = &t;
-  int opIdx = -1;
-  for (int k = 0; k < 5; ++k) if (o.op == kOps[k]) opIdx = k;
-  if (!collOk || !type || opIdx < 0 || o.iters < 1 || o.warmup < 0 || (o.step == 0 && !(o.factor > 1)) || o.minBytes > o.maxBytes) {
-    std::fprintf(stderr, "braid perf: bad arguments\n%s", kUsage);
+  bool typeOk = o.dtype == "all", opOk = o.op == "all";
+  for (const TypeName& t : kTypes) typeOk |= o.dtype == t.name || o.dtype == dataTypeName(t.t);
+  for (const char* op : kOps) opOk |= o.op == op;
+  std::string why;
+  if (!collOk) why = "unknown collective '" + o.coll + "'";
+  else if (!typeOk) why = "unknown type '" + o.dtype + "'";
+  else if (!opOk) why = "unknown op '" + o.op + "'";
+  else if (o.iters < 1 || o.warmup < 0) why = "-n must be at least 1 and -w at least 0";
+  else if (o.step == 0 && !(o.factor > 1)) why = "-f must be above 1 (or give -i)";
+  else if (o.minBytes > o.maxBytes) why = "-b is larger than -e";
+  else if (!o.algo.empty() && o.algo != "ring" && o.algo != "tree") why = "-a takes ring or tree";
+  else if (!o.transport.empty() && o.transport != "shm" && o.transport != "tcp") why = "--transport takes shm or tcp";
+  if (!why.empty()) {
+    std::fprintf(stderr, "braid perf: %s\n%s", why.c_str(), kUsage);
     return 2;
   }
+  return -1;
+}
 
-  braidComm_t comm;
-  braidResult_t r = braidCommInitFromEnv(&comm);
-  if (r != braidSuccess) return fail("communicator creation", r, nullptr);
-  int rank, n;
-  braidCommUserRank(comm, &rank);
-  braidCommCount(comm, &n);
-  if (o.root < 0 || o.root >= n) { std::fprintf(stderr, "braid perf: root %d is outside 0..%d\n", o.root, n - 1); return 2; }
-  const DataType dt = static_cast<DataType>(type->t);
-  const ReduceOp op = static_cast<ReduceOp>(opIdx);
-  const std::size_t es = dataTypeSize(dt);
-  const bool gathered = o.coll == "allgather" || o.coll == "reducescatter";
-  const std::size_t unit = es * (gathered ? static_cast<std::size_t>(n) : 1);
-  std::vector<std::byte> sendBuf(o.maxBytes + 64), recvBuf(o.maxBytes + 64);  // zero-filled: pages touched once
+}  // namespace
 
-  if (rank == 0) {
-    std::printf("# braid perf %s: %d ranks, iters %d, warmup %d, validation %d, dtype %s, op %s, root %d\n",
-                o.coll.c_str(), n, o.iters, o.warmup, o.check, o.dtype.c_str(), o.op.c_str(), o.root);
-    std::printf("# algorithm: %s; reduce kernels: %s\n", describeAlgoSetting().c_str(), kernels::isaName());
+int runPerf(int argc, char** argv) {
+  Run run;
+  PerfOptions& o = run.o;
+  int rc = parse(argc, argv, o);
+  if (rc >= 0) return rc;
+  // The communicator reads its configuration once, at creation: set the knobs the flags stand for.
+  if (!o.algo.empty()) setenv("BRAID_ALGO", o.algo.c_str(), 1);
+  if (o.transport == "tcp") setenv("BRAID_SHM_DISABLE", "1", 1);
+  if (o.transport == "shm") setenv("BRAID_SHM_DISABLE", "0", 1);
+
+  braidResult_t r = braidCommInitFromEnv(&run.comm);
+  if (r != braidSuccess) {
+    std::fprintf(stderr, "braid perf: communicator creation failed: %s\n", braidGetLastError(nullptr));
+    return 1;
   }
-  printTransportSummary(comm, rank, n);
-
-  int peer = rank ^ 1;  // sendrecv pairs ranks 0-1, 2-3, ...; an odd last rank sits out
-  auto runOnce = [&](const void* s, void* rv, std::size_t count) -> braidResult_t {
-    braidDataType_t t = type->t;
-    braidRedOp_t ro = static_cast<braidRedOp_t>(opIdx);
-    if (o.coll == "allreduce") return braidAllReduce(s, rv, count, t, ro, comm, nullptr);
-    if (o.coll == "allgather") return braidAllGather(s, rv, count / static_cast<std::size_t>(n), t, comm, nullptr);
-    if (o.coll == "reducescatter") return braidReduceScatter(s, rv, count / static_cast<std::size_t>(n), t, ro, comm, nullptr);
-    if (o.coll == "broadcast") return braidBroadcast(s, rv, count, t, o.root, comm, nullptr);
-    if (o.coll == "reduce") return braidReduce(s, rv, count, t, ro, o.root, comm, nullptr);
-    if (o.coll == "barrier") return braidBarrier(comm);
-    if (peer >= n) return braidSuccess;
-    return (rank & 1) ? braidRecv(rv, count, t, peer, comm, nullptr)
-                      : braidSend(s, count, t, peer, comm, nullptr);
-  };
-
-  if (rank == 0) {
-    std::printf("#\n# %10s %12s %8s %6s %6s %9s %8s %8s %6s %9s %8s %8s %6s\n", "", "", "", "", "", "out-of-place", "",
-                "", "", "in-place", "", "", "");
-    std::printf("# %10s %12s %8s %6s %6s %9s %8s %8s %6s %9s %8s %8s %6s\n", "size", "count", "type", "redop", "root",
-                "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-    std::printf("# %10s %12s %8s %6s %6s %9s %8s %8s %6s %9s %8s %8s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
-                "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  braidCommUserRank(run.comm, &run.rank);
+  braidCommCount(run.comm, &run.n);
+  const int rank = run.rank, n = run.n;
+  if (o.root < 0 || o.root >= n) {
+    std::fprintf(stderr, "braid perf: root %d is outside 0..%d\n", o.root, n - 1);
+    return 2;
   }
-  std::size_t totalWrong = 0;
-  double busSum = 0;
-  int rows = 0;
-  for (std::size_t bytes = o.minBytes; bytes <= o.maxBytes;) {
-    std::size_t count = bytes / unit * (gathered ? static_cast<std::size_t>(n) : 1);  // elements of the whole array
-    std::size_t shown = count * es;
-    double times[2];
-    std::size_t wrong[2] = {0, 0};
-    for (int inPlace = 0; inPlace < 2; ++inPlace) {
-      std::byte* recv = recvBuf.data();
-      std::size_t perRank = gathered ? count / static_cast<std::size_t>(n) : count;
-      std::byte* send = sendBuf.data();
-      if (inPlace) {
-        send = recv;
-        if (o.coll == "allgather") send = recv + static_cast<std::size_t>(rank) * perRank * es;
+  std::vector<DataType> types;
+  for (const TypeName& t : kTypes)
+    if (o.dtype == "all" || o.dtype == t.name || o.dtype == dataTypeName(t.t)) types.push_back(t.t);
+  std::vector<ReduceOp> ops;
+  for (int k = 0; k < 5; ++k)
+    if (o.op == "all" ? (isReduction(o.coll) || k == 0) : o.op == kOps[k]) ops.push_back(static_cast<ReduceOp>(k));
+  run.sendBuf.resize(o.maxBytes + 64);  // zero-filled: every page touched once, before timing
+  run.recvBuf.resize(o.maxBytes + 64);
+
+  PerfHeader h = describeRun(run.comm, rank, n, o, BRAID_VERSION_TAG, kernels::isaName());
+  PerfReport report(h);
+  if (rank == 0) report.printHeader();
+  for (DataType dt : types)
+    for (ReduceOp op : ops)
+      for (std::size_t bytes = o.minBytes; bytes <= o.maxBytes;) {
+        const std::size_t es = dataTypeSize(dt);
+        const bool gathered = o.coll == "allgather" || o.coll == "reducescatter";
+        const std::size_t unit = es * (gathered ? static_cast<std::size_t>(n) : 1);
+        PerfRow row;
+        row.count = bytes / unit * (gathered ? static_cast<std::size_t>(n) : 1);
+        row.bytes = row.count * es;
+        row.type = dataTypeName(dt);
+        row.op = isReduction(o.coll) ? reduceOpName(op) : "none";
+        row.root = (o.coll == "broadcast" || o.coll == "reduce") ? o.root : -1;
+        row.out = run.measure(dt, op, row.count, false);
+        row.in = run.measure(dt, op, row.count, true);
+        if (run.error != braidSuccess) {
+          std::fprintf(stderr, "braid perf: rank %d: %s failed: %s\n", rank, o.coll.c_str(), braidGetLastError(run.comm));
+          return 1;
+        }
+        if (rank == 0) report.addRow(row);
+        std::size_t next = o.step ? bytes + o.step : static_cast<std::size_t>(std::ceil(static_cast<double>(bytes) * o.factor));
+        if (next <= bytes) break;
+        bytes = next;
       }
-      auto setup = [&] {
-        if (o.coll == "allgather") pattern::fill(send, perRank, dt, op, rank, static_cast<std::size_t>(rank) * perRank);
-        else pattern::fill(send, count, dt, op, rank, 0);
-      };
-      void* out = recv;
-      if (o.coll == "reducescatter" && inPlace) out = send + static_cast<std::size_t>(rank) * perRank * es;
-      for (int w = 0; w < o.warmup; ++w)
-        if ((r = runOnce(send, out, count)) != braidSuccess) return fail(o.coll.c_str(), r, comm);
-      braidBarrier(comm);
-      double t0 = now();
-      for (int it = 0; it < o.iters; ++it)
-        if ((r = runOnce(send, out, count)) != braidSuccess) return fail(o.coll.c_str(), r, comm);
-      double mine = (now() - t0) / o.iters * 1e6;
-      double slowest = 0;
-      braidAllReduce(&mine, &slowest, 1, braidFloat64, braidMax, comm, nullptr);
-      times[inPlace] = slowest;
-      if (o.check && o.coll != "barrier") {
-        setup();
-        if ((r = runOnce(send, out, count)) != braidSuccess) return fail(o.coll.c_str(), r, comm);
-        std::size_t w = 0;
-        if (o.coll == "allreduce") w = pattern::countWrong(out, count, dt, op, n, 0);
-        else if (o.coll == "reducescatter") w = pattern::countWrong(out, perRank, dt, op, n, static_cast<std::size_t>(rank) * perRank);
-        else if (o.coll == "reduce" && rank == o.root) w = pattern::countWrong(out, count, dt, op, n, 0);
-        else if (o.coll == "broadcast") w = pattern::countWrong(out, count, dt, op, n, 0, o.root);
-        else if (o.coll == "allgather")
-          for (int q = 0; q < n; ++q)
-            w += pattern::countWrong(recv + static_cast<std::size_t>(q) * perRank * es, perRank, dt, op, n,
-                                     static_cast<std::size_t>(q) * perRank, q);
-        else if (o.coll == "sendrecv" && (rank & 1) && peer < n) w = pattern::countWrong(out, count, dt, op, n, 0, peer);
-        std::uint64_t mineW = w, allW = 0;
-        braidAllReduce(&mineW, &allW, 1, braidUint64, braidSum, comm, nullptr);
-        wrong[inPlace] = allW;
-        totalWrong += allW;
-      }
-    }
-    if (rank == 0) {
-      double f = busFactor(o.coll, n);
-      double alg[2] = {shown / times[0] / 1e3, shown / times[1] / 1e3};
-      std::printf("  %10zu %12zu %8s %6s %6d %9.2f %8.2f %8.2f %6zu %9.2f %8.2f %8.2f %6zu\n", shown, count,
-                  o.dtype.c_str(), o.op.c_str(), (o.coll == "broadcast" || o.coll == "reduce") ? o.root : -1,
-                  times[0], alg[0], alg[0] * f, wrong[0], times[1], alg[1], alg[1] * f, wrong[1]);
-      std::fflush(stdout);
-      busSum += (alg[0] + alg[1]) * f;
-      rows += 2;
-    }
-    std::size_t nextBytes = o.step ? bytes + o.step : static_cast<std::size_t>(std::ceil(static_cast<double>(bytes) * o.factor));
-    if (nextBytes <= bytes) break;
-    bytes = nextBytes;
-  }
   if (rank == 0) {
-    std::printf("# Out of bounds values : %zu %s\n", totalWrong, totalWrong ? "FAILED" : "OK");
-    std::printf("# Avg bus bandwidth    : %g\n#\n", rows ? busSum / rows : 0.0);
+    report.printFooter(run.totalWrong);
+    if (!o.json.empty() && !report.writeJson(o.json, run.totalWrong))
+      std::fprintf(stderr, "braid perf: cannot write %s\n", o.json.c_str());
   }
-  braidCommDestroy(comm);
-  return totalWrong ? 1 : 0;
+  braidCommDestroy(run.comm);
+  return run.totalWrong ? 1 : 0;
 }
 
 }  // namespace braid::tools

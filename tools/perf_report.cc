@@ -1,0 +1,126 @@
+#include "tools/perf_report.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#include <map>
+
+#include "comm/c_handle.h"
+#include "tools/tools.h"
+
+namespace braid::tools {
+namespace {
+std::string jsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string cellJson(const PerfCell& c) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "{\"time_us\": %.3f, \"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, \"wrong\": %llu}",
+                c.timeUs, c.algbw, c.busbw, static_cast<unsigned long long>(c.wrong));
+  return buf;
+}
+}  // namespace
+
+PerfHeader describeRun(braidComm_t comm, int rank, int nranks, const PerfOptions& o, const char* commit, const char* isa) {
+  PerfHeader h;
+  h.options = o;
+  h.nranks = nranks;
+  h.commit = commit;
+  h.isa = isa;
+  h.algo = describeAlgoSetting();
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  h.host = host;
+  std::time_t t = std::time(nullptr);
+  char when[32];
+  std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  h.startedAt = when;
+  // One fixed-size line per rank: its host and the transports to its peers.
+  std::map<std::string, int> counts;
+  for (int p = 0; p < nranks; ++p)
+    if (p != rank) counts[comm->impl->transportOf(p)]++;
+  std::string line = "rank " + std::to_string(rank) + " on " + host + ":";
+  for (auto& [name, k] : counts) line += " " + name + " x" + std::to_string(k);
+  if (counts.empty()) line += " no peers";
+  constexpr std::size_t kWidth = 128;
+  std::vector<char> mine(kWidth, 0), all(kWidth * static_cast<std::size_t>(nranks), 0);
+  std::snprintf(mine.data(), kWidth, "%s", line.c_str());
+  if (braidAllGather(mine.data(), all.data(), kWidth, braidUint8, comm, nullptr) != braidSuccess) return h;
+  std::map<std::string, int> hosts;
+  for (int r = 0; r < nranks; ++r) {
+    std::string l = all.data() + static_cast<std::size_t>(r) * kWidth;
+    h.transports.push_back(l);
+    std::size_t on = l.find(" on "), colon = l.rfind(':');
+    if (on != std::string::npos && colon != std::string::npos) hosts[l.substr(on + 4, colon - on - 4)]++;
+  }
+  h.hosts = static_cast<int>(hosts.size());
+  return h;
+}
+
+void PerfReport::printHeader() const {
+  const PerfOptions& o = h_.options;
+  std::printf("# braid perf %s: %d ranks on %d host(s), iters %d, warmup %d, validation %d, root %d\n", o.coll.c_str(),
+              h_.nranks, h_.hosts, o.iters, o.warmup, o.check, o.root);
+  std::printf("# algorithm: %s; reduce kernels: %s; commit %s\n", h_.algo.c_str(), h_.isa.c_str(), h_.commit.c_str());
+  for (const std::string& t : h_.transports) std::printf("#   %s\n", t.c_str());
+  std::printf("#\n# %10s %12s %8s %6s %6s %9s %8s %8s %6s %9s %8s %8s %6s\n", "", "", "", "", "", "out-of-place", "", "",
+              "", "in-place", "", "", "");
+  std::printf("# %10s %12s %8s %6s %6s %9s %8s %8s %6s %9s %8s %8s %6s\n", "size", "count", "type", "redop", "root", "time",
+              "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+  std::printf("# %10s %12s %8s %6s %6s %9s %8s %8s %6s %9s %8s %8s %6s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)",
+              "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  std::fflush(stdout);
+}
+
+void PerfReport::addRow(const PerfRow& r) {
+  std::printf("  %10zu %12zu %8s %6s %6d %9.2f %8.2f %8.2f %6llu %9.2f %8.2f %8.2f %6llu\n", r.bytes, r.count,
+              r.type.c_str(), r.op.c_str(), r.root, r.out.timeUs, r.out.algbw, r.out.busbw,
+              static_cast<unsigned long long>(r.out.wrong), r.in.timeUs, r.in.algbw, r.in.busbw,
+              static_cast<unsigned long long>(r.in.wrong));
+  std::fflush(stdout);
+  busSum_ += r.out.busbw + r.in.busbw;
+  busCount_ += 2;
+  rows_.push_back(r);
+}
+
+void PerfReport::printFooter(std::uint64_t wrong) const {
+  std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(wrong), wrong ? "FAILED" : "OK");
+  std::printf("# Avg bus bandwidth    : %g\n#\n", busCount_ ? busSum_ / busCount_ : 0.0);
+}
+
+bool PerfReport::writeJson(const std::string& path, std::uint64_t wrong) const {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return false;
+  const PerfOptions& o = h_.options;
+  std::fprintf(f, "{\n  \"tool\": \"braid perf\",\n  \"collective\": %s,\n  \"nranks\": %d,\n  \"hosts\": %d,\n",
+               jsonString(o.coll).c_str(), h_.nranks, h_.hosts);
+  std::fprintf(f, "  \"host\": %s,\n  \"commit\": %s,\n  \"started_at\": %s,\n  \"algorithm\": %s,\n  \"reduce_isa\": %s,\n",
+               jsonString(h_.host).c_str(), jsonString(h_.commit).c_str(), jsonString(h_.startedAt).c_str(),
+               jsonString(h_.algo).c_str(), jsonString(h_.isa).c_str());
+  std::fprintf(f, "  \"settings\": {\"iters\": %d, \"warmup\": %d, \"check\": %d, \"root\": %d, \"transport\": %s},\n",
+               o.iters, o.warmup, o.check, o.root, jsonString(o.transport.empty() ? "auto" : o.transport).c_str());
+  std::fprintf(f, "  \"transports\": [");
+  for (std::size_t i = 0; i < h_.transports.size(); ++i)
+    std::fprintf(f, "%s%s", i ? ", " : "", jsonString(h_.transports[i]).c_str());
+  std::fprintf(f, "],\n  \"rows\": [\n");
+  for (std::size_t i = 0; i < rows_.size(); ++i) {
+    const PerfRow& r = rows_[i];
+    std::fprintf(f, "    {\"size\": %zu, \"count\": %zu, \"type\": %s, \"redop\": %s, \"root\": %d, \"out_of_place\": %s, "
+                    "\"in_place\": %s}%s\n",
+                 r.bytes, r.count, jsonString(r.type).c_str(), jsonString(r.op).c_str(), r.root, cellJson(r.out).c_str(),
+                 cellJson(r.in).c_str(), i + 1 < rows_.size() ? "," : "");
+  }
+  std::fprintf(f, "  ],\n  \"wrong\": %llu,\n  \"avg_busbw_gbps\": %.4f\n}\n", static_cast<unsigned long long>(wrong),
+               busCount_ ? busSum_ / busCount_ : 0.0);
+  return std::fclose(f) == 0;
+}
+
+}  // namespace braid::tools

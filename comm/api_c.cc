@@ -7,6 +7,7 @@
 #include "comm/c_handle.h"
 #include "comm/communicator.h"
 #include "comm/init.h"
+#include "comm/memory.h"
 
 
 namespace {
@@ -141,6 +142,10 @@ braidResult_t braidRecv(void* r, size_t count, braidDataType_t t, int peer, brai
 braidResult_t braidBarrier(braidComm_t comm) {
   return run(comm, {braid::CollKind::kBarrier, nullptr, nullptr, 0, braid::DataType::kInt8, braid::ReduceOp::kSum}, nullptr);
 }
+
+braidResult_t braidMemAlloc(void** ptr, size_t bytes) { return toResult(braid::mem::allocate(ptr, bytes)); }
+
+braidResult_t braidMemFree(void* ptr) { return toResult(braid::mem::release(ptr)); }
 
 const char* braidGetErrorString(braidResult_t r) {
   if (r < braidSuccess || r >= braidNumResults) return "unknown result code";

@@ -4,6 +4,7 @@
 #include "braid/braid.hpp"
 #include "comm/communicator.h"
 #include "comm/init.h"
+#include "comm/memory.h"
 
 namespace braid {
 
@@ -29,6 +30,14 @@ Status Work::status() const {
   std::lock_guard<std::mutex> g(state_->mu);
   return state_->done ? state_->status : Status::InProgress("still running");
 }
+
+Result<void*> memAlloc(std::size_t bytes) {
+  void* p = nullptr;
+  Status s = mem::allocate(&p, bytes);
+  if (!s.ok()) return s;
+  return p;
+}
+Status memFree(void* ptr) { return mem::release(ptr); }
 
 namespace {
 Result<Communicator> wrap(Result<std::shared_ptr<Comm>> r) {

@@ -130,6 +130,7 @@ Status Comm::setup(InitParams& p) {
     BRAID_LOG(kInfo, kInit, "peer %d: %s%s%s", r, sel.transport.c_str(), sel.skipped.empty() ? "" : " (",
               sel.skipped.empty() ? "" : (sel.skipped + ")").c_str());
   }
+  for (const PeerInfo& info : infos) pids_.push_back(info.pid);
   SetupContext ctx{rank_, nranks_, nonce_, config_, infos, *store_, deadline};
   conns_.resize(static_cast<std::size_t>(nranks_));
   shm_ = std::make_unique<ShmTransport>();
@@ -274,6 +275,19 @@ Status Comm::execute(const CollArgs& in) {
     if (a.kind != CollKind::kBarrier && a.send != a.recv && bytes && a.recv) std::memmove(a.recv, a.send, bytes);
     return Status::Ok();
   }
+  if (a.kind == CollKind::kAllReduce && config_.zeroCopy && !anyTcp_ && total >= kZeroCopyMinBytes) {
+    auto done = tryZeroCopyAllReduce(a, fp);
+    if (!done.ok()) {
+      if (!failed_) fail(done.status().withContext("zero-copy all-reduce (BRAID_ZERO_COPY=0 turns it off)"), true);
+      return failure().withContext(fp.describe() + " #" + std::to_string(fp.seq) + " failed on rank " + std::to_string(rank_));
+    }
+    if (*done) {
+      ++zeroCopyCalls_;
+      BRAID_LOG(kInfo, kTune, "%s #%llu: zero-copy (every rank's buffers are braidMemAlloc memory)",
+                fp.describe().c_str(), static_cast<unsigned long long>(fp.seq));
+      return Status::Ok();
+    }
+  }
   TunerChoice t = tune({a.kind, total, nranks_, maxChannels_, anyTcp_}, config_);
   BRAID_LOG(kInfo, kTune, "%s #%llu: %s, %d channel(s), chunk %zu (model: ring %.1f us, tree %.1f us)",
             fp.describe().c_str(), static_cast<unsigned long long>(fp.seq), algoName(t.algo), t.channels, t.chunk,
@@ -291,11 +305,12 @@ Status Comm::execute(const CollArgs& in) {
     case CollKind::kReduce: buildRooted(a, *this, t.algo, t.channels, plan_); break;
     case CollKind::kSendRecv: buildSendRecv(a, plan_); break;
   }
+  return runPlan();
+}
+
+Status Comm::runPlan() {
   Status s = Engine::run(plan_, *this);
-  if (!s.ok()) {
-    bool fromNotice = failed_.load();
-    fail(s, !fromNotice);
-  }
+  if (!s.ok()) fail(s, !failed_.load());  // a failure that came as a notice is not reported back
   return s;
 }
 

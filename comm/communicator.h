@@ -17,6 +17,7 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/config.h"
 #include "comm/engine.h"
+#include "comm/memory.h"
 #include "comm/store.h"
 #include "comm/waiter.h"
 #include "transport/transport.h"
@@ -70,6 +71,8 @@ class Comm final : public EngineHost, public Workspace {
   int rank() const override { return rank_; }
   int nranks() const override { return nranks_; }
   const Config& config() const { return config_; }
+  // How many all-reduces took the zero-copy path (for tests and `braid perf`).
+  std::uint64_t zeroCopyCalls() const { return zeroCopyCalls_; }
   // Per peer: "shm", "tcp" or "self", and why the others were skipped.
   std::string transportOf(int peer) const;
 
@@ -84,6 +87,12 @@ class Comm final : public EngineHost, public Workspace {
   Comm() = default;
   Status setup(InitParams& params);
   Status execute(const CollArgs& a);
+  // Runs plan_; a failure ends the communicator and is reported to the other ranks.
+  Status runPlan();
+  // A barrier of zero-byte messages carrying `fp` (inside a collective).
+  Status barrier(const Fingerprint& fp);
+  // comm/algorithms/direct.cc: true if done, false if some rank's buffers are not braidMemAlloc memory.
+  Result<bool> tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp);
   void fail(const Status& s, bool tellOthers);
   void onNotice(const Notice& n);
   void workerLoop();
@@ -101,9 +110,12 @@ class Comm final : public EngineHost, public Workspace {
   std::vector<std::string> transportNames_;
   std::unique_ptr<Waiter> waiter_;
   bool anyTcp_ = false;
+  std::vector<int> pids_;  // by rank, to map peers' braidMemAlloc memory
+  mem::PeerMappings peerMemory_;
   int maxChannels_ = 2;
 
   std::uint64_t collSeq_ = 0;
+  std::uint64_t zeroCopyCalls_ = 0;
   std::map<int, std::uint64_t> sendSeq_, recvSeq_;
   Plan plan_;
   std::vector<std::byte> scratch_;

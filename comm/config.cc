@@ -93,6 +93,8 @@ const Row kRows[] = {
      }},
     {"BRAID_COMM_ID", "", "host:port of the rendezvous listener that braidGetUniqueId opens (default: any port)",
      [](Config& c, const std::string& s) -> Status { c.commId = s; return Status::Ok(); }},
+    {"BRAID_ZERO_COPY", "1", "1: all-reduce on braidMemAlloc buffers of one host reads peers' memory directly (256K and up)",
+     [](Config& c, const std::string& s) { return parseBool(s, &c.zeroCopy); }},
     {"BRAID_SPIN_US", "-1", "microseconds to spin before yielding and then blocking (-1: auto, less when oversubscribed)",
      BRAID_ASSIGN_INT(spinUs, -1, 1000000)},
 };

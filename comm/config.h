@@ -23,6 +23,7 @@ struct Config {
   std::size_t chunkSize = 0;         // BRAID_CHUNKSIZE (0: tuner decides)
   std::string commId;                // BRAID_COMM_ID
   int spinUs = -1;                   // BRAID_SPIN_US (-1: auto)
+  bool zeroCopy = true;              // BRAID_ZERO_COPY
 
   // Reads every BRAID_* variable; an unparsable value is an invalid-argument error naming it.
   static Result<Config> fromEnvironment();

@@ -10,6 +10,10 @@
 
 namespace braid {
 
+// All-reduce calls of at least this many bytes first ask every rank whether its buffers are
+// braidMemAlloc memory (one small exchange); below it the exchange would cost more than it saves.
+inline constexpr std::size_t kZeroCopyMinBytes = 256u << 10;
+
 struct TunerInput {
   CollKind kind;
   std::size_t bytes;   // the whole array: all-reduce count, all-gather/reduce-scatter n * count

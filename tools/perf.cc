@@ -32,7 +32,8 @@ namespace {
 const char* kUsage =
     "usage: braid perf COLLECTIVE [-b MINBYTES] [-e MAXBYTES] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]\n"
     "                  [-c 0|1] [-d DTYPE|all] [-o OP|all] [-r ROOT] [-a ring|tree] [--transport shm|tcp]\n"
-    "                  [--json FILE]\n"
+    "                  [--mem user|braid] [--json FILE]\n"
+    "  --mem braid: buffers from braidMemAlloc (zero-copy all-reduce between ranks of a host)\n"
     "  COLLECTIVE: allreduce allgather reducescatter broadcast reduce sendrecv barrier\n"
     "  sizes take K, M, G suffixes; run it under a launcher: braid run -n 4 braid perf allreduce -b 8 -e 64M\n";
 
@@ -61,7 +62,9 @@ struct Run {
   PerfOptions o;
   braidComm_t comm = nullptr;
   int rank = 0, n = 1;
-  std::vector<std::byte> sendBuf, recvBuf;
+  std::vector<std::byte> sendStore, recvStore;  // --mem user
+  std::byte* sendBuf = nullptr;
+  std::byte* recvBuf = nullptr;
   std::size_t totalWrong = 0;
   braidResult_t error = braidSuccess;
 
@@ -88,8 +91,8 @@ struct Run {
     const bool gathered = o.coll == "allgather" || o.coll == "reducescatter";
     const std::size_t per = gathered ? count / static_cast<std::size_t>(n) : count;
     const std::size_t rr = static_cast<std::size_t>(rank);
-    std::byte* recv = recvBuf.data();
-    std::byte* send = inPlace ? recv : sendBuf.data();
+    std::byte* recv = recvBuf;
+    std::byte* send = inPlace ? recv : sendBuf;
     if (inPlace && o.coll == "allgather") send = recv + rr * per * es;
     void* out = (inPlace && o.coll == "reducescatter") ? static_cast<void*>(send + rr * per * es) : recv;
     auto fill = [&] {
@@ -184,6 +187,7 @@ int parse(int argc, char** argv, PerfOptions& o) {
     else if (a == "-a") o.algo = v;
     else if (a == "--json") o.json = v;
     else if (a == "--transport") o.transport = v;
+    else if (a == "--mem") o.mem = v;
     else {
       std::fprintf(stderr, "braid perf: unknown option %s\n%s", a.c_str(), kUsage);
       return 2;
@@ -205,6 +209,7 @@ int parse(int argc, char** argv, PerfOptions& o) {
   else if (o.minBytes > o.maxBytes) why = "-b is larger than -e";
   else if (!o.algo.empty() && o.algo != "ring" && o.algo != "tree") why = "-a takes ring or tree";
   else if (!o.transport.empty() && o.transport != "shm" && o.transport != "tcp") why = "--transport takes shm or tcp";
+  else if (o.mem != "user" && o.mem != "braid") why = "--mem takes user or braid";
   if (!why.empty()) {
     std::fprintf(stderr, "braid perf: %s\n%s", why.c_str(), kUsage);
     return 2;
@@ -242,8 +247,21 @@ int runPerf(int argc, char** argv) {
   std::vector<ReduceOp> ops;
   for (int k = 0; k < 5; ++k)
     if (o.op == "all" ? (isReduction(o.coll) || k == 0) : o.op == kOps[k]) ops.push_back(static_cast<ReduceOp>(k));
-  run.sendBuf.resize(o.maxBytes + 64);  // zero-filled: every page touched once, before timing
-  run.recvBuf.resize(o.maxBytes + 64);
+  if (o.mem == "braid") {
+    void* s = nullptr;
+    void* rv = nullptr;
+    if (braidMemAlloc(&s, o.maxBytes + 64) != braidSuccess || braidMemAlloc(&rv, o.maxBytes + 64) != braidSuccess) {
+      std::fprintf(stderr, "braid perf: braidMemAlloc failed: %s\n", braidGetLastError(nullptr));
+      return 1;
+    }
+    run.sendBuf = static_cast<std::byte*>(s);
+    run.recvBuf = static_cast<std::byte*>(rv);
+  } else {
+    run.sendStore.resize(o.maxBytes + 64);  // zero-filled: every page touched once, before timing
+    run.recvStore.resize(o.maxBytes + 64);
+    run.sendBuf = run.sendStore.data();
+    run.recvBuf = run.recvStore.data();
+  }
 
   PerfHeader h = describeRun(run.comm, rank, n, o, BRAID_VERSION_TAG, kernels::isaName());
   PerfReport report(h);
@@ -277,6 +295,10 @@ int runPerf(int argc, char** argv) {
       std::fprintf(stderr, "braid perf: cannot write %s\n", o.json.c_str());
   }
   braidCommDestroy(run.comm);
+  if (o.mem == "braid") {
+    braidMemFree(run.sendBuf);
+    braidMemFree(run.recvBuf);
+  }
   return run.totalWrong ? 1 : 0;
 }
 

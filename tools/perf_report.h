@@ -16,7 +16,7 @@ struct PerfOptions {
   double factor = 2;
   std::size_t step = 0;
   int iters = 20, warmup = 5, check = 1, root = 0;
-  std::string dtype = "float", op = "sum", algo, transport, json;
+  std::string dtype = "float", op = "sum", algo, transport, json, mem = "user";
 };
 
 struct PerfCell {

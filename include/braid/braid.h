@@ -108,6 +108,15 @@ braidResult_t braidRecv(void* recvbuff, size_t count, braidDataType_t datatype, 
                         void* stream);
 braidResult_t braidBarrier(braidComm_t comm);
 
+/* Host memory that the other ranks of this host can map (NCCL has ncclMemAlloc for the same
+ * reason): an all-reduce of 256 KiB or more whose buffers on every rank come from braidMemAlloc
+ * reads and reduces straight from the peers' buffers instead of copying through staging rings.
+ * Any other memory still works, through the staged path. The memory is zeroed and its pages are
+ * resident on return. Thread-safe. */
+braidResult_t braidMemAlloc(void** ptr, size_t bytes);
+/* Frees memory from braidMemAlloc (NULL is ignored). Not while a collective uses it. */
+braidResult_t braidMemFree(void* ptr);
+
 const char* braidGetErrorString(braidResult_t result);
 /* The last error's message on this communicator (or, for comm == NULL, on this thread). */
 const char* braidGetLastError(braidComm_t comm);

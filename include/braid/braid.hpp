@@ -44,6 +44,10 @@ struct StoreOptions {
   bool isHost = false;             // this process runs the store (normally rank 0)
 };
 
+// braidMemAlloc / braidMemFree (see braid.h): memory that makes large all-reduces zero-copy.
+Result<void*> memAlloc(std::size_t bytes);
+Status memFree(void* ptr);
+
 class Communicator {
  public:
   static Result<Communicator> fromEnv();

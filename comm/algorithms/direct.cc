@@ -1,0 +1,94 @@
+// Zero-copy all-reduce for buffers from braidMemAlloc, between ranks of one host. Every rank maps
+// its peers' buffers and works on them directly, so each byte crosses memory the fewest times:
+//
+//   1. exchange buffer descriptors with every peer   (also the entry barrier: all inputs are ready)
+//   2. rank r reduces block r of all n send buffers into its own receive buffer, starting with its
+//      own block so that an in-place buffer is read before it is overwritten
+//   3. barrier                                        (every block is final)
+//   4. rank r copies every other block q from rank q's receive buffer
+//   5. barrier                                        (nobody still reads anyone's buffers)
+//
+// Steps 1, 3 and 5 are small plans on the ordinary channels, so they carry the call's fingerprint
+// and mismatches are still caught. If any rank's buffers are not Braid memory, every rank learns it
+// in step 1 and all of them fall back to the staged algorithms.
+#include <cstring>
+
+#include "comm/communicator.h"
+#include "comm/memory.h"
+#include "kernels/reduce.h"
+
+namespace braid {
+
+namespace {
+struct BufferDesc {
+  std::int32_t pid;
+  std::int32_t registered;
+  mem::RegionDesc send, recv;
+};
+}  // namespace
+
+Result<bool> Comm::tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp) {
+  const std::size_t bytes = a.count * dataTypeSize(a.dtype);
+  const std::size_t n = static_cast<std::size_t>(nranks_), r = static_cast<std::size_t>(rank_);
+  BufferDesc mine{};
+  mine.pid = pids_[r];
+  mine.send = mem::describe(a.send, bytes);
+  mine.recv = mem::describe(a.recv, bytes);
+  mine.registered = mine.send.fd >= 0 && mine.recv.fd >= 0;
+  std::vector<BufferDesc> all(n);
+  all[r] = mine;
+  plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    plan_.send(p, 0, &mine, sizeof(mine));
+    plan_.recvCopy(p, 0, &all[static_cast<std::size_t>(p)], sizeof(BufferDesc));
+  }
+  Status s = runPlan();
+  if (!s.ok()) return s;
+  for (const BufferDesc& d : all)
+    if (!d.registered) return false;  // everyone sees the same descriptors: everyone falls back
+
+  std::vector<const std::byte*> sends(n);
+  std::vector<std::byte*> recvs(n);
+  for (std::size_t q = 0; q < n; ++q) {
+    if (q == r) {
+      sends[q] = static_cast<const std::byte*>(a.send);
+      recvs[q] = static_cast<std::byte*>(a.recv);
+      continue;
+    }
+    auto ps = peerMemory_.map(all[q].pid, all[q].send);
+    auto pr = peerMemory_.map(all[q].pid, all[q].recv);
+    if (!ps.ok()) return ps.status();
+    if (!pr.ok()) return pr.status();
+    sends[q] = *ps;
+    recvs[q] = *pr;
+  }
+  const std::size_t es = dataTypeSize(a.dtype);
+  Range mineBlk = split(a.count, n, r);
+  std::byte* dst = recvs[r] + mineBlk.off * es;
+  const std::size_t off = mineBlk.off * es;
+  if (mineBlk.len) {
+    kernels::reduce(dst, sends[r] + off, sends[(r + 1) % n] + off, mineBlk.len, a.dtype, a.op);
+    for (std::size_t k = 2; k < n; ++k) kernels::reduce(dst, dst, sends[(r + k) % n] + off, mineBlk.len, a.dtype, a.op);
+    if (a.op == ReduceOp::kAvg) kernels::divide(dst, mineBlk.len, a.dtype, nranks_);
+  }
+  s = barrier(fp);
+  if (!s.ok()) return s;
+  for (std::size_t q = 0; q < n; ++q) {
+    if (q == r) continue;
+    Range b = split(a.count, n, q);
+    if (b.len) std::memcpy(recvs[r] + b.off * es, recvs[q] + b.off * es, b.len * es);
+  }
+  s = barrier(fp);
+  if (!s.ok()) return s;
+  return true;
+}
+
+Status Comm::barrier(const Fingerprint& fp) {
+  plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
+  CollArgs zero{CollKind::kBarrier, nullptr, nullptr, 0, DataType::kInt8, ReduceOp::kSum};
+  buildRingAllReduce(zero, *this, 1, plan_);
+  return runPlan();
+}
+
+}  // namespace braid

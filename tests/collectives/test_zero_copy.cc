@@ -1,0 +1,102 @@
+// Zero-copy all-reduce on braidMemAlloc buffers: exact results for every type and op, in place and
+// out of place, odd sizes; and the fallback when only some ranks use Braid memory.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "braid/braid.h"
+#include "comm/c_handle.h"
+#include "comm/memory.h"
+#include "tests/common/harness.h"
+#include "tools/pattern.h"
+
+namespace braid::test {
+namespace {
+
+TEST(BraidMemory, AllocateFindRelease) {
+  void* p = nullptr;
+  ASSERT_EQ(braidMemAlloc(&p, 1 << 20), braidSuccess);
+  auto* b = static_cast<std::byte*>(p);
+  EXPECT_EQ(b[12345], std::byte{0});  // zeroed
+  EXPECT_TRUE(mem::find(b + 100, 1000).has_value());
+  EXPECT_FALSE(mem::find(b + (1 << 20) - 10, 11).has_value());  // runs past the end
+  EXPECT_EQ(mem::describe(b + 64, 8).offset, 64u);
+  int local = 0;
+  EXPECT_EQ(mem::describe(&local, sizeof(local)).fd, -1);
+  EXPECT_EQ(braidMemFree(p), braidSuccess);
+  EXPECT_FALSE(mem::find(b, 1).has_value());
+  EXPECT_EQ(braidMemFree(&local), braidInvalidArgument);
+  EXPECT_EQ(braidMemFree(nullptr), braidSuccess);
+  EXPECT_EQ(braidMemAlloc(nullptr, 10), braidInvalidArgument);
+  EXPECT_EQ(braidMemAlloc(&p, 0), braidInvalidArgument);
+}
+
+// useBraidMemory(rank) says which ranks allocate with braidMemAlloc.
+void runAllReduces(int n, const std::function<bool(int)>& useBraidMemory, bool expectZeroCopy) {
+  auto outcome = runRanks(n, [&](int rank, braidComm_t comm) {
+    const std::size_t maxBytes = (1u << 20) * 8 + 64;
+    std::byte *send = nullptr, *recv = nullptr;
+    std::vector<std::byte> a, b;
+    if (useBraidMemory(rank)) {
+      void *s, *r;
+      if (braidMemAlloc(&s, maxBytes) != braidSuccess || braidMemAlloc(&r, maxBytes) != braidSuccess) return 90;
+      send = static_cast<std::byte*>(s);
+      recv = static_cast<std::byte*>(r);
+    } else {
+      a.resize(maxBytes);
+      b.resize(maxBytes);
+      send = a.data();
+      recv = b.data();
+    }
+    long wrong = 0;
+    for (int ti = 0; ti < kNumDataTypes; ++ti)
+      for (int oi = 0; oi < kNumReduceOps; ++oi)
+        for (int inPlace = 0; inPlace < 2; ++inPlace) {
+          auto t = static_cast<DataType>(ti);
+          auto op = static_cast<ReduceOp>(oi);
+          // At least 256 KiB (the zero-copy threshold), not a multiple of the rank count.
+          std::size_t count = (256u << 10) / dataTypeSize(t) + 2 * static_cast<std::size_t>(ti) + 1;
+          std::byte* s = send + ti % 4;  // unaligned too
+          std::byte* r = inPlace ? s : recv + oi % 3;
+          pattern::fill(s, count, t, op, rank);
+          braidResult_t res = braidAllReduce(s, r, count, static_cast<braidDataType_t>(t), static_cast<braidRedOp_t>(op),
+                                             comm, nullptr);
+          if (res != braidSuccess) {
+            report(rank, std::string("allreduce failed: ") + braidGetLastError(comm));
+            return 1;
+          }
+          std::size_t w = pattern::countWrong(r, count, t, op, n, 0);
+          if (w) report(rank, std::string(dataTypeName(t)) + " " + reduceOpName(op) + (inPlace ? " in-place: " : ": ") +
+                                  std::to_string(w) + " wrong");
+          wrong += static_cast<long>(w);
+        }
+    if (useBraidMemory(rank)) {
+      braidMemFree(send);
+      braidMemFree(recv);
+    }
+    std::uint64_t direct = comm->impl->zeroCopyCalls();
+    if (expectZeroCopy != (direct == 100)) {
+      report(rank, std::to_string(direct) + " of 100 all-reduces went zero-copy");
+      return 3;
+    }
+    return wrong ? 2 : 0;
+  }, {}, 300);
+  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+}
+
+class ZeroCopy : public ::testing::TestWithParam<int> {};
+
+TEST_P(ZeroCopy, EveryTypeAndOpIsExact) {
+  runAllReduces(GetParam(), [](int) { return true; }, true);
+}
+
+TEST_P(ZeroCopy, RanksWithoutBraidMemoryMakeEveryoneFallBack) {
+  runAllReduces(GetParam(), [](int rank) { return rank != 1; }, false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ZeroCopy, ::testing::Values(2, 3, 4));
+
+}  // namespace
+}  // namespace braid::test

@@ -61,6 +61,7 @@ Result<std::shared_ptr<Comm>> Comm::create(InitParams params) {
 Status Comm::setup(InitParams& p) {
   rank_ = p.rank;
   nranks_ = p.nranks;
+  storeNonce_ = p.storeNonce;
   config_ = p.config;
   log::configure(config_.debug, config_.debugSubsys);
   log::setRank(rank_);
@@ -402,6 +403,7 @@ void Comm::shutdown(bool abortive) {
   std::lock_guard<std::mutex> g(execMu_);  // waits for a blocking call on another thread to leave
   if (store_) store_->close();               // also joins the watcher: nothing else touches us now
   if (storeServer_) storeServer_->waitUntilAllLeft(Deadline::after(abortive ? 0 : config_.timeoutSec));
+  if (!abortive) StoreServer::waitForDetached(storeNonce_, Deadline::after(config_.timeoutSec));
   // Release everything now: the C handle outlives this (later calls get invalid usage), so the
   // sockets, mappings and buffers must not wait for the object to be freed.
   conns_.clear();

@@ -102,6 +102,7 @@ class Comm final : public EngineHost, public Workspace {
   Config config_;
   std::uint64_t commTag_ = 0;
   std::string nonce_;
+  std::string storeNonce_;
   std::unique_ptr<StoreServer> storeServer_;
   std::unique_ptr<StoreClient> store_;
   std::unique_ptr<ShmTransport> shm_;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <map>
+#include <mutex>
 #include <vector>
 
 #include "comm/log.h"
@@ -98,7 +99,33 @@ void StoreServer::waitUntilAllLeft(const Deadline& d) {
   if (thread_.joinable()) thread_.join();
 }
 
+namespace {
+// Detached servers of this process, by nonce. Leaked on purpose, like the servers themselves.
+std::mutex& detachedMutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::map<std::string, StoreServer*>& detachedServers() {
+  static auto* d = new std::map<std::string, StoreServer*>();
+  return *d;
+}
+}  // namespace
+
+void StoreServer::waitForDetached(const std::string& nonce, const Deadline& d) {
+  StoreServer* s = nullptr;
+  {
+    std::lock_guard<std::mutex> g(detachedMutex());
+    auto it = detachedServers().find(nonce);
+    if (it != detachedServers().end()) s = it->second;
+  }
+  while (s && !s->finished_ && !d.expired()) usleep(2000);
+}
+
 void StoreServer::detach() {
+  {
+    std::lock_guard<std::mutex> g(detachedMutex());
+    detachedServers()[nonce_] = this;
+  }
   // The server thread owns itself from now on; it exits when every rank has left.
   thread_.detach();
   listen_.release();  // closed by the thread

@@ -39,6 +39,10 @@ class StoreServer {
   void waitUntilAllLeft(const Deadline& d);
   // Lets the server thread run on its own and end when every rank has left (unique-id mode).
   void detach();
+  // Unique-id mode: if this process runs the detached store for `nonce`, waits (bounded) until
+  // every rank has left it, so that exiting does not pull the store from under ranks that are
+  // still finishing their last collective. Returns at once otherwise.
+  static void waitForDetached(const std::string& nonce, const Deadline& d);
 
  private:
   StoreServer() = default;

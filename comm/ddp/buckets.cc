@@ -1,3 +1,5 @@
+// Buckets hold whole parameters so that a gradient is one contiguous slice of one all-reduce: a
+// view into it is a plain pointer, and markReady is one memcpy.
 #include "comm/ddp/buckets.h"
 
 #include <cstring>
@@ -12,11 +14,23 @@ namespace {
 constexpr std::align_val_t kAlign{64};
 }
 
-void HostBuffer::Free::operator()(std::byte* p) const { ::operator delete(p, kAlign); }
+void HostBufferFree::operator()(std::byte* p) const {
+  if (braidMemory) {
+    (void)memFree(p);  // the owner has waited for every collective on it
+  } else {
+    ::operator delete(p, kAlign);
+  }
+}
 
 Result<HostBuffer> HostBuffer::allocate(std::size_t bytes) {
   HostBuffer b;
   if (bytes == 0) return b;
+  if (auto shared = memAlloc(bytes); shared.ok()) {  // page-aligned, zeroed and resident already
+    b.data_ = std::unique_ptr<std::byte, HostBufferFree>(static_cast<std::byte*>(*shared), HostBufferFree{true});
+    b.bytes_ = bytes;
+    return b;
+  }
+  // braidMemAlloc failed (say, no memfd here): ordinary memory works with every collective too.
   auto* p = static_cast<std::byte*>(::operator new(bytes, kAlign, std::nothrow));
   if (!p) {
     return Status::SystemError("GradSync: cannot allocate " + std::to_string(bytes) +

@@ -11,21 +11,26 @@
 
 namespace braid::ddp::detail {
 
-// Zeroed, 64-byte aligned host memory that lives as long as the GradSync. Ordinary memory for now:
-// once the performance issue adds braidMemAlloc (memory every rank can map, for zero-copy
-// all-reduce of buckets), buckets should come from it, with this as the fallback.
+// Frees either kind of HostBuffer memory.
+struct HostBufferFree {
+  bool braidMemory = false;
+  void operator()(std::byte* p) const;
+};
+
+// Zeroed, resident, 64-byte aligned host memory that lives as long as the GradSync. It comes from
+// braid::memAlloc (braidMemAlloc: memory the other ranks of the host can map, which makes the
+// all-reduce of a large bucket zero-copy) and, if that fails, from ordinary memory, which every
+// collective accepts too (through the staged path).
 class HostBuffer {
  public:
   HostBuffer() = default;
   static Result<HostBuffer> allocate(std::size_t bytes);
   std::byte* data() const { return data_.get(); }
   std::size_t bytes() const { return bytes_; }
+  bool braidMemory() const { return data_.get_deleter().braidMemory; }
 
  private:
-  struct Free {
-    void operator()(std::byte* p) const;
-  };
-  std::unique_ptr<std::byte, Free> data_;
+  std::unique_ptr<std::byte, HostBufferFree> data_;
   std::size_t bytes_ = 0;
 };
 

@@ -74,7 +74,7 @@ struct GradSyncOptions {
   // The cap of the first bucket (the last parameters of the model), small so that communication
   // starts early in backward.
   std::size_t firstBucketCapBytes = std::size_t{1} << 20;
-  // Divide the sum by the world size.
+  // Divide the sum by the world size (integer gradients: integer division, as ReduceOp::kAvg).
   bool average = true;
   // A parameter not marked ready by finish() counts as a zero gradient on that rank, instead of
   // being an error.

@@ -29,16 +29,18 @@ Result<std::size_t> TcpChannel::trySend(const void* data, std::size_t n) {
 Result<std::span<const std::byte>> TcpChannel::peek() {
   std::size_t cap = ring_.size();
   std::size_t used = static_cast<std::size_t>(head_ - tail_);
-  if (used < cap) {
+  if (used < cap && !eof_) {
     // Fill the contiguous free space after head (stop at the ring's end: alignment of elements
     // across the wrap is kept because every message starts at a multiple of 8 in the stream).
     std::size_t pos = static_cast<std::size_t>(head_) & mask_;
     std::size_t room = std::min(cap - used, cap - pos);
     ssize_t k = ::recv(fd_.get(), ring_.data() + pos, room, MSG_DONTWAIT);
     if (k > 0) head_ += static_cast<std::size_t>(k);
-    else if (k == 0) return closedError(0);
+    else if (k == 0) eof_ = true;
     else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return closedError(errno);
   }
+  // A peer that sent its last bytes and closed is only an error once those bytes are read.
+  if (eof_ && head_ == tail_) return closedError(0);
   std::size_t pos = static_cast<std::size_t>(tail_) & mask_;
   return std::span<const std::byte>(ring_.data() + pos, std::min(static_cast<std::size_t>(head_ - tail_), cap - pos));
 }
@@ -55,18 +57,19 @@ Result<std::size_t> TcpChannel::tryRecv(void* dst, std::size_t n) {
     tail_ += k;
     got += k;
   }
-  if (got < n) {
+  if (got < n && !eof_) {
     ssize_t k = ::recv(fd_.get(), out + got, n - got, MSG_DONTWAIT);
     if (k > 0) {
       got += static_cast<std::size_t>(k);
       head_ += static_cast<std::size_t>(k);  // the ring was empty: keep its positions on the stream
       tail_ = head_;
     } else if (k == 0) {
-      return closedError(0);
+      eof_ = true;
     } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
       return closedError(errno);
     }
   }
+  if (n > 0 && got == 0 && eof_) return closedError(0);
   return got;
 }
 

@@ -28,6 +28,7 @@ class TcpChannel : public Channel {
   std::vector<std::byte> ring_;   // staging for peek(); positions are absolute stream offsets
   std::size_t mask_;
   std::uint64_t head_ = 0, tail_ = 0;
+  bool eof_ = false;  // the peer closed: what is staged can still be read, then it is an error
 };
 
 class TcpConnection : public Connection {

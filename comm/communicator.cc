@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
 
@@ -212,12 +213,41 @@ void Comm::fail(const Status& s, bool tellOthers) {
 }
 
 void Comm::onNotice(const Notice& n) {
+  if (n.kind == Notice::kTimedOut) {
+    std::lock_guard<std::mutex> g(timeoutMu_);
+    timedOut_[n.rank] = n.message;
+    timeoutCv_.notify_all();
+    return;
+  }
   if (n.kind == Notice::kPeerGone) {
     std::string t = n.rank >= 0 && n.rank < nranks_ ? transportOf(n.rank) : "?";
     fail(Status::RemoteError("rank " + std::to_string(n.rank) + " (" + t + ") exited or closed its connection"), false);
   } else {
     fail(Status(n.code, n.message), false);
   }
+}
+
+// Every rank that gives up waiting says so through the store. A rank that is stopped, hung, or busy
+// outside Braid says nothing: after a short grace, the ranks missing from the chorus are named.
+Status Comm::explainTimeout(const std::string& what, const std::string& detail) {
+  if (store_) store_->report({Notice::kTimedOut, rank_, Code::kTimeout, detail});
+  std::vector<int> silent;
+  {
+    std::unique_lock<std::mutex> g(timeoutMu_);
+    const double grace = std::min(2.0, std::max(0.2, config_.timeoutSec / 10));
+    timeoutCv_.wait_for(g, std::chrono::duration<double>(grace),
+                        [&] { return static_cast<int>(timedOut_.size()) >= nranks_ - 1; });
+    for (int r = 0; r < nranks_; ++r)
+      if (r != rank_ && !timedOut_.count(r)) silent.push_back(r);
+  }
+  std::string who;
+  for (int r : silent) who += (who.empty() ? "rank " : ", rank ") + std::to_string(r);
+  std::string msg = what + " timed out after " + std::to_string(static_cast<long>(config_.timeoutSec)) + " s: ";
+  if (!silent.empty() && silent.size() < static_cast<std::size_t>(nranks_ - 1))
+    msg += who + (silent.size() == 1 ? " is" : " are") + " silent (stopped, hung, or busy outside Braid) while the " +
+           "other ranks wait; ";
+  msg += detail + ". Raise BRAID_TIMEOUT if the silent rank is only slow";
+  return Status::Timeout(msg);
 }
 
 Status Comm::validate(const CollArgs& a) const {
@@ -414,6 +444,7 @@ void Comm::shutdown(bool abortive) {
   store_.reset();
   storeServer_.reset();
   std::vector<std::byte>().swap(scratch_);
+  peerMemory_.clear();
   plan_ = Plan();
 }
 

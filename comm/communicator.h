@@ -81,6 +81,8 @@ class Comm final : public EngineHost, public Workspace {
   Waiter& waiter() override { return *waiter_; }
   bool failedFast() const override { return failed_.load(std::memory_order_relaxed); }
   double timeoutSec() const override { return config_.timeoutSec; }
+  Status explainTimeout(const std::string& what, const std::string& detail) override;
+  int pidOf(int rank) const { return pids_[static_cast<std::size_t>(rank)]; }
   std::byte* scratch(std::size_t bytes) override;
 
  private:
@@ -124,6 +126,9 @@ class Comm final : public EngineHost, public Workspace {
   std::mutex failMu_;
   std::atomic<bool> failed_{false};
   Status failure_;
+  std::mutex timeoutMu_;
+  std::condition_variable timeoutCv_;
+  std::map<int, std::string> timedOut_;  // rank -> what it waited for, from kTimedOut notices
   std::mutex errMu_;
   std::string lastError_;
 

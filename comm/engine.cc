@@ -260,12 +260,10 @@ Status Engine::run(Plan& plan, EngineHost& host) {
       for (const Plan::Queue& q : plan.queues_)
         if (q.head < q.ops.size() && (!stuck || (stuck->sending && !q.sending))) stuck = &q;
       const Op& op = plan.ops_[static_cast<std::size_t>(stuck->ops[stuck->head])];
-      return Status::Timeout(what + " on rank " + std::to_string(plan.rank_) + " timed out after " +
-                             std::to_string(static_cast<long>(host.timeoutSec())) + " s waiting " +
-                             (stuck->sending ? "to send to " : "to receive from ") + runner.where(op) + " (" +
-                             std::to_string(op.done) + " of " + std::to_string(op.bytes) +
-                             " bytes moved): that rank is stuck, slow, or not calling this collective; "
-                             "raise BRAID_TIMEOUT if it is only slow");
+      return host.explainTimeout(what, "rank " + std::to_string(plan.rank_) + " waited " +
+                                           (stuck->sending ? "to send to " : "to receive from ") + runner.where(op) +
+                                           " (" + std::to_string(op.done) + " of " + std::to_string(op.bytes) +
+                                           " bytes moved)");
     }
   }
 }

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "braid/status.hpp"
@@ -78,6 +79,9 @@ class EngineHost {
   virtual Status failure() = 0;
   virtual bool failedFast() const = 0;  // a relaxed load, checked on every pass
   virtual double timeoutSec() const = 0;
+  // The deadline passed; `detail` says what this rank waited for. The host may ask the other ranks
+  // who else is waiting, to name the rank that is silent.
+  virtual Status explainTimeout(const std::string& what, const std::string& detail) = 0;
 };
 
 class Engine {

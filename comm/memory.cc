@@ -98,8 +98,11 @@ RegionDesc describe(const void* p, std::size_t n) {
   return d;
 }
 
-PeerMappings::~PeerMappings() {
+PeerMappings::~PeerMappings() { clear(); }
+
+void PeerMappings::clear() {
   for (auto& [key, m] : maps_) munmap(m.base, m.bytes);
+  maps_.clear();
 }
 
 Result<std::byte*> PeerMappings::map(int pid, const RegionDesc& d) {
@@ -107,10 +110,7 @@ Result<std::byte*> PeerMappings::map(int pid, const RegionDesc& d) {
   auto it = maps_.find(key);
   if (it == maps_.end()) {
     // Peers that allocate and free in a loop would grow this without bound: start over past a cap.
-    if (maps_.size() >= 64) {
-      for (auto& [k, m] : maps_) munmap(m.base, m.bytes);
-      maps_.clear();
-    }
+    if (maps_.size() >= 64) clear();
     std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(d.fd);
     int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0)

@@ -44,6 +44,7 @@ class PeerMappings {
   PeerMappings& operator=(const PeerMappings&) = delete;
   // The address of the described region in this process.
   Result<std::byte*> map(int pid, const RegionDesc& d);
+  void clear();  // unmaps everything (the peers' memory is freed once they free it too)
 
  private:
   struct Mapping {

@@ -39,7 +39,7 @@ bool decodeNotice(const std::string& p, Notice* n) {
   Reader r(p);
   std::int32_t kind, code;
   if (!r.i32(&kind) || !r.i32(&n->rank) || !r.i32(&code) || !r.str(&n->message)) return false;
-  n->kind = kind == Notice::kPeerGone ? Notice::kPeerGone : Notice::kError;
+  n->kind = kind == Notice::kPeerGone ? Notice::kPeerGone : kind == Notice::kTimedOut ? Notice::kTimedOut : Notice::kError;
   n->code = static_cast<Code>(code);
   return true;
 }
@@ -317,23 +317,31 @@ Result<std::string> StoreClient::request(std::uint8_t type, const std::string& p
     Status s = net::sendAll(fd_.get(), f.data(), f.size(), d);
     if (!s.ok()) return s.withContext("rendezvous store at " + endpoint_);
   }
+  // A notice (another rank failed) is kept for the watcher, and the reply is still awaited: a set or
+  // add is always answered, and a get or wait usually is too (the failure may have come just after
+  // every rank passed the last setup barrier). A get or wait that stays unanswered for a short
+  // grace after a notice fails with that notice instead of running into BRAID_TIMEOUT.
+  Deadline waitUntil = d;
   for (;;) {
     std::uint8_t t;
     std::string p;
-    Status s = readFrame(fd_.get(), &t, &p, d);
+    Status s = readFrame(fd_.get(), &t, &p, waitUntil);
+    if (!s.ok() && !early_.empty()) {  // unanswered, or the store went away: the notice is the cause
+      const Notice& n = early_.front();
+      if (n.kind == Notice::kPeerGone) return Status::RemoteError("rank " + std::to_string(n.rank) + " exited or closed its connection during setup");
+      return Status(n.code, n.message);
+    }
     if (s.code() == Code::kTimeout) return Status::Timeout("no answer from the rendezvous store at " + endpoint_ + " before BRAID_TIMEOUT: some rank has not arrived");
     if (!s.ok()) return Status::RemoteError("the rendezvous store at " + endpoint_ + " went away (" + s.message() + "): rank 0 or the process that created the unique id exited");
     if (t == kNotice) {
       Notice n;
       if (!decodeNotice(p, &n)) return Status::RemoteError("malformed notice from the store");
-      // A set or add is answered anyway: keep the notice for the watcher. A get or wait might
-      // never be answered, so it fails with the notice now.
-      if (type == kSet || type == kAdd) {
-        early_.push_back(n);
-        continue;
+      early_.push_back(n);
+      if (type == kGet || type == kWaitGe) {
+        Deadline grace = Deadline::after(1.0);
+        if (grace.at() < waitUntil.at()) waitUntil = grace;
       }
-      if (n.kind == Notice::kPeerGone) return Status::RemoteError("rank " + std::to_string(n.rank) + " exited or closed its connection during setup");
-      return Status(n.code, n.message);
+      continue;
     }
     Reader r(p);
     std::string text;

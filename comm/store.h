@@ -23,7 +23,8 @@ inline constexpr std::uint32_t kMaxFrame = 1 << 20;
 
 // A failure notice pushed by the store to every rank.
 struct Notice {
-  enum Kind : int { kPeerGone = 1, kError = 2 } kind = kError;
+  // kTimedOut: the rank gave up waiting (not a failure of its own; see Comm::explainTimeout).
+  enum Kind : int { kPeerGone = 1, kError = 2, kTimedOut = 3 } kind = kError;
   int rank = -1;       // the rank that is gone, or that reported the error
   Code code = Code::kRemoteError;
   std::string message;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "braid/braid.h"
+#include "comm/c_handle.h"
 #include "tests/common/harness.h"
 
 namespace braid::test {
@@ -105,6 +106,36 @@ TEST_P(Failures, KilledRankIsNamedBySurvivorsWithinTenSeconds) {
     else EXPECT_EQ(outcome[static_cast<std::size_t>(r)].exitStatus, 0) << "rank " << r;
   }
   EXPECT_EQ(shmEntries(), shmBefore) << "segments left in /dev/shm after a rank was killed";
+}
+
+TEST_P(Failures, StoppedRankTimesOutAfterBraidTimeoutAndIsNamed) {
+  Env env = transportEnv(GetParam());
+  env.push_back({"BRAID_TIMEOUT", "3"});
+  const int silent = 2;
+  auto outcome = runRanks(4, [&](int rank, braidComm_t comm) {
+    std::vector<float> a(1024, 1.0f), b(1024);
+    for (int it = 0;; ++it) {
+      if (rank == silent && it == 20) raise(SIGSTOP);
+      double t0 = now();
+      braidResult_t r = braidAllReduce(a.data(), b.data(), a.size(), braidFloat32, braidSum, comm, nullptr);
+      if (r == braidSuccess) continue;
+      double waited = now() - t0;
+      std::string msg = braidGetLastError(comm);
+      int status = 0;
+      if (r != braidTimeout) { report(rank, "expected timeout: " + msg); status = 1; }
+      else if (!contains(msg, "rank 2 is silent")) { report(rank, "the silent rank is not named: " + msg); status = 2; }
+      else if (waited < 3.0 || waited > 9.0) { report(rank, "returned after " + std::to_string(waited) + " s"); status = 3; }
+      if (rank == 0) {
+        std::fprintf(stderr, "rank 0 saw: %s\n", msg.c_str());
+        kill(comm->impl->pidOf(silent), SIGKILL);  // end the stopped rank
+      }
+      return -(status ? status : 100);  // the communicator has failed: exit without destroying it
+    }
+  }, env, 60);
+  for (int r = 0; r < 4; ++r) {
+    if (r == silent) EXPECT_EQ(outcome[static_cast<std::size_t>(r)].exitStatus, 128 + SIGKILL);
+    else EXPECT_EQ(outcome[static_cast<std::size_t>(r)].exitStatus, 100) << "rank " << r;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Failures, ::testing::Values("shm", "tcp"));

@@ -53,6 +53,12 @@ Result<std::shared_ptr<Comm>> Comm::create(InitParams params) {
   std::shared_ptr<Comm> c(new Comm());
   Status s = c->setup(params);
   if (!s.ok()) {
+    // If this process hosts the store, keep it up a moment so that the notice of this failure
+    // reaches the other ranks (instead of their seeing the store vanish).
+    if (c->store_) c->store_->close();
+    Deadline grace = Deadline::after(std::min(5.0, params.config.timeoutSec));
+    if (c->storeServer_) c->storeServer_->waitUntilAllLeft(grace);
+    StoreServer::waitForDetached(params.storeNonce, grace);
     c->shutdown(true);
     return s;
   }

@@ -120,9 +120,16 @@ struct PlanRunner {
       op.done += *k;
       moved = true;
     }
+    return finish(op, moved, [&](std::size_t n) { return ch.trySend(kZeros, n); });
+  }
+
+  // Moves the zero padding after the payload (`move` sends or swallows up to n bytes of it), then
+  // marks the message complete.
+  template <typename Move>
+  Result<bool> finish(Op& op, bool moved, Move move) {
     std::size_t pad = padOf(op.bytes);
     if (op.padDone < pad) {
-      auto k = ch.trySend(kZeros, pad - op.padDone);
+      auto k = move(pad - op.padDone);
       if (!k.ok()) return k.status();
       op.padDone += *k;
       moved |= *k > 0;
@@ -190,17 +197,8 @@ struct PlanRunner {
       op.done += n;
       moved = true;
     }
-    std::size_t pad = padOf(op.bytes);
-    if (op.padDone < pad) {
-      std::byte sink[8];
-      auto k = ch.tryRecv(sink, pad - op.padDone);
-      if (!k.ok()) return k.status();
-      op.padDone += *k;
-      moved |= *k > 0;
-      if (op.padDone < pad) return moved;
-    }
-    op.complete = true;
-    return true;
+    std::byte sink[8];
+    return finish(op, moved, [&](std::size_t n) { return ch.tryRecv(sink, n); });
   }
 
   // Advances one queue as far as it goes; true if anything moved.

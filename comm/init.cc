@@ -114,6 +114,10 @@ Result<braidUniqueId> uniqueIdFromString(const std::string& text) {
   IdLayout l{};
   if (hp->first.size() >= sizeof(l.ip) || nonce.empty() || nonce.size() >= sizeof(l.nonce))
     return Status::InvalidArgument("'" + text + "' is not a unique id (host or nonce too long)");
+  // A host name or IPv4 address, and a hex nonce: nothing else may hide in the printed form.
+  if (hp->first.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") != std::string::npos ||
+      nonce.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+    return Status::InvalidArgument("'" + text + "' is not a unique id (host:port/hexnonce)");
   std::memcpy(l.magic, kIdMagic, sizeof(kIdMagic));
   std::memcpy(l.ip, hp->first.data(), hp->first.size());
   l.port = hp->second;

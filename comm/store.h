@@ -36,6 +36,7 @@ class StoreServer {
   static Result<std::unique_ptr<StoreServer>> start(const std::string& ip, int port, const std::string& nonce);
   ~StoreServer();
   int port() const { return port_; }
+  bool finished() const { return finished_; }  // every rank left (or stop): no longer serving
   // Serves until every rank that said hello has left, or the deadline passes, then stops.
   void waitUntilAllLeft(const Deadline& d);
   // Lets the server thread run on its own and end when every rank has left (unique-id mode).

@@ -110,7 +110,9 @@ long runCase(int rank, int n, braidComm_t comm, Buffers& buf, DataType t, Reduce
 class Collectives : public ::testing::TestWithParam<std::tuple<std::string, int, std::string>> {};
 
 TEST_P(Collectives, EveryTypeOpAndCountIsExact) {
-  auto [transport, n, algo] = GetParam();
+  // (Not a structured binding: lambdas may not capture those before C++20's clang support.)
+  const std::string transport = std::get<0>(GetParam()), algo = std::get<2>(GetParam());
+  const int n = std::get<1>(GetParam());
   Env env = transportEnv(transport);
   env.push_back({"BRAID_ALGO", algo});
   env.push_back({"BRAID_TIMEOUT", "60"});

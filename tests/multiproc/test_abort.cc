@@ -44,15 +44,16 @@ TEST_P(Abort, PendingCallsEndQuicklyNothingLeaksAndANewCommunicatorWorks) {
   setenv("BRAID_TIMEOUT", "30", 1);
   // Warm up once so that lazily created process-wide state (hwloc, logging) is not counted as a leak.
   {
-    auto [a, b] = makePair();
-    std::thread t([&] { braidCommDestroy(b); });
-    braidCommDestroy(a);
+    auto pair = makePair();
+    std::thread t([&] { braidCommDestroy(pair.second); });
+    braidCommDestroy(pair.first);
     t.join();
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // detached store threads wind down
   const int fdsBefore = openFds(), shmBefore = shmSegments();
 
-  auto [a, b] = makePair();
+  auto [a0, b0] = makePair();
+  braidComm_t a = a0, b = b0;  // plain variables: lambdas below capture them
   std::atomic<bool> stop{false};
   std::vector<braidResult_t> last(2, braidSuccess);
   std::vector<double> returnedAt(2, 0);
@@ -91,14 +92,15 @@ TEST_P(Abort, PendingCallsEndQuicklyNothingLeaksAndANewCommunicatorWorks) {
   EXPECT_EQ(openFds(), fdsBefore) << "file descriptors leaked";
   EXPECT_EQ(shmSegments(), shmBefore) << "shared memory left in /dev/shm";
 
-  auto [c, d] = makePair();
+  auto [c0, d0] = makePair();
+  braidComm_t c = c0, d = d0;
   float one = 1, sum0 = 0, sum1 = 0;
-  std::thread t([&, d = d] { EXPECT_EQ(braidAllReduce(&one, &sum1, 1, braidFloat32, braidSum, d, nullptr), braidSuccess); });
+  std::thread t([&] { EXPECT_EQ(braidAllReduce(&one, &sum1, 1, braidFloat32, braidSum, d, nullptr), braidSuccess); });
   EXPECT_EQ(braidAllReduce(&one, &sum0, 1, braidFloat32, braidSum, c, nullptr), braidSuccess);
   t.join();
   EXPECT_EQ(sum0, 2);
   EXPECT_EQ(sum1, 2);
-  std::thread td([&, d = d] { braidCommDestroy(d); });
+  std::thread td([&] { braidCommDestroy(d); });
   braidCommDestroy(c);
   td.join();
   unsetenv("BRAID_SHM_DISABLE");

@@ -94,6 +94,9 @@ TEST(UniqueId, StringRoundTrip) {
   EXPECT_EQ(uniqueIdToString(*id), "10.1.2.3:4567/deadbeefdeadbeefdeadbeefdeadbeef");
   EXPECT_FALSE(uniqueIdFromString("nonsense").ok());
   EXPECT_FALSE(uniqueIdFromString("host:99999/abc").ok());
+  EXPECT_FALSE(uniqueIdFromString(std::string("\0host:1/ab", 10)).ok());  // found by fuzz_parsers
+  EXPECT_FALSE(uniqueIdFromString("bad host:1/ab").ok());
+  EXPECT_FALSE(uniqueIdFromString("host:1/not-hex").ok());
   char buf[8];
   EXPECT_EQ(braidUniqueIdToString(&*id, buf, sizeof(buf)), braidInvalidArgument);
   braidUniqueId fresh;

@@ -109,6 +109,10 @@ Status Comm::setup(InitParams& p) {
   self.bootId = readBootId();
   self.pid = getpid();
   self.shmUsable = ShmTransport::probe(config_).usable;
+  // Settings that shape the messages on the wire: ranks that differ would misread each other.
+  self.settings = "BRAID_NSOCKS=" + std::to_string(config_.nsocks) + " BRAID_BUFFSIZE=" +
+                  std::to_string(config_.buffSize) + " BRAID_ALGO=" + config_.algo +
+                  " BRAID_ZERO_COPY=" + (config_.zeroCopy ? "1" : "0");
   if (nranks_ > 1) {
     Status s = tcp_->listen(config_, p.storeIp);
     if (!s.ok()) return s.withContext(me + " tcp listener");
@@ -125,6 +129,12 @@ Status Comm::setup(InitParams& p) {
     infos[static_cast<std::size_t>(r)] = *info;
   }
 
+  for (const PeerInfo& info : infos)
+    if (info.settings != self.settings)
+      return Status::InvalidUsage("rank " + std::to_string(info.rank) + " runs with " + info.settings + " but rank " +
+                                  std::to_string(rank_) + " with " + self.settings +
+                                  ": set the same BRAID_* values on every rank");
+
   // Choose a transport per peer and connect.
   std::vector<int> shmPeers, tcpPeers;
   transportNames_.assign(static_cast<std::size_t>(nranks_), "self");
@@ -139,7 +149,7 @@ Status Comm::setup(InitParams& p) {
               sel.skipped.empty() ? "" : (sel.skipped + ")").c_str());
   }
   for (const PeerInfo& info : infos) pids_.push_back(info.pid);
-  SetupContext ctx{rank_, nranks_, nonce_, config_, infos, *store_, deadline};
+  SetupContext ctx{rank_, nranks_, nonce_, p.storeNonce, config_, infos, *store_, deadline};
   conns_.resize(static_cast<std::size_t>(nranks_));
   shm_ = std::make_unique<ShmTransport>();
   auto shmConns = shm_->connect(ctx, shmPeers);
@@ -208,6 +218,7 @@ void Comm::setLastError(const Status& s) {
 }
 
 void Comm::fail(const Status& s, bool tellOthers) {
+  if (s.ok()) return;  // not a failure (and never let one be recorded as "ok")
   {
     std::lock_guard<std::mutex> g(failMu_);
     if (!failure_.ok()) return;  // the first failure is the root cause
@@ -377,6 +388,10 @@ std::shared_ptr<WorkState> Comm::submit(const CollArgs& a) {
     return w;
   }
   std::lock_guard<std::mutex> g(qMu_);
+  if (stopWorker_) {  // destroyed or aborted meanwhile: never restart the worker
+    w->finish(Status::InvalidUsage("the communicator was destroyed or aborted"));
+    return w;
+  }
   if (!worker_.joinable()) worker_ = std::thread([this] { workerLoop(); });
   queue_.emplace_back(a, w);
   qCv_.notify_all();
@@ -435,7 +450,12 @@ void Comm::shutdown(bool abortive) {
     for (auto& item : queue_) item.second->finish(Status::Aborted("the communicator was aborted before this call ran"));
     queue_.clear();
   }
-  if (worker_.joinable()) worker_.join();
+  std::thread worker;
+  {
+    std::lock_guard<std::mutex> g(qMu_);
+    worker = std::move(worker_);
+  }
+  if (worker.joinable()) worker.join();
   std::lock_guard<std::mutex> g(execMu_);  // waits for a blocking call on another thread to leave
   if (store_) store_->close();               // also joins the watcher: nothing else touches us now
   if (storeServer_) storeServer_->waitUntilAllLeft(Deadline::after(abortive ? 0 : config_.timeoutSec));

@@ -95,6 +95,12 @@ const Row kRows[] = {
      [](Config& c, const std::string& s) -> Status { c.commId = s; return Status::Ok(); }},
     {"BRAID_ZERO_COPY", "1", "1: all-reduce on braidMemAlloc buffers of one host reads peers' memory directly (256K and up)",
      [](Config& c, const std::string& s) { return parseBool(s, &c.zeroCopy); }},
+    {"BRAID_SECRET", "", "the job's secret (16+ characters) for launcher-started jobs; braid run sets one; never sent on the wire",
+     [](Config& c, const std::string& s) -> Status {
+       if (s.size() < 16) return Status::InvalidArgument("expected at least 16 characters (128 bits as hex: 32)");
+       c.secret = s;
+       return Status::Ok();
+     }},
     {"BRAID_SPIN_US", "-1", "microseconds to spin before yielding and then blocking (-1: auto, less when oversubscribed)",
      BRAID_ASSIGN_INT(spinUs, -1, 1000000)},
 };
@@ -136,7 +142,9 @@ std::vector<ConfigRow> describeConfig() {
   std::vector<ConfigRow> out;
   for (const Row& row : kRows) {
     const char* v = env(row.name);
-    out.push_back({row.name, row.defaultValue, row.meaning, v ? v : ""});
+    std::string shown = v ? v : "";
+    if (!shown.empty() && std::string(row.name) == "BRAID_SECRET") shown = "(set)";  // never print it
+    out.push_back({row.name, row.defaultValue, row.meaning, shown});
   }
   return out;
 }

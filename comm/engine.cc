@@ -166,6 +166,9 @@ struct PlanRunner {
   Result<bool> advanceRecv(Op& op, Channel& ch) {
     bool moved = false;
     if (!op.started) {
+      // Start only after the dependency started: "started" then chains through a whole subtree,
+      // which is what makes a zero-byte tree all-reduce a barrier.
+      if (!depStarted(op)) return false;
       auto k = ch.tryRecv(reinterpret_cast<std::byte*>(&op.hdr) + op.hdrDone, kHeaderBytes - op.hdrDone);
       if (!k.ok()) return k.status();
       op.hdrDone += *k;

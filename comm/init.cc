@@ -1,5 +1,7 @@
 #include "comm/init.h"
 
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
@@ -144,10 +146,21 @@ Result<std::shared_ptr<Comm>> initFromUniqueId(const braidUniqueId& id, int nran
 Result<std::shared_ptr<Comm>> initFromStore(const std::string& host, int port, bool isHost, int nranks, int rank) {
   auto ip = net::resolve(host);
   if (!ip.ok()) return ip.status();
+  auto cfg = Config::fromEnvironment();
+  if (!cfg.ok()) return cfg.status();
   InitParams p;
   p.storeIp = *ip;
   p.storePort = port;
-  p.storeNonce = "store:" + *ip + ":" + std::to_string(port);
+  p.storeNonce = cfg->secret;
+  if (p.storeNonce.empty()) {
+    // Without a secret anyone who can reach the port can join: say so, once per process.
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true))
+      std::fprintf(stderr, "braid: WARN BRAID_SECRET is not set: the rendezvous at %s:%d accepts any process that can "
+                           "reach it (braid run sets a secret; with torchrun, mpirun or srun export one to every rank)\n",
+                   ip->c_str(), port);
+    p.storeNonce = "store:" + *ip + ":" + std::to_string(port);
+  }
   p.hostStore = isHost;
   return initWith(std::move(p), nranks, rank);
 }

@@ -100,6 +100,14 @@ RegionDesc describe(const void* p, std::size_t n) {
 
 PeerMappings::~PeerMappings() { clear(); }
 
+// Peers that allocate and free in a loop would grow the cache without bound; it is capped by
+// entries and by bytes mapped.
+void PeerMappings::makeRoom(std::size_t upcoming) {
+  std::size_t bytes = 0;
+  for (auto& [k, m] : maps_) bytes += m.bytes;
+  if (maps_.size() + upcoming > 64 || bytes > (std::size_t{64} << 30)) clear();
+}
+
 void PeerMappings::clear() {
   for (auto& [key, m] : maps_) munmap(m.base, m.bytes);
   maps_.clear();
@@ -109,8 +117,6 @@ Result<std::byte*> PeerMappings::map(int pid, const RegionDesc& d) {
   auto key = std::make_pair(pid, d.id);
   auto it = maps_.find(key);
   if (it == maps_.end()) {
-    // Peers that allocate and free in a loop would grow this without bound: start over past a cap.
-    if (maps_.size() >= 64) clear();
     std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(d.fd);
     int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0)

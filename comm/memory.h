@@ -45,6 +45,9 @@ class PeerMappings {
   // The address of the described region in this process.
   Result<std::byte*> map(int pid, const RegionDesc& d);
   void clear();  // unmaps everything (the peers' memory is freed once they free it too)
+  // Before a call that maps up to `upcoming` regions: start over if they might not fit, so that
+  // no mapping is evicted while the call uses it.
+  void makeRoom(std::size_t upcoming);
 
  private:
   struct Mapping {

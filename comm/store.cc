@@ -4,10 +4,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <map>
 #include <mutex>
 #include <vector>
 
+#include "comm/auth.h"
 #include "comm/log.h"
 #include "comm/wire_codec.h"
 
@@ -15,7 +17,7 @@ namespace braid {
 namespace {
 
 enum : std::uint8_t {
-  kHello = 'H', kSet = 'S', kGet = 'G', kAdd = 'A', kWaitGe = 'W', kReport = 'R', kBye = 'B',
+  kChallenge = 'C', kHello = 'H', kSet = 'S', kGet = 'G', kAdd = 'A', kWaitGe = 'W', kReport = 'R', kBye = 'B',
   kOk = 'O', kValue = 'V', kErr = 'E', kNotice = 'N',
 };
 
@@ -24,6 +26,18 @@ std::string frame(std::uint8_t type, const std::string& payload) {
   w.u32(static_cast<std::uint32_t>(payload.size() + 1));
   w.u8(type);
   return w.data() + payload;
+}
+
+// What a rank's hello proves: it knows the secret, it answers this connection's challenge (so a
+// recorded hello is useless), and the rank and size it claims are the ones it was given.
+auth::Digest helloMac(const std::string& secret, const std::string& storeChallenge, const std::string& rankChallenge,
+                      std::int32_t rank, std::int32_t nranks) {
+  Writer w;
+  w.str(storeChallenge);
+  w.str(rankChallenge);
+  w.i32(rank);
+  w.i32(nranks);
+  return auth::hmacSha256(secret, "braid-store-hello" + w.data());
 }
 
 std::string encodeNotice(const Notice& n) {
@@ -40,7 +54,11 @@ bool decodeNotice(const std::string& p, Notice* n) {
   std::int32_t kind, code;
   if (!r.i32(&kind) || !r.i32(&n->rank) || !r.i32(&code) || !r.str(&n->message)) return false;
   n->kind = kind == Notice::kPeerGone ? Notice::kPeerGone : kind == Notice::kTimedOut ? Notice::kTimedOut : Notice::kError;
-  n->code = static_cast<Code>(code);
+  // Codes come from the network: only failures are accepted, anything else is a remote error.
+  n->code = code >= static_cast<int>(Code::kCudaError) && code <= static_cast<int>(Code::kAborted) &&
+                    code != static_cast<int>(Code::kInProgress)
+                ? static_cast<Code>(code)
+                : Code::kRemoteError;
   return true;
 }
 
@@ -60,6 +78,8 @@ Status readFrame(int fd, std::uint8_t* type, std::string* payload, const Deadlin
 
 struct ServerClient {
   net::Fd fd;
+  std::string challenge;  // sent on accept; the hello must answer it
+  Deadline helloBy = Deadline::after(10);
   std::string in;
   int rank = -1;
   bool left = false;  // said goodbye or closed
@@ -182,9 +202,21 @@ void StoreServer::serve(int listenFd) {
     if (c.rank < 0 && type != kHello) return false;  // nothing before a valid hello
     switch (type) {
       case kHello: {
-        std::string nonce;
+        std::string theirChallenge, mac;
         std::int32_t rank, n;
-        if (!r.str(&nonce) || !r.i32(&rank) || !r.i32(&n) || nonce != nonce_) return false;
+        if (c.rank >= 0 || !r.str(&theirChallenge) || !r.i32(&rank) || !r.i32(&n) || !r.str(&mac) ||
+            theirChallenge.size() != 16 || mac.size() != 32)
+          return false;
+        auth::Digest want = helloMac(nonce_, c.challenge, theirChallenge, rank, n);
+        auth::Digest got;
+        std::memcpy(got.data(), mac.data(), got.size());
+        if (!auth::equal(want, got)) {
+          Writer w;
+          w.str("authentication failed: this process does not know the job's secret (the unique id, or BRAID_SECRET "
+                "as braid run sets it)");
+          send(c, kErr, w.data());
+          return false;
+        }
         std::string err;
         if (n < 1 || rank < 0 || rank >= n) err = "rank " + std::to_string(rank) + " is outside 0.." + std::to_string(n - 1);
         else if (nranks >= 0 && n != nranks) err = "rank " + std::to_string(rank) + " says there are " + std::to_string(n) + " ranks, others said " + std::to_string(nranks);
@@ -194,7 +226,10 @@ void StoreServer::serve(int listenFd) {
         nranks = n;
         c.rank = rank;
         ++joined;
-        send(c, kOk, "");
+        auth::Digest proof = auth::hmacSha256(nonce_, "braid-store-ok" + theirChallenge + c.challenge);
+        Writer w;
+        w.str(std::string(reinterpret_cast<const char*>(proof.data()), proof.size()));
+        send(c, kValue, w.data());
         return true;
       }
       case kSet: {
@@ -216,8 +251,11 @@ void StoreServer::serve(int listenFd) {
         std::string k;
         std::int64_t delta;
         if (!r.str(&k) || !r.i64(&delta)) return false;
+        std::int64_t sum;
+        if (__builtin_add_overflow(counters[k], delta, &sum)) return false;  // found by fuzz_store
+        counters[k] = sum;
         Writer v;
-        v.str(std::to_string(counters[k] += delta));
+        v.str(std::to_string(sum));
         send(c, kValue, v.data());
         serveWaits();
         return true;
@@ -253,7 +291,15 @@ void StoreServer::serve(int listenFd) {
     if (::poll(pfds.data(), pfds.size(), 50) <= 0) continue;
     if (pfds[0].revents & POLLIN) {
       int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd >= 0) { clients.push_back({}); clients.back().fd.reset(fd); }
+      if (fd < 0 && (errno == EMFILE || errno == ENFILE)) usleep(10000);  // out of fds: do not spin
+      if (fd >= 0) {
+        clients.push_back({});
+        clients.back().fd.reset(fd);
+        clients.back().challenge = auth::randomBytes(16);
+        Writer w;
+        w.str(clients.back().challenge);
+        send(clients.back(), kChallenge, w.data());
+      }
     }
     for (std::size_t p = 1; p < pfds.size(); ++p) {
       if (!pfds[p].revents) continue;
@@ -277,6 +323,13 @@ void StoreServer::serve(int listenFd) {
         if (clients[i].left) break;
       }
     }
+    // A client whose socket broke while we wrote to it, or that has not proved itself within
+    // 10 s, is dropped (and announced, if it had joined).
+    for (std::size_t i = 0; i < clients.size(); ++i) {
+      ServerClient& c = clients[i];
+      if (c.left) continue;
+      if (!c.fd.valid() || (c.rank < 0 && c.helloBy.expired())) drop(i, c.rank >= 0);
+    }
     // Waits of clients that are gone can never be served.
     for (std::size_t w = 0; w < waits.size();)
       if (clients[waits[w].client].left) { waits[w] = waits.back(); waits.pop_back(); } else ++w;
@@ -287,7 +340,7 @@ void StoreServer::serve(int listenFd) {
 
 // ---------------------------------------------------------------- client
 
-Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& ip, int port, const std::string& nonce,
+Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& ip, int port, const std::string& secret,
                                                           int rank, int nranks, const Deadline& d) {
   std::string where = ip + ":" + std::to_string(port);
   auto fd = net::connectWithRetry(ip, port, d);
@@ -299,12 +352,27 @@ Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& ip,
   std::unique_ptr<StoreClient> c(new StoreClient());
   c->fd_ = std::move(fd.value());
   c->endpoint_ = where;
+  // The store speaks first: a fresh challenge. Answering it proves the secret without sending it;
+  // the store's answer to ours proves the same of the store.
+  std::uint8_t t = 0;
+  std::string p, challenge;
+  Status s = readFrame(c->fd_.get(), &t, &p, d);
+  if (!s.ok() || t != kChallenge || !Reader(p).str(&challenge) || challenge.size() != 16)
+    return Status::RemoteError("the rendezvous at " + where + " did not open with a challenge: is it a Braid store?");
+  std::string mine = auth::randomBytes(16);
+  auth::Digest mac = helloMac(secret, challenge, mine, rank, nranks);
   Writer w;
-  w.str(nonce);
+  w.str(mine);
   w.i32(rank);
   w.i32(nranks);
+  w.str(std::string(reinterpret_cast<const char*>(mac.data()), mac.size()));
   auto r = c->request(kHello, w.data(), d);
   if (!r.ok()) return r.status().withContext("joining the rendezvous at " + where);
+  auth::Digest want = auth::hmacSha256(secret, "braid-store-ok" + mine + challenge), got{};
+  if (r->size() != got.size()) return Status::RemoteError("the rendezvous at " + where + " answered the hello oddly");
+  std::memcpy(got.data(), r->data(), got.size());
+  if (!auth::equal(want, got))
+    return Status::RemoteError("the rendezvous at " + where + " does not know the job's secret: another job's store?");
   return c;
 }
 
@@ -371,7 +439,10 @@ Result<std::int64_t> StoreClient::add(const std::string& key, std::int64_t delta
   w.i64(delta);
   auto r = request(kAdd, w.data(), d);
   if (!r.ok()) return r.status();
-  return static_cast<std::int64_t>(std::stoll(*r));
+  std::int64_t v = 0;
+  auto [end, ec] = std::from_chars(r->data(), r->data() + r->size(), v);
+  if (ec != std::errc() || end != r->data() + r->size()) return Status::Internal("malformed counter from the store");
+  return v;
 }
 
 Status StoreClient::waitAtLeast(const std::string& key, std::int64_t n, const Deadline& d) {

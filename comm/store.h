@@ -32,8 +32,9 @@ struct Notice {
 
 class StoreServer {
  public:
-  // Listens on ip:port (port 0 picks one). Only clients presenting `nonce` are admitted.
-  static Result<std::unique_ptr<StoreServer>> start(const std::string& ip, int port, const std::string& nonce);
+  // Listens on ip:port (port 0 picks one). Only clients that prove they know `secret` (HMAC-SHA-256
+  // over a fresh challenge, comm/auth.h) are admitted; the secret never crosses the wire.
+  static Result<std::unique_ptr<StoreServer>> start(const std::string& ip, int port, const std::string& secret);
   ~StoreServer();
   int port() const { return port_; }
   bool finished() const { return finished_; }  // every rank left (or stop): no longer serving
@@ -51,7 +52,7 @@ class StoreServer {
   void serve(int listenFd);  // the fd is passed in: detach() may release listen_ meanwhile
   net::Fd listen_;
   int port_ = 0;
-  std::string nonce_;
+  std::string nonce_;  // the job's secret
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
   std::thread thread_;
@@ -60,7 +61,7 @@ class StoreServer {
 class StoreClient {
  public:
   // Connects (retrying until the deadline) and introduces itself as `rank` of `nranks`.
-  static Result<std::unique_ptr<StoreClient>> connect(const std::string& ip, int port, const std::string& nonce,
+  static Result<std::unique_ptr<StoreClient>> connect(const std::string& ip, int port, const std::string& secret,
                                                       int rank, int nranks, const Deadline& d);
   ~StoreClient();
 

@@ -24,6 +24,7 @@ class Writer {
 class Reader {
  public:
   explicit Reader(const std::string& s) : p_(s.data()), left_(s.size()) {}
+  explicit Reader(std::string&&) = delete;  // it would point into a temporary
   bool u8(std::uint8_t* v) { return raw(v, 1); }
   bool i32(std::int32_t* v) { return raw(v, 4); }
   bool u32(std::uint32_t* v) { return raw(v, 4); }

@@ -14,6 +14,7 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/random.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -116,6 +117,7 @@ struct Options {
   bool tagOutput = false;
   bool help = false;
   std::vector<std::string> program;
+  std::string secret;  // BRAID_SECRET for the ranks (one host: made up here, unless already set)
 };
 
 std::optional<int> parseNumber(std::string_view text, long long lo, long long hi) {
@@ -345,6 +347,7 @@ class Launcher {
     for (const auto& [name, value] : vars) {
       if (::setenv(name, value.c_str(), 1) != 0) ::_exit(127);
     }
+    if (!opts_.secret.empty() && ::setenv("BRAID_SECRET", opts_.secret.c_str(), 0) != 0) ::_exit(127);
     ::execvp(childArgv_[0], childArgv_.data());
     char message[1024];
     const int len = std::snprintf(message, sizeof message, "braid run: cannot execute %s: %s\n",
@@ -555,6 +558,18 @@ int runLauncher(int argc, char** argv) {
       return 1;
     }
     opts.masterPort = *port;
+  }
+  if (opts.nnodes == 1) {
+    // All ranks are ours: give the job a secret of its own, so that only they can join its store
+    // and connect to its ranks. (Across hosts every launcher would need the same one: set
+    // BRAID_SECRET yourself; a value already in the environment is kept.)
+    unsigned char raw[16];
+    if (getrandom(raw, sizeof raw, 0) == static_cast<ssize_t>(sizeof raw))
+      for (unsigned char b : raw) {
+        char hex[3];
+        std::snprintf(hex, sizeof hex, "%02x", b);
+        opts.secret += hex;
+      }
   }
   return Launcher(std::move(opts)).run();
 }

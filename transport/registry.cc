@@ -29,7 +29,8 @@ Selection selectTransport(const PeerInfo& self, const PeerInfo& peer, const Conf
 
 std::string PeerInfo::serialize() const {
   std::ostringstream o;
-  o << rank << '\n' << host << '\n' << bootId << '\n' << pid << '\n' << tcpAddr << '\n' << (shmUsable ? 1 : 0) << '\n';
+  o << rank << '\n' << host << '\n' << bootId << '\n' << pid << '\n' << tcpAddr << '\n' << (shmUsable ? 1 : 0) << '\n'
+    << settings << '\n';
   return o.str();
 }
 
@@ -45,6 +46,8 @@ Result<PeerInfo> PeerInfo::parse(const std::string& text) {
   p.pid = std::atoi(line.c_str());
   if (!std::getline(in, p.tcpAddr) || !(in >> shm)) return Status::Internal("bad peer info");
   p.shmUsable = shm != 0;
+  in.ignore(1);
+  std::getline(in, p.settings);
   return p;
 }
 

@@ -14,7 +14,8 @@ namespace braid {
 struct SetupContext {
   int rank;
   int nranks;
-  std::string nonce;  // unique per communicator: names segments and authenticates connections
+  std::string nonce;   // unique per communicator: names shared-memory segments
+  std::string secret;  // the job's secret: tcp connections prove they know it (comm/auth.h)
   const Config& config;
   const std::vector<PeerInfo>& peers;
   StoreClient& store;

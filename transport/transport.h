@@ -47,6 +47,7 @@ struct PeerInfo {
   int pid = 0;
   std::string tcpAddr;    // "ip:port" of this rank's tcp listener
   bool shmUsable = true;  // this rank can create and map shared memory
+  std::string settings;   // the BRAID_* values every rank must share, e.g. "BRAID_NSOCKS=2 ..."
 
   bool sameHostAs(const PeerInfo& o) const { return host == o.host && bootId == o.bootId; }
   std::string serialize() const;

@@ -48,6 +48,7 @@ Result<bool> Comm::tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp
   for (const BufferDesc& d : all)
     if (!d.registered) return false;  // everyone sees the same descriptors: everyone falls back
 
+  peerMemory_.makeRoom(2 * (n - 1));
   std::vector<const std::byte*> sends(n);
   std::vector<std::byte*> recvs(n);
   for (std::size_t q = 0; q < n; ++q) {

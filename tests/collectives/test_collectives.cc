@@ -5,7 +5,9 @@
 // and receive buffers are deliberately misaligned by 1 to 3 bytes.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -164,6 +166,37 @@ INSTANTIATE_TEST_SUITE_P(Tcp, Collectives,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks_" +
                                   std::get<2>(info.param);
+                         });
+
+// A barrier holds every rank until the last one arrives, for both algorithms and rank counts where
+// the tree has inner nodes with two children (5, 6, 8).
+class Barrier : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(Barrier, NobodyLeavesBeforeTheLastRankArrives) {
+  const int n = std::get<0>(GetParam());
+  const std::string algo = std::get<1>(GetParam());
+  for (int late = 0; late < n; ++late) {  // each rank in turn arrives late
+    auto outcome = runRanks(n, [&](int rank, braidComm_t comm) {
+      if (braidBarrier(comm) != braidSuccess) return 1;  // everyone is up
+      auto t0 = std::chrono::steady_clock::now();
+      if (rank == late) std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      if (braidBarrier(comm) != braidSuccess) return 2;
+      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (waited < 0.12) {
+        report(rank, "left the barrier after " + std::to_string(waited) + " s while rank " + std::to_string(late) +
+                         " was still 150 ms away");
+        return 3;
+      }
+      return 0;
+    }, {{"BRAID_ALGO", algo}}, 60);
+    for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r << ", late " << late;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndAlgorithms, Barrier,
+                         ::testing::Combine(::testing::Values(2, 5, 6, 8), ::testing::Values("ring", "tree")),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
                          });
 
 // Counts past 2^31 elements: 2^31 + 5 int8 all-reduce over shm between 2 ranks (2 GiB buffers).

@@ -1,6 +1,7 @@
-// libFuzzer target: arbitrary bytes sent to a live rendezvous store, as a stranger on the network
-// would. The store must neither crash nor stop serving: every few hundred inputs a well-behaved
-// client checks that set/get still work.
+// libFuzzer target: arbitrary bytes sent to a live rendezvous store, either by a stranger (before
+// any hello) or, when the first byte is odd, after a correct authenticated hello (so the commands
+// behind authentication are fuzzed too). The store must neither crash nor stop serving: every few
+// hundred inputs a well-behaved client checks that set/get still work.
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -9,7 +10,9 @@
 #include <cstdlib>
 #include <memory>
 
+#include "comm/auth.h"
 #include "comm/store.h"
+#include "comm/wire_codec.h"
 #include "transport/socket.h"
 
 namespace {
@@ -48,6 +51,42 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   braid::StoreServer* s = server();
   auto fd = braid::net::connectTo("127.0.0.1", s->port(), braid::Deadline::after(2));
   if (!fd.ok()) std::abort();  // the store stopped accepting: that is a bug
+  if (size > 0 && (data[0] & 1)) {
+    // Read the challenge frame (u32 length, 'C', string) and answer it as the clients do.
+    std::uint32_t len = 0;
+    std::string body;
+    if (braid::net::recvAll(fd->get(), &len, 4, braid::Deadline::after(2)).ok() && len > 0 && len < 64) {
+      body.resize(len);
+      if (braid::net::recvAll(fd->get(), body.data(), len, braid::Deadline::after(2)).ok() && body[0] == 'C') {
+        std::string challenge;
+        const std::string rest = body.substr(1);  // the Reader points into it: keep it alive
+        braid::Reader r(rest);
+        static std::int32_t rank = 0;
+        rank = (rank + 1) % 1000;  // many ranks of a large job: the store never sees all of them leave
+        std::string mine(16, 'x');
+        braid::Writer signedPart;
+        if (r.str(&challenge)) {
+          signedPart.str(challenge);
+          signedPart.str(mine);
+          signedPart.i32(rank);
+          signedPart.i32(1000);
+          braid::auth::Digest mac = braid::auth::hmacSha256(kNonce, "braid-store-hello" + signedPart.data());
+          braid::Writer hello;
+          hello.str(mine);
+          hello.i32(rank);
+          hello.i32(1000);
+          hello.str(std::string(reinterpret_cast<const char*>(mac.data()), mac.size()));
+          braid::Writer frame;
+          frame.u32(static_cast<std::uint32_t>(hello.data().size() + 1));
+          frame.u8('H');
+          std::string bytes = frame.data() + hello.data();
+          (void)braid::net::sendAll(fd->get(), bytes.data(), bytes.size(), braid::Deadline::after(0.2));
+        }
+      }
+    }
+    ++data;
+    --size;
+  }
   (void)braid::net::sendAll(fd->get(), data, size, braid::Deadline::after(0.2));
   ::shutdown(fd->get(), SHUT_WR);
   char buf[4096];

@@ -10,6 +10,7 @@
 
 #include "braid/braid.h"
 #include "comm/algorithms/algorithms.h"
+#include "comm/auth.h"
 #include "comm/config.h"
 #include "comm/fingerprint.h"
 #include "comm/init.h"
@@ -177,25 +178,100 @@ TEST(Store, SetGetAddBarrierAcrossClients) {
   (*server)->waitUntilAllLeft(Deadline::after(5));
 }
 
-TEST(Store, WrongNonceAndGarbageAreDroppedWithoutHarm) {
+// A client written by hand against the wire format (docs/ARCHITECTURE.md): frames are
+// u32 length, u8 type, payload; strings are u32 length + bytes.
+std::string frameOf(char type, const std::string& payload) {
+  std::uint32_t len = static_cast<std::uint32_t>(payload.size() + 1);
+  return std::string(reinterpret_cast<const char*>(&len), 4) + type + payload;
+}
+std::string str(const std::string& s) {
+  std::uint32_t len = static_cast<std::uint32_t>(s.size());
+  return std::string(reinterpret_cast<const char*>(&len), 4) + s;
+}
+std::string i32(std::int32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
+// Reads one frame; returns its type ('\0' when the store closed the connection).
+char readFrame(int fd, std::string* payload) {
+  std::uint32_t len = 0;
+  if (!net::recvAll(fd, &len, 4, Deadline::after(5)).ok() || len == 0 || len > (1u << 20)) return '\0';
+  std::string body(len, '\0');
+  if (!net::recvAll(fd, body.data(), len, Deadline::after(5)).ok()) return '\0';
+  *payload = body.substr(1);
+  return body[0];
+}
+std::string helloFor(const std::string& secret, const std::string& storeChallenge, int rank, int nranks) {
+  std::string mine(16, 'm');
+  std::string signedPart = str(storeChallenge) + str(mine) + i32(rank) + i32(nranks);
+  auth::Digest mac = auth::hmacSha256(secret, "braid-store-hello" + signedPart);
+  return frameOf('H', str(mine) + i32(rank) + i32(nranks) + str(std::string(reinterpret_cast<const char*>(mac.data()), 32)));
+}
+
+TEST(Store, StrangersWrongSecretsReplaysAndGarbageAreDroppedWithoutHarm) {
   auto server = StoreServer::start("127.0.0.1", 0, "right");
   ASSERT_TRUE(server.ok());
   int port = (*server)->port();
   auto d = Deadline::after(5);
-  EXPECT_FALSE(StoreClient::connect("127.0.0.1", port, "wrong", 0, 1, Deadline::after(2)).ok());
-  {
+  auto wrong = StoreClient::connect("127.0.0.1", port, "wrong", 0, 2, Deadline::after(2));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("secret"), std::string::npos) << wrong.status().message();
+  {  // garbage: a frame length past the limit
     auto raw = net::connectTo("127.0.0.1", port, d);
     ASSERT_TRUE(raw.ok());
-    std::uint32_t huge = 0xffffffffu;  // a frame length past the limit
+    std::string challenge;
+    ASSERT_EQ(readFrame(raw->get(), &challenge), 'C');
+    std::uint32_t huge = 0xffffffffu;
     ASSERT_TRUE(net::sendAll(raw->get(), &huge, 4, d).ok());
-    char c;
-    EXPECT_FALSE(net::recvAll(raw->get(), &c, 1, d).ok());  // dropped
+    EXPECT_EQ(readFrame(raw->get(), &challenge), '\0');  // dropped
   }
-  auto good = StoreClient::connect("127.0.0.1", port, "right", 0, 1, d);
-  ASSERT_TRUE(good.ok());
+  std::string recorded;
+  {  // a correct hand-written hello is admitted (as rank 1 of 2) ...
+    auto raw = net::connectTo("127.0.0.1", port, d);
+    ASSERT_TRUE(raw.ok());
+    std::string p;
+    ASSERT_EQ(readFrame(raw->get(), &p), 'C');
+    recorded = helloFor("right", p.substr(4), 1, 2);
+    ASSERT_TRUE(net::sendAll(raw->get(), recorded.data(), recorded.size(), d).ok());
+    EXPECT_EQ(readFrame(raw->get(), &p), 'V');
+    std::string bye = frameOf('B', "");
+    ASSERT_TRUE(net::sendAll(raw->get(), bye.data(), bye.size(), d).ok());
+  }
+  {  // ... but the same bytes replayed on a new connection (new challenge) are not
+    auto raw = net::connectTo("127.0.0.1", port, d);
+    ASSERT_TRUE(raw.ok());
+    std::string p;
+    ASSERT_EQ(readFrame(raw->get(), &p), 'C');
+    ASSERT_TRUE(net::sendAll(raw->get(), recorded.data(), recorded.size(), d).ok());
+    EXPECT_EQ(readFrame(raw->get(), &p), 'E');
+    EXPECT_EQ(readFrame(raw->get(), &p), '\0');  // and the connection is closed
+  }
+  {  // truncated hello, then silence: the store neither hangs nor crashes
+    auto raw = net::connectTo("127.0.0.1", port, d);
+    ASSERT_TRUE(raw.ok());
+    std::string half = recorded.substr(0, 20);
+    ASSERT_TRUE(net::sendAll(raw->get(), half.data(), half.size(), d).ok());
+  }
+  auto good = StoreClient::connect("127.0.0.1", port, "right", 0, 2, d);
+  ASSERT_TRUE(good.ok()) << good.status().toString();
   EXPECT_TRUE((*good)->set("a", "b", d).ok());
   (*good)->close();
   (*server)->waitUntilAllLeft(Deadline::after(5));
+}
+
+TEST(Auth, Sha256AndHmacMatchPublishedVectors) {
+  auto hex = [](const auth::Digest& d) { return auth::toHex(d.data(), d.size()); };
+  EXPECT_EQ(hex(auth::sha256("", 0)), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(hex(auth::sha256("abc", 3)), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  std::string two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";  // 56 bytes: two final blocks
+  EXPECT_EQ(hex(auth::sha256(two.data(), two.size())), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  std::string million(1000000, 'a');
+  EXPECT_EQ(hex(auth::sha256(million.data(), million.size())),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  // RFC 4231 test cases 1 and 2, and 6 (a key longer than the block).
+  EXPECT_EQ(hex(auth::hmacSha256(std::string(20, '\x0b'), "Hi There")),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  EXPECT_EQ(hex(auth::hmacSha256("Jefe", "what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  EXPECT_EQ(hex(auth::hmacSha256(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First")),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
 }
 
 TEST(Store, PeerThatVanishesIsAnnounced) {

@@ -44,8 +44,8 @@ Result<std::shared_ptr<ShmSegment>> ShmSegment::open(const std::string& name, st
   if (fd < 0) return Status::SystemError("shm_open(" + name + "): " + net::errnoText(errno));
   net::Fd guard(fd);
   struct stat st{};
-  if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < bytes)
-    return Status::Internal("shared memory segment " + name + " is smaller than expected");
+  if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes)
+    return Status::Internal("shared memory segment " + name + " does not have the expected size");
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return Status::SystemError("mmap(" + name + "): " + net::errnoText(errno));
   std::shared_ptr<ShmSegment> s(new ShmSegment());

@@ -4,20 +4,41 @@
 #include <cstring>
 #include <map>
 
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+
+#include "comm/auth.h"
 #include "comm/log.h"
 
 namespace braid {
 namespace {
+constexpr std::size_t kChallengeBytes = 16;
+
+// A connector's answer to the acceptor's challenge: who it is, which channel, and the proof that it
+// knows the job's secret (bound to this challenge, both ranks and the channel, so it cannot be
+// replayed or redirected).
 struct Hello {
-  char nonce[32];
   std::int32_t rank;
   std::int32_t channel;
+  std::uint8_t mac[32];
 };
 
-void fillNonce(char (&dst)[32], const std::string& nonce) {
-  std::memset(dst, 0, sizeof(dst));
-  std::memcpy(dst, nonce.data(), std::min(nonce.size(), sizeof(dst)));
+auth::Digest helloMac(const std::string& secret, const std::string& challenge, int from, int to, int channel) {
+  std::string msg = "braid-tcp-hello" + challenge + std::to_string(from) + ">" + std::to_string(to) + "#" +
+                    std::to_string(channel);
+  return auth::hmacSha256(secret, msg);
 }
+
+// A connection accepted but not yet identified.
+struct Pending {
+  net::Fd fd;
+  Hello hello{};
+  std::size_t got = 0;
+  std::string challenge;
+  Deadline until = Deadline::after(0);
+};
 }  // namespace
 
 Status TcpTransport::listen(const Config& config, const std::string& rendezvousIp) {
@@ -45,37 +66,75 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
     int port = std::atoi(addr.c_str() + colon + 1);
     for (int c = 0; c < channels; ++c) {
       auto fd = net::connectWithRetry(ip, port, ctx.deadline);
-      if (!fd.ok())
+      std::string challenge(kChallengeBytes, '\0');
+      Status s = fd.ok() ? net::recvAll(fd->get(), challenge.data(), challenge.size(), ctx.deadline) : fd.status();
+      if (!s.ok())
         return Status::SystemError("rank " + std::to_string(ctx.rank) + " could not connect to rank " + std::to_string(p) +
-                                   " at " + addr + " (tcp): " + fd.status().message() +
+                                   " at " + addr + " (tcp): " + s.message() +
                                    "; check BRAID_SOCKET_IFNAME and firewalls between the hosts");
       Hello h{};
-      fillNonce(h.nonce, ctx.nonce);
       h.rank = ctx.rank;
       h.channel = c;
-      Status s = net::sendAll(fd->get(), &h, sizeof(h), ctx.deadline);
+      auth::Digest mac = helloMac(ctx.secret, challenge, ctx.rank, p, c);
+      std::memcpy(h.mac, mac.data(), sizeof(h.mac));
+      s = net::sendAll(fd->get(), &h, sizeof(h), ctx.deadline);
       if (!s.ok()) return s;
       socks[p][static_cast<std::size_t>(c)] = std::move(fd.value());
     }
   }
-  char want[32];
-  fillNonce(want, ctx.nonce);
+  // Accept from higher ranks. Every accepted connection gets a challenge and a short time to answer;
+  // they are served side by side, so strangers that connect and stall cannot hold up real ranks.
+  std::vector<Pending> pending;
   while (expectIncoming > 0) {
-    auto fd = net::acceptOne(listener_.get(), ctx.deadline);
-    if (!fd.ok())
+    if (ctx.deadline.expired())
       return Status::Timeout("rank " + std::to_string(ctx.rank) + " waited for " + std::to_string(expectIncoming) +
                              " tcp connections from higher ranks that never came (BRAID_TIMEOUT)");
-    Hello h{};
-    // A connection that does not introduce itself properly is dropped, and setup goes on.
-    if (!net::recvAll(fd->get(), &h, sizeof(h), Deadline::after(std::min(ctx.config.timeoutSec, 5.0))).ok()) continue;
-    if (std::memcmp(h.nonce, want, sizeof(want)) != 0 || h.channel < 0 || h.channel >= channels || !socks.count(h.rank) ||
-        h.rank <= ctx.rank || socks[h.rank][static_cast<std::size_t>(h.channel)].valid()) {
-      BRAID_LOG(kWarn, kNet, "tcp: dropped a connection that did not present this communicator's hello");
-      continue;
+    std::vector<pollfd> pfds{{listener_.get(), POLLIN, 0}};
+    for (Pending& q : pending) pfds.push_back({q.fd.get(), POLLIN, 0});
+    ::poll(pfds.data(), pfds.size(), std::min(ctx.deadline.msLeft(), 100));
+    if (pfds[0].revents & POLLIN) {
+      int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0) {
+        Pending q;
+        q.fd.reset(fd);
+        q.challenge = auth::randomBytes(kChallengeBytes);
+        q.until = Deadline::after(std::min(ctx.config.timeoutSec, 5.0));
+        if (::send(fd, q.challenge.data(), q.challenge.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+            static_cast<ssize_t>(kChallengeBytes))
+          pending.push_back(std::move(q));
+      }
     }
-    socks[h.rank][static_cast<std::size_t>(h.channel)] = std::move(fd.value());
-    --expectIncoming;
+    for (std::size_t i = 0; i < pending.size();) {
+      Pending& q = pending[i];
+      bool drop = q.until.expired();
+      ssize_t k = ::recv(q.fd.get(), reinterpret_cast<char*>(&q.hello) + q.got, sizeof(Hello) - q.got, MSG_DONTWAIT);
+      if (k > 0) q.got += static_cast<std::size_t>(k);
+      else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) drop = true;
+      if (!drop && q.got == sizeof(Hello)) {
+        const Hello& h = q.hello;
+        bool known = h.channel >= 0 && h.channel < channels && socks.count(h.rank) && h.rank > ctx.rank &&
+                     !socks[h.rank][static_cast<std::size_t>(h.channel)].valid();
+        auth::Digest got{};
+        std::memcpy(got.data(), h.mac, got.size());
+        if (known && auth::equal(got, helloMac(ctx.secret, q.challenge, h.rank, ctx.rank, h.channel))) {
+          net::setNonBlocking(q.fd.get(), false);
+          net::setNoDelay(q.fd.get());
+          socks[h.rank][static_cast<std::size_t>(h.channel)] = std::move(q.fd);
+          --expectIncoming;
+        } else {
+          BRAID_LOG(kWarn, kNet, "tcp: dropped a connection that did not prove this job's secret");
+        }
+        drop = true;
+      }
+      if (drop) {
+        pending[i] = std::move(pending.back());
+        pending.pop_back();
+      } else {
+        ++i;
+      }
+    }
   }
+  listener_.reset();  // everyone has connected: nobody else may
   std::vector<std::unique_ptr<Connection>> out;
   for (int p : peers) {
     std::vector<std::unique_ptr<TcpChannel>> chans;

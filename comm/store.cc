@@ -125,8 +125,9 @@ std::mutex& detachedMutex() {
   static auto* m = new std::mutex();
   return *m;
 }
-std::map<std::string, StoreServer*>& detachedServers() {
-  static auto* d = new std::map<std::string, StoreServer*>();
+// With the pid that started each: a forked child inherits the table but not the threads.
+std::map<std::string, std::pair<pid_t, StoreServer*>>& detachedServers() {
+  static auto* d = new std::map<std::string, std::pair<pid_t, StoreServer*>>();
   return *d;
 }
 }  // namespace
@@ -136,7 +137,7 @@ void StoreServer::waitForDetached(const std::string& nonce, const Deadline& d) {
   {
     std::lock_guard<std::mutex> g(detachedMutex());
     auto it = detachedServers().find(nonce);
-    if (it != detachedServers().end()) s = it->second;
+    if (it != detachedServers().end() && it->second.first == getpid()) s = it->second.second;
   }
   while (s && !s->finished_ && !d.expired()) usleep(2000);
 }
@@ -144,7 +145,7 @@ void StoreServer::waitForDetached(const std::string& nonce, const Deadline& d) {
 void StoreServer::detach() {
   {
     std::lock_guard<std::mutex> g(detachedMutex());
-    detachedServers()[nonce_] = this;
+    detachedServers()[nonce_] = {getpid(), this};
   }
   // The server thread owns itself from now on; it exits when every rank has left.
   thread_.detach();

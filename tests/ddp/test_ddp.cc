@@ -296,9 +296,10 @@ INSTANTIATE_TEST_SUITE_P(Shm, Equivalence,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("ring", "tree"),
                                             ::testing::Values("shm")),
                          equivalenceName);
-// No tcp instance yet: a rank that sends its last bytes and closes can make the receiver's tcp
-// channel report "exited or closed its connection" while those bytes are still staged (about one
-// run in seven, 3 ranks); the layer itself does not depend on the transport.
+INSTANTIATE_TEST_SUITE_P(Tcp, Equivalence,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Values("ring", "tree"),
+                                            ::testing::Values("tcp")),
+                         equivalenceName);
 
 TEST(GradSync, BucketsFollowReverseRegistrationOrderAndCaps) {
   auto outcome = runDdp(1, [](int rank, Communicator& comm) {

@@ -37,6 +37,8 @@
 #include <string>
 #include <vector>
 
+#include "sizes.h"
+
 #include "gloo/allreduce.h"
 #include "gloo/allreduce_halving_doubling.h"
 #include "gloo/allreduce_ring.h"
@@ -59,47 +61,9 @@ struct Options {
   std::string storeParent = "/tmp";
 };
 
-bool parseSize(const char* text, std::size_t* out) {
-  char* end = nullptr;
-  unsigned long long v = std::strtoull(text, &end, 10);
-  if (end == text) return false;
-  switch (*end) {
-    case 'K': case 'k': v <<= 10; ++end; break;
-    case 'M': case 'm': v <<= 20; ++end; break;
-    case 'G': case 'g': v <<= 30; ++end; break;
-    default: break;
-  }
-  if (*end) return false;
-  *out = static_cast<std::size_t>(v);
-  return true;
-}
-
-// "8,4K,2M": sizes in the order given, each a whole number of floats.
-bool parseSizeList(const std::string& text, std::vector<std::size_t>* out) {
-  out->clear();
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    std::size_t comma = std::min(text.find(',', start), text.size());
-    std::size_t v = 0;
-    if (!parseSize(text.substr(start, comma - start).c_str(), &v) || v < sizeof(float)) return false;
-    out->push_back(v / sizeof(float) * sizeof(float));
-    start = comma + 1;
-  }
-  return !out->empty();
-}
-
-// -b, -b*f, -b*f^2, ... up to -e, unless --sizes named them.
-void expandSizes(Options* o) {
-  if (o->sizes.empty()) {
-    for (std::size_t bytes = o->minBytes; bytes <= o->maxBytes;) {
-      o->sizes.push_back(bytes / sizeof(float) * sizeof(float));
-      const auto next = static_cast<std::size_t>(static_cast<double>(bytes) * o->factor);
-      if (next <= bytes) break;
-      bytes = next;
-    }
-  }
-  o->maxBytes = *std::max_element(o->sizes.begin(), o->sizes.end());
-}
+using peers::parseSize;
+using peers::parseSizeList;
+void expandSizes(Options* o) { peers::expandSizes(o->sizes, o->minBytes, o->maxBytes, o->factor); }
 
 std::vector<std::string> splitList(const std::string& s) {
   std::vector<std::string> out;

@@ -224,7 +224,8 @@ struct PlanRunner {
 Status Engine::run(Plan& plan, EngineHost& host) {
   const Fingerprint& fp = plan.fp_;
   PlanRunner runner{plan, host, plan.ops_, fp, std::max<std::size_t>(dataTypeSize(fp.dtype), 1)};
-  std::string what = fp.describe() + " #" + std::to_string(fp.seq);
+  // Only failures need the call's name: build it then, not on every (microsecond) collective.
+  auto what = [&] { return fp.describe() + " #" + std::to_string(fp.seq); };
   Waiter& waiter = host.waiter();
   waiter.progressed();
   const Deadline deadline = Deadline::after(host.timeoutSec());
@@ -242,14 +243,14 @@ Status Engine::run(Plan& plan, EngineHost& host) {
         if (r.status().code() == Code::kRemoteError)
           for (int i = 0; i < 500 && !host.failedFast(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         Status fail = host.failure();
-        if (!fail.ok()) return fail.withContext(what + " failed on rank " + std::to_string(plan.rank_));
-        return r.status().withContext(what + " failed on rank " + std::to_string(plan.rank_));
+        if (!fail.ok()) return fail.withContext(what() + " failed on rank " + std::to_string(plan.rank_));
+        return r.status().withContext(what() + " failed on rank " + std::to_string(plan.rank_));
       }
       moved |= *r;
       all &= q.head == q.ops.size();
     }
     if (all) return Status::Ok();
-    if (host.failedFast()) return host.failure().withContext(what + " failed on rank " + std::to_string(plan.rank_));
+    if (host.failedFast()) return host.failure().withContext(what() + " failed on rank " + std::to_string(plan.rank_));
     if (moved) {
       waiter.progressed();
       continue;
@@ -261,7 +262,7 @@ Status Engine::run(Plan& plan, EngineHost& host) {
       for (const Plan::Queue& q : plan.queues_)
         if (q.head < q.ops.size() && (!stuck || (stuck->sending && !q.sending))) stuck = &q;
       const Op& op = plan.ops_[static_cast<std::size_t>(stuck->ops[stuck->head])];
-      return host.explainTimeout(what, "rank " + std::to_string(plan.rank_) + " waited " +
+      return host.explainTimeout(what(), "rank " + std::to_string(plan.rank_) + " waited " +
                                            (stuck->sending ? "to send to " : "to receive from ") + runner.where(op) +
                                            " (" + std::to_string(op.done) + " of " + std::to_string(op.bytes) +
                                            " bytes moved)");

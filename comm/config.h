@@ -1,5 +1,5 @@
 // Every BRAID_* variable is one field of Config, listed once in the table in config.cc with its
-// default and a one-line meaning. Read once at communicator creation and passed down; getenv appears
+// default and a one-line meaning. Read once at communicator creation and passed down; the environment is read
 // nowhere else in Braid. `braid info` prints the table; docs/ENVIRONMENT.md documents it.
 #pragma once
 #include <cstddef>

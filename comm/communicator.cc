@@ -182,6 +182,7 @@ Status Comm::setup(InitParams& p) {
   if (!total.ok()) return total.status();
   anyTcp_ = *total > 0;
   maxChannels_ = config_.nsocks;
+  tuner_ = Tuner(config_, nranks_, maxChannels_, anyTcp_);
   shm_->unlinkAll();  // everyone has mapped everything: nothing stays in /dev/shm
   store_->startWatching([this](const Notice& n) { onNotice(n); });
   BRAID_LOG(kInfo, kInit, "rank %d of %d ready: %zu shm peers, %zu tcp peers, %d local ranks on %d cpus%s, reduce isa %s",
@@ -336,14 +337,20 @@ Status Comm::execute(const CollArgs& in) {
       return Status::Ok();
     }
   }
-  TunerChoice t = tune({a.kind, total, nranks_, maxChannels_, anyTcp_}, config_);
-  BRAID_LOG(kInfo, kTune, "%s #%llu: %s, %d channel(s), chunk %zu (model: ring %.1f us, tree %.1f us)",
+  const TunerChoice& t = tuner_.choose(a.kind, total);
+  BRAID_LOG(kInfo, kTune, "%s #%llu: %s, %d channel(s), chunk %zu (model: ring %.1f us, tree %.1f us, oneshot %.1f us)",
             fp.describe().c_str(), static_cast<unsigned long long>(fp.seq), algoName(t.algo), t.channels, t.chunk,
-            t.ringUs, t.treeUs);
+            t.ringUs, t.treeUs, t.oneShotUs);
   plan_.reset(fp, commTag_, rank_, nranks_, t.chunk);
   switch (a.kind) {
     case CollKind::kAllReduce:
     case CollKind::kBarrier:
+      if (t.algo == Algo::kOneShot) {
+        buildOneShotAllReduce(a, *this, plan_);
+        Status s = runPlan();
+        if (s.ok()) finishOneShotAllReduce(a, *this);
+        return s;
+      }
       if (t.algo == Algo::kTree) buildTreeAllReduce(a, *this, t.channels, plan_);
       else buildRingAllReduce(a, *this, t.channels, plan_);
       break;
@@ -474,6 +481,13 @@ void Comm::shutdown(bool abortive) {
   plan_ = Plan();
 }
 
-const char* algoName(Algo a) { return a == Algo::kRing ? "ring" : "tree"; }
+const char* algoName(Algo a) {
+  switch (a) {
+    case Algo::kRing: return "ring";
+    case Algo::kTree: return "tree";
+    case Algo::kOneShot: return "oneshot";
+  }
+  return "?";
+}
 
 }  // namespace braid

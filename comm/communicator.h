@@ -19,6 +19,7 @@
 #include "comm/engine.h"
 #include "comm/memory.h"
 #include "comm/store.h"
+#include "comm/tuner.h"
 #include "comm/waiter.h"
 #include "transport/transport.h"
 
@@ -116,6 +117,7 @@ class Comm final : public EngineHost, public Workspace {
   std::vector<int> pids_;  // by rank, to map peers' braidMemAlloc memory
   mem::PeerMappings peerMemory_;
   int maxChannels_ = 2;
+  Tuner tuner_;
 
   std::uint64_t collSeq_ = 0;
   std::uint64_t zeroCopyCalls_ = 0;

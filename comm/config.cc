@@ -62,9 +62,10 @@ const Row kRows[] = {
        c.timeoutSec = v;
        return Status::Ok();
      }},
-    {"BRAID_ALGO", "auto", "force the algorithm: ring or tree (auto: the tuner's cost model decides)",
+    {"BRAID_ALGO", "auto", "force the algorithm: ring, tree or oneshot (auto: the tuner's cost model decides)",
      [](Config& c, const std::string& s) -> Status {
-       if (s != "auto" && s != "ring" && s != "tree") return Status::InvalidArgument("expected auto, ring or tree");
+       if (s != "auto" && s != "ring" && s != "tree" && s != "oneshot")
+         return Status::InvalidArgument("expected auto, ring, tree or oneshot");
        c.algo = s;
        return Status::Ok();
      }},
@@ -101,7 +102,7 @@ const Row kRows[] = {
        c.secret = s;
        return Status::Ok();
      }},
-    {"BRAID_SPIN_US", "-1", "microseconds to spin before yielding and then blocking (-1: auto, less when oversubscribed)",
+    {"BRAID_SPIN_US", "-1", "microseconds to spin before yielding and then blocking (-1: auto: 50, or 0 when oversubscribed)",
      BRAID_ASSIGN_INT(spinUs, -1, 1000000)},
 };
 #undef BRAID_ASSIGN_INT

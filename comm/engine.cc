@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cstring>
+#include <optional>
+#include <span>
+#include <thread>
 
 #include "comm/waiter.h"
 #include "kernels/reduce.h"
@@ -12,6 +14,7 @@
 namespace braid {
 namespace {
 constexpr std::size_t kHeaderBytes = sizeof(WireHeader);
+constexpr std::size_t kInlineBytes = 4096;  // messages up to this size leave in one write
 std::size_t padOf(std::size_t bytes) { return (8 - bytes % 8) % 8; }
 const std::byte kZeros[8] = {};
 }  // namespace
@@ -23,19 +26,36 @@ void Plan::reset(const Fingerprint& f, std::uint64_t commTag, int rank, int nran
   nranks_ = nranks;
   chunk_ = std::max<std::size_t>(chunk, 64);
   ops_.clear();
-  queues_.clear();
+  for (std::size_t i = 0; i < numQueues_; ++i) queues_[i].ops.clear();
+  numQueues_ = 0;
+}
+
+std::vector<Plan::Queue>::iterator Plan::findQueue(int peer, int channel, bool sending) {
+  auto used = queues_.begin() + static_cast<std::ptrdiff_t>(numQueues_);
+  auto it = std::find_if(queues_.begin(), used, [&](const Queue& q) {
+    return q.peer == peer && q.channel == channel && q.sending == sending;
+  });
+  if (it != used) return it;
+  if (numQueues_ == queues_.size()) {
+    queues_.push_back({});
+    used = queues_.begin() + static_cast<std::ptrdiff_t>(numQueues_);
+  }
+  // Keep receives ahead of sends: a new receive queue goes before the first send queue.
+  auto pos = sending ? used : std::find_if(queues_.begin(), used, [](const Queue& q) { return q.sending; });
+  // Rotate the spare queue (its vector keeps its memory) from the end of the used range into place.
+  std::rotate(pos, used, used + 1);
+  ++numQueues_;
+  pos->peer = peer;
+  pos->channel = channel;
+  pos->sending = sending;
+  pos->ops.clear();
+  pos->head = 0;
+  return pos;
 }
 
 int Plan::add(Op op) {
   int idx = static_cast<int>(ops_.size());
-  bool sending = op.kind == Op::kSend;
-  auto it = std::find_if(queues_.begin(), queues_.end(), [&](const Queue& q) {
-    return q.peer == op.peer && q.channel == op.channel && q.sending == sending;
-  });
-  if (it == queues_.end()) {
-    queues_.push_back({op.peer, op.channel, sending, {}, 0});
-    it = queues_.end() - 1;
-  }
+  auto it = findQueue(op.peer, op.channel, op.kind == Op::kSend);
   // The step number counts messages within one queue, so both ends agree on it.
   op.step = static_cast<std::uint32_t>(it->ops.size());
   it->ops.push_back(idx);
@@ -99,17 +119,45 @@ struct PlanRunner {
   }
   bool depStarted(const Op& op) const { return op.dep < 0 || ops[static_cast<std::size_t>(op.dep)].started; }
 
+  // A small message whose payload is all ready goes out as one write (header, payload, padding):
+  // one ring update on shm, one segment and one system call on tcp. A partial write is finished
+  // by the general path below.
+  Result<bool> sendWhole(Op& op, Channel& ch) {
+    std::byte buf[kHeaderBytes + kInlineBytes + 8];
+    const std::size_t pad = padOf(op.bytes), total = kHeaderBytes + op.bytes + pad;
+    std::memcpy(buf, &op.hdr, kHeaderBytes);
+    if (op.bytes) std::memcpy(buf + kHeaderBytes, op.src, op.bytes);
+    std::memset(buf + kHeaderBytes + op.bytes, 0, pad);
+    auto k = ch.trySend(buf, total);
+    if (!k.ok()) return k.status();
+    op.hdrDone = std::min(*k, kHeaderBytes);
+    op.started = op.hdrDone == kHeaderBytes;
+    op.done = std::min(*k - op.hdrDone, op.bytes);
+    op.padDone = *k - op.hdrDone - op.done;
+    op.complete = *k == total;
+    return *k > 0;
+  }
+
   Result<bool> advanceSend(Op& op, Channel& ch) {
     bool moved = false;
     if (!op.started) {
       if (!depStarted(op)) return false;
-      if (op.hdrDone == 0) op.hdr = makeHeader(fp, plan.commTag_, plan.rank_, op.bytes, op.step);
-      auto k = ch.trySend(reinterpret_cast<const std::byte*>(&op.hdr) + op.hdrDone, kHeaderBytes - op.hdrDone);
-      if (!k.ok()) return k.status();
-      op.hdrDone += *k;
-      moved = *k > 0;
-      if (op.hdrDone < kHeaderBytes) return moved;
-      op.started = true;
+      if (op.hdrDone == 0) {
+        op.hdr = makeHeader(fp, plan.commTag_, plan.rank_, op.bytes, op.step);
+        if (op.bytes <= kInlineBytes && limit(op) == op.bytes) {
+          auto r = sendWhole(op, ch);
+          if (!r.ok() || op.complete || !*r) return r;
+          moved = true;
+        }
+      }
+      if (!op.started) {
+        auto k = ch.trySend(reinterpret_cast<const std::byte*>(&op.hdr) + op.hdrDone, kHeaderBytes - op.hdrDone);
+        if (!k.ok()) return k.status();
+        op.hdrDone += *k;
+        moved |= *k > 0;
+        if (op.hdrDone < kHeaderBytes) return moved;
+        op.started = true;
+      }
     }
     while (op.done < op.bytes) {
       std::size_t n = std::min(limit(op) - op.done, plan.chunk_);
@@ -228,12 +276,13 @@ Status Engine::run(Plan& plan, EngineHost& host) {
   auto what = [&] { return fp.describe() + " #" + std::to_string(fp.seq); };
   Waiter& waiter = host.waiter();
   waiter.progressed();
-  const Deadline deadline = Deadline::after(host.timeoutSec());
-  // Receives first in each pass, so that sends gated on them see the bytes they just finished.
-  std::stable_partition(plan.queues_.begin(), plan.queues_.end(), [](const Plan::Queue& q) { return !q.sending; });
+  // The clock is read only once the plan has to wait: a call that completes without waiting
+  // (most small ones) costs no clock read.
+  std::optional<Deadline> deadline;
+  const auto queues = std::span(plan.queues_.data(), plan.numQueues_);
   for (;;) {
     bool moved = false, all = true;
-    for (Plan::Queue& q : plan.queues_) {
+    for (Plan::Queue& q : queues) {
       if (q.head == q.ops.size()) continue;
       auto r = runner.advance(q);
       if (!r.ok()) {
@@ -256,10 +305,11 @@ Status Engine::run(Plan& plan, EngineHost& host) {
       continue;
     }
     waiter.idle();
-    if (deadline.expired()) {
+    if (!deadline) deadline = Deadline::after(host.timeoutSec());
+    if (deadline->expired()) {
       // Name the first peer this rank is still waiting to hear from (else to send to).
       const Plan::Queue* stuck = nullptr;
-      for (const Plan::Queue& q : plan.queues_)
+      for (const Plan::Queue& q : queues)
         if (q.head < q.ops.size() && (!stuck || (stuck->sending && !q.sending))) stuck = &q;
       const Op& op = plan.ops_[static_cast<std::size_t>(stuck->ops[stuck->head])];
       return host.explainTimeout(what(), "rank " + std::to_string(plan.rank_) + " waited " +

@@ -48,6 +48,7 @@ class Plan {
                  bool finalDivide = false);
   const Fingerprint& fingerprint() const { return fp_; }
   bool empty() const { return ops_.empty(); }
+  int numOps() const { return static_cast<int>(ops_.size()); }
 
  private:
   friend class Engine;
@@ -60,6 +61,11 @@ class Plan {
     std::size_t head = 0;
   };
   int add(Op op);
+  // Queues [0, numQueues_) belong to the current plan, receives before sends (a pass then sees
+  // the bytes a receive just finished when it reaches the sends gated on them). Queues past
+  // numQueues_ are kept from earlier plans only so that their vectors' memory is reused: building
+  // a plan allocates nothing once the communicator has run a call of the same shape.
+  std::vector<Queue>::iterator findQueue(int peer, int channel, bool sending);
   Fingerprint fp_;
   std::uint64_t commTag_ = 0;
   int rank_ = 0;
@@ -67,6 +73,7 @@ class Plan {
   std::size_t chunk_ = 1 << 18;
   std::vector<Op> ops_;
   std::vector<Queue> queues_;
+  std::size_t numQueues_ = 0;
 };
 
 // What the engine needs from the communicator: connections, the waiter, and the failure flag.

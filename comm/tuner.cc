@@ -3,6 +3,8 @@
 //   tree all-reduce    2 ceil(log2 n) alpha + 2 S / beta      (pipelined up then down)
 //   chain bcast/reduce (n-1) alpha + S / beta
 //   tree bcast/reduce  ceil(log2 n) alpha + 2 S / beta        (an inner node feeds two children)
+//   one-shot all-reduce  alpha + (n-1) S / beta + (n-1) S / gamma   (one round; every rank sends n-1
+//                        copies and reduces all n inputs), against the ring's reduction (n-1)/n S / gamma
 // alpha and beta are rough figures for this machine class (shm: a cache-line round trip plus the
 // engine's bookkeeping; tcp: loopback round trip), good enough to place the crossover.
 #include "comm/tuner.h"
@@ -28,11 +30,19 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
   }
   bool treeCapable = rooted || in.kind == CollKind::kAllReduce || in.kind == CollKind::kBarrier;
   c.algo = treeCapable && c.treeUs < c.ringUs ? Algo::kTree : Algo::kRing;
+  if (in.kind == CollKind::kAllReduce || in.kind == CollKind::kBarrier) {
+    const double gamma = 6000.0;  // reduction, bytes per microsecond
+    c.oneShotUs = alpha + (n - 1) * S / beta + (n - 1) * S / gamma;
+    double best = std::min(c.ringUs + (n - 1) / n * S / gamma, c.treeUs + S / gamma);
+    if (c.oneShotUs < best) c.algo = Algo::kOneShot;
+  }
   if (config.algo == "ring") c.algo = Algo::kRing;
   if (config.algo == "tree" && treeCapable) c.algo = Algo::kTree;
+  if (config.algo == "oneshot" && (in.kind == CollKind::kAllReduce || in.kind == CollKind::kBarrier))
+    c.algo = Algo::kOneShot;
   // Small messages on one channel (fewer headers); large ones on all of them. The double tree
   // needs two channels to use both trees.
-  c.channels = in.bytes >= (256u << 10) ? in.maxChannels : 1;
+  c.channels = in.bytes >= (256u << 10) && c.algo != Algo::kOneShot ? in.maxChannels : 1;
   if (c.algo == Algo::kTree && !rooted) c.channels = std::max(c.channels, std::min(2, in.maxChannels));
   // Chunk: small enough that a pipeline of n steps fills quickly, big enough to amortize a pass.
   std::size_t perStep = in.bytes / static_cast<std::size_t>(std::max(1, in.nranks * c.channels));

@@ -26,9 +26,36 @@ struct TunerChoice {
   Algo algo;
   int channels;
   std::size_t chunk;
-  double ringUs, treeUs;  // the model's estimates, for BRAID_DEBUG=INFO
+  double ringUs = 0, treeUs = 0, oneShotUs = 0;  // the model's estimates, for BRAID_DEBUG=INFO
 };
 
 TunerChoice tune(const TunerInput& in, const Config& config);
+
+// tune() for one communicator, remembering its last answer: training loops and benchmarks repeat
+// the same call, and a choice costs more than a small collective's bookkeeping.
+class Tuner {
+ public:
+  Tuner() = default;
+  Tuner(const Config& config, int nranks, int maxChannels, bool anyTcp)
+      : config_(config), nranks_(nranks), maxChannels_(maxChannels), anyTcp_(anyTcp) {}
+  const TunerChoice& choose(CollKind kind, std::size_t bytes) {
+    if (!valid_ || kind != lastKind_ || bytes != lastBytes_) {
+      last_ = tune({kind, bytes, nranks_, maxChannels_, anyTcp_}, config_);
+      lastKind_ = kind;
+      lastBytes_ = bytes;
+      valid_ = true;
+    }
+    return last_;
+  }
+
+ private:
+  Config config_;
+  int nranks_ = 1, maxChannels_ = 1;
+  bool anyTcp_ = false;
+  bool valid_ = false;
+  CollKind lastKind_{};
+  std::size_t lastBytes_ = 0;
+  TunerChoice last_{};
+};
 
 }  // namespace braid

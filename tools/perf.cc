@@ -207,7 +207,8 @@ int parse(int argc, char** argv, PerfOptions& o) {
   else if (o.iters < 1 || o.warmup < 0) why = "-n must be at least 1 and -w at least 0";
   else if (o.step == 0 && !(o.factor > 1)) why = "-f must be above 1 (or give -i)";
   else if (o.minBytes > o.maxBytes) why = "-b is larger than -e";
-  else if (!o.algo.empty() && o.algo != "ring" && o.algo != "tree") why = "-a takes ring or tree";
+  else if (!o.algo.empty() && o.algo != "ring" && o.algo != "tree" && o.algo != "oneshot")
+    why = "-a takes ring, tree or oneshot";
   else if (!o.transport.empty() && o.transport != "shm" && o.transport != "tcp") why = "--transport takes shm or tcp";
   else if (o.mem != "user" && o.mem != "braid") why = "--mem takes user or braid";
   if (!why.empty()) {

@@ -1,6 +1,7 @@
 // Algorithms turn one collective call into a Plan (comm/engine.h). One file per family:
 // ring.cc (all-reduce, all-gather, reduce-scatter), tree.cc (double binary tree all-reduce, and the
-// rooted broadcast/reduce over a binary tree or a chain, and send/recv).
+// rooted broadcast/reduce over a binary tree or a chain, and send/recv), oneshot.cc (small all-reduce:
+// everyone sends everyone its input), direct.cc (zero-copy all-reduce on braidMemAlloc memory).
 // Every rank builds the same message structure from the same arguments; nothing here knows which
 // transport a peer uses.
 #pragma once
@@ -10,7 +11,7 @@
 
 namespace braid {
 
-enum class Algo { kRing, kTree };
+enum class Algo { kRing, kTree, kOneShot };
 const char* algoName(Algo a);
 
 struct CollArgs {
@@ -52,5 +53,8 @@ void buildTreeAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
 // Broadcast and reduce: `shape` kTree is a binary tree, kRing a pipelined chain.
 void buildRooted(const CollArgs& a, Workspace& ws, Algo shape, int channels, Plan& plan);
 void buildSendRecv(const CollArgs& a, Plan& plan);
+// One-shot all-reduce (oneshot.cc): the plan exchanges inputs; finish reduces them once it has run.
+void buildOneShotAllReduce(const CollArgs& a, Workspace& ws, Plan& plan);
+void finishOneShotAllReduce(const CollArgs& a, Workspace& ws);
 
 }  // namespace braid

@@ -168,6 +168,20 @@ INSTANTIATE_TEST_SUITE_P(Tcp, Collectives,
                                   std::get<2>(info.param);
                          });
 
+// One-shot all-reduce forced at every size (the other collectives keep the tuner's choice), and the
+// tuner's own mix of algorithms by size ("auto").
+INSTANTIATE_TEST_SUITE_P(OneShotAndAuto, Collectives,
+                         ::testing::Values(std::make_tuple(std::string("shm"), 2, std::string("oneshot")),
+                                           std::make_tuple(std::string("shm"), 3, std::string("oneshot")),
+                                           std::make_tuple(std::string("shm"), 8, std::string("oneshot")),
+                                           std::make_tuple(std::string("tcp"), 3, std::string("oneshot")),
+                                           std::make_tuple(std::string("shm"), 4, std::string("auto")),
+                                           std::make_tuple(std::string("tcp"), 2, std::string("auto"))),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks_" +
+                                  std::get<2>(info.param);
+                         });
+
 // A barrier holds every rank until the last one arrives, for both algorithms and rank counts where
 // the tree has inner nodes with two children (5, 6, 8).
 class Barrier : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
@@ -194,7 +208,7 @@ TEST_P(Barrier, NobodyLeavesBeforeTheLastRankArrives) {
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndAlgorithms, Barrier,
-                         ::testing::Combine(::testing::Values(2, 5, 6, 8), ::testing::Values("ring", "tree")),
+                         ::testing::Combine(::testing::Values(2, 5, 6, 8), ::testing::Values("ring", "tree", "oneshot")),
                          [](const auto& info) {
                            return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
                          });

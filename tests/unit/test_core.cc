@@ -139,16 +139,27 @@ TEST(Split, PartsCoverEverythingOnce) {
     }
 }
 
-TEST(Tuner, TreeForSmallMessagesOnManyRanksRingForLarge) {
+TEST(Tuner, OneShotForTinyTreeForSmallRingForLarge) {
   Config c;
-  auto small = tune({CollKind::kAllReduce, 8, 8, 2, false}, c);
+  auto tiny = tune({CollKind::kAllReduce, 8, 8, 2, false}, c);
+  auto small = tune({CollKind::kAllReduce, 64u << 10, 8, 2, false}, c);
   auto large = tune({CollKind::kAllReduce, 256u << 20, 8, 2, false}, c);
+  EXPECT_EQ(tiny.algo, Algo::kOneShot);
+  EXPECT_EQ(tiny.channels, 1);
+  EXPECT_EQ(tune({CollKind::kBarrier, 0, 8, 2, false}, c).algo, Algo::kOneShot);
   EXPECT_EQ(small.algo, Algo::kTree);
   EXPECT_EQ(large.algo, Algo::kRing);
   EXPECT_EQ(large.channels, 2);
   EXPECT_EQ(tune({CollKind::kAllGather, 8, 8, 2, false}, c).algo, Algo::kRing);  // no tree all-gather
   c.algo = "ring";
   EXPECT_EQ(tune({CollKind::kAllReduce, 8, 8, 2, false}, c).algo, Algo::kRing);
+  c.algo = "oneshot";
+  EXPECT_EQ(tune({CollKind::kAllReduce, 256u << 20, 8, 2, false}, c).algo, Algo::kOneShot);
+  EXPECT_EQ(tune({CollKind::kAllGather, 8, 8, 2, false}, c).algo, Algo::kRing);  // all-reduce only
+  Tuner memo(c, 8, 2, false);
+  EXPECT_EQ(memo.choose(CollKind::kAllReduce, 8).algo, Algo::kOneShot);
+  EXPECT_EQ(memo.choose(CollKind::kAllGather, 8).algo, Algo::kRing);  // a new key is not the old answer
+  c.algo = "ring";
   c.chunkSize = 12345;
   EXPECT_EQ(tune({CollKind::kAllReduce, 8, 8, 2, false}, c).chunk, 12288u);  // whole 64-byte units
 }

@@ -7,6 +7,9 @@
 #include <cstring>
 
 namespace braid {
+namespace {
+constexpr std::size_t kStageBelow = 4096;
+}  // namespace
 
 TcpChannel::TcpChannel(net::Fd fd, int peer, std::size_t cap) : fd_(std::move(fd)), peer_(peer), ring_(cap), mask_(cap - 1) {
   net::setNonBlocking(fd_.get(), true);
@@ -50,6 +53,12 @@ void TcpChannel::consume(std::size_t n) { tail_ += n; }
 Result<std::size_t> TcpChannel::tryRecv(void* dst, std::size_t n) {
   auto* out = static_cast<std::byte*>(dst);
   std::size_t got = 0;
+  // A small read (a message header, a small payload) goes through the ring: one recv() then takes
+  // whatever has arrived, usually the header and its payload together, instead of one call each.
+  if (head_ == tail_ && n < kStageBelow) {
+    auto staged = peek();
+    if (!staged.ok()) return staged.status();
+  }
   while (got < n && head_ != tail_) {  // staged bytes first, in stream order
     std::size_t pos = static_cast<std::size_t>(tail_) & mask_;
     std::size_t k = std::min({n - got, static_cast<std::size_t>(head_ - tail_), ring_.size() - pos});

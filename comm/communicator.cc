@@ -3,6 +3,7 @@
 // other rank; from then on each call on the communicator returns that error.
 #include "comm/communicator.h"
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -74,6 +75,10 @@ Status Comm::setup(InitParams& p) {
   log::setRank(rank_);
   const Deadline deadline = Deadline::after(config_.timeoutSec);
   const std::string me = "rank " + std::to_string(rank_);
+  // Under Yama's ptrace_scope 1 only an ancestor may read this process's memory, and sibling ranks
+  // are not ancestors: let any process of this user do so, as cross-memory attach needs (where
+  // Yama is absent this fails harmlessly). BRAID_CMA=0 leaves the default in place.
+  if (config_.cma && nranks_ > 1) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
 
   if (p.hostStore) {
     // Bind to MASTER_ADDR's interface when it is ours; otherwise (a name that resolves elsewhere,

@@ -24,6 +24,7 @@ struct Config {
   std::string commId;                // BRAID_COMM_ID
   int spinUs = -1;                   // BRAID_SPIN_US (-1: auto)
   bool zeroCopy = true;              // BRAID_ZERO_COPY
+  bool cma = true;                   // BRAID_CMA
   std::string secret;                // BRAID_SECRET
 
   // Reads every BRAID_* variable; an unparsable value is an invalid-argument error naming it.

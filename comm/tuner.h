@@ -13,6 +13,9 @@ namespace braid {
 // All-reduce calls of at least this many bytes first ask every rank whether its buffers are
 // braidMemAlloc memory (one small exchange); below it the exchange would cost more than it saves.
 inline constexpr std::size_t kZeroCopyMinBytes = 256u << 10;
+// Ordinary buffers are read with process_vm_readv from this size up; below it the staged ring, whose
+// data stays in cache, is faster than the kernel's page-by-page copy.
+inline constexpr std::size_t kCmaMinBytes = 4u << 20;
 
 struct TunerInput {
   CollKind kind;

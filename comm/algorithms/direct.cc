@@ -23,6 +23,7 @@
 #include "comm/communicator.h"
 #include "comm/log.h"
 #include "comm/memory.h"
+#include "comm/tuner.h"
 #include "kernels/reduce.h"
 
 namespace braid {
@@ -74,7 +75,7 @@ Result<bool> Comm::tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp
   all[r] = mine;
   Status s = exchange(fp, &mine, all.data(), sizeof(BufferDesc));
   if (!s.ok()) return s;
-  bool registered = true, cma = bytes >= kCmaMinBytes;
+  bool registered = true, cma = bytes >= kCmaMinBytes && nranks_ >= kCmaMinRanks;
   for (const BufferDesc& d : all) {
     registered &= d.registered != 0;
     cma &= d.cma != 0;

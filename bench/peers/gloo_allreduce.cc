@@ -1,5 +1,5 @@
 // Braid's driver for the Gloo peer: Gloo's all-reduce over its TCP transport on 127.0.0.1, fp32
-// sum, with the same timing conventions and CSV as mpi_allreduce.cc (the slowest rank's mean per
+// sum, with the same timing conventions and CSV as mpi_bench.cc (the slowest rank's mean per
 // iteration, back to back after a barrier; busbw = algbw * 2(n-1)/n; GB/s = 1e9 B/s).
 //
 // Gloo has no launcher, so this program is its own: it forks one process per rank, and the

@@ -9,17 +9,19 @@
 //                                  the copy reading the other worker's result), and with 1 worker
 //                                  for reference.
 //   floors tcp --sizes S1,S2,...   Loopback TCP with both directions busy, as a 2-rank all-reduce
-//                                  keeps them: two processes joined by one socket on 127.0.0.1,
-//                                  each sending S bytes while it receives S bytes (one sender thread
-//                                  and the main thread receiving, blocking calls, TCP_NODELAY,
-//                                  kernel-default buffers).
+//                                  keeps them: two processes joined by K connections on 127.0.0.1
+//                                  (--conns, default 1 and 2: Braid opens BRAID_NSOCKS = 2 per peer),
+//                                  each sending S bytes while it receives S bytes, split evenly
+//                                  over the connections (a sending and a receiving thread per
+//                                  connection, blocking calls, TCP_NODELAY, kernel-default buffers).
 //
 // Every kind runs -r repetitions per size after one untimed repetition; the row gives the fastest
 // repetition (a floor is what the machine can do) and the median.
 // Output (stdout): '#' comment lines, then CSV with the header
 //   kind,workers,size,bytes,best_s,median_s,best_GBps,median_GBps,reps
 // where `size` is the all-reduce size the row stands for, `bytes` the bytes each worker moved
-// (mem: S/2 of output per worker and kernel; tcp: S each way); kind reduce+copy is the sum of the
+// (mem: S/2 of output per worker and kernel; tcp: S each way; `workers` is then the number of
+// connections); kind reduce+copy is the sum of the
 // two phases' times in each repetition (GBps there: S/2 over that sum), GBps = bytes / seconds / 1e9 per worker (mem)
 // or per direction (tcp). bench/compare turns these rows into busbw floors (docs/PERFORMANCE.md).
 #include <arpa/inet.h>
@@ -149,39 +151,57 @@ bool readAll(int fd, char* p, std::size_t n) {
   return true;
 }
 
-// One side of the exchange: per repetition, a one-byte handshake both ways (the stream is ordered,
-// so it also marks the end of the previous repetition), then S bytes each way at once.
-bool tcpSide(int fd, const std::vector<std::size_t>& sizes, int reps, bool report) {
+// One side of the exchange over k connections: per repetition, a one-byte handshake both ways on
+// the first (the streams are ordered, so it also marks the end of the previous repetition), then
+// S bytes each way at once, S/k per connection, one sending and one receiving thread per
+// connection (the main thread receives on the first).
+bool tcpSide(const std::vector<int>& fds, const std::vector<std::size_t>& sizes, int reps, bool report) {
   const int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  for (int fd : fds) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  const std::size_t k = fds.size();
   const std::size_t maxBytes = *std::max_element(sizes.begin(), sizes.end());
   std::vector<char> out(maxBytes, 'x'), in(maxBytes, 0);
   for (std::size_t size : sizes) {
     std::vector<double> times;
+    auto share = [&](std::size_t j) { return std::pair{size * j / k, size * (j + 1) / k - size * j / k}; };
     for (int r = 0; r <= reps; ++r) {
       char h = 'h';
-      if (!writeAll(fd, &h, 1) || !readAll(fd, &h, 1)) return false;
+      if (!writeAll(fds[0], &h, 1) || !readAll(fds[0], &h, 1)) return false;
       const double t0 = now();
-      bool sent = false;
-      std::thread sender([&] { sent = writeAll(fd, out.data(), size); });
-      const bool got = readAll(fd, in.data(), size);
-      sender.join();
-      if (!sent || !got) return false;
+      std::vector<char> ok(2 * k, 0);
+      std::vector<std::thread> ts;
+      for (std::size_t j = 0; j < k; ++j) {
+        ts.emplace_back([&, j] {
+          auto [off, len] = share(j);
+          ok[j] = writeAll(fds[j], out.data() + off, len);
+        });
+        if (j > 0)
+          ts.emplace_back([&, j] {
+            auto [off, len] = share(j);
+            ok[k + j] = readAll(fds[j], in.data() + off, len);
+          });
+      }
+      auto [off0, len0] = share(0);
+      ok[k] = readAll(fds[0], in.data() + off0, len0);
+      for (std::thread& t : ts) t.join();
+      if (std::count(ok.begin(), ok.end(), 0)) return false;
       if (r > 0) times.push_back(now() - t0);
     }
-    if (in[size - 1] != 'x') return false;
-    if (report) row("tcp-bidir", 1, size, size, times);
+    if (in[0] != 'x' || in[size - 1] != 'x') return false;
+    if (report) row("tcp-bidir", static_cast<int>(k), size, size, times);
   }
   return true;
 }
 
-int tcpFloor(const std::vector<std::size_t>& sizes, int reps) {
+// Two processes joined by k loopback connections; the child names each connection's index first,
+// so both sides agree on which share goes where.
+int tcpFloor(const std::vector<std::size_t>& sizes, int reps, int k) {
   int lis = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(addr);
-  if (lis < 0 || ::bind(lis, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(lis, 1) != 0 ||
+  if (lis < 0 || ::bind(lis, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(lis, k) != 0 ||
       ::getsockname(lis, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     std::perror("floors: listen");
     return 1;
@@ -194,14 +214,28 @@ int tcpFloor(const std::vector<std::size_t>& sizes, int reps) {
   }
   if (child == 0) {
     ::close(lis);
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) _exit(1);
-    _exit(tcpSide(fd, sizes, reps, false) ? 0 : 1);
+    std::vector<int> fds;
+    for (int j = 0; j < k; ++j) {
+      int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      const char index = static_cast<char>(j);
+      if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || !writeAll(fd, &index, 1))
+        _exit(1);
+      fds.push_back(fd);
+    }
+    _exit(tcpSide(fds, sizes, reps, false) ? 0 : 1);
   }
-  int fd = ::accept(lis, nullptr, nullptr);
+  std::vector<int> fds(static_cast<std::size_t>(k), -1);
+  bool ok = true;
+  for (int j = 0; j < k && ok; ++j) {
+    int fd = ::accept(lis, nullptr, nullptr);
+    char index = 0;
+    ok = fd >= 0 && readAll(fd, &index, 1) && index >= 0 && index < k && fds[static_cast<std::size_t>(index)] < 0;
+    if (ok) fds[static_cast<std::size_t>(index)] = fd;
+  }
   ::close(lis);
-  const bool ok = fd >= 0 && tcpSide(fd, sizes, reps, true);
-  if (fd >= 0) ::close(fd);
+  ok = ok && tcpSide(fds, sizes, reps, true);
+  for (int fd : fds)
+    if (fd >= 0) ::close(fd);
   int status = 0;
   ::waitpid(child, &status, 0);
   if (!ok || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
@@ -211,7 +245,9 @@ int tcpFloor(const std::vector<std::size_t>& sizes, int reps) {
   return 0;
 }
 
-const char* kUsage = "usage: floors mem|tcp [--sizes S1,S2,...] [-r REPS]   (sizes take K, M, G; default 16M,256M)\n";
+const char* kUsage =
+    "usage: floors mem|tcp [--sizes S1,S2,...] [-r REPS] [--conns K1,K2,...]\n"
+    "  sizes take K, M, G (default 16M,256M); --conns: tcp connections per run (default 1,2)\n";
 
 }  // namespace
 
@@ -223,6 +259,7 @@ int main(int argc, char** argv) {
   const std::string mode = argv[1];
   std::vector<std::size_t> sizes;
   int reps = 5;
+  std::vector<int> conns = {1, 2};
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) {
@@ -237,6 +274,22 @@ int main(int argc, char** argv) {
       }
     } else if (a == "-r") {
       reps = std::atoi(v);
+    } else if (a == "--conns") {
+      conns.clear();
+      for (const char* p = v; *p;) {
+        char* end = nullptr;
+        const long c = std::strtol(p, &end, 10);
+        if (end == p || c < 1 || c > 64) {
+          std::fputs(kUsage, stderr);
+          return 2;
+        }
+        conns.push_back(static_cast<int>(c));
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') {
+          std::fputs(kUsage, stderr);
+          return 2;
+        }
+      }
     } else {
       std::fputs(kUsage, stderr);
       return 2;
@@ -249,7 +302,11 @@ int main(int argc, char** argv) {
   }
   std::printf("# floors %s: %d repetitions per size after one untimed\n", mode.c_str(), reps);
   std::printf("kind,workers,size,bytes,best_s,median_s,best_GBps,median_GBps,reps\n");
-  if (mode == "tcp") return tcpFloor(sizes, reps);
+  if (mode == "tcp") {
+    for (int k : conns)
+      if (int rc = tcpFloor(sizes, reps, k); rc != 0) return rc;
+    return 0;
+  }
   for (std::size_t size : sizes)
     for (int workers : {1, 2}) memFloor(workers, size, reps);
   return 0;

@@ -23,6 +23,7 @@
 #include "comm/config.h"
 #include "kernels/reduce.h"
 #include "tools/pattern.h"
+#include "tools/perf_plot.h"
 #include "tools/perf_report.h"
 #include "tools/tools.h"
 
@@ -32,8 +33,10 @@ namespace {
 const char* kUsage =
     "usage: braid perf COLLECTIVE [-b MINBYTES] [-e MAXBYTES] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]\n"
     "                  [-c 0|1] [-d DTYPE|all] [-o OP|all] [-r ROOT] [-a ring|tree] [--transport shm|tcp]\n"
-    "                  [--mem user|braid] [--json FILE]\n"
+    "                  [--mem user|braid] [--json FILE] [--plot FILE.svg [--plot-with RUN.json ...]]\n"
     "  --mem braid: buffers from braidMemAlloc (zero-copy all-reduce between ranks of a host)\n"
+    "  --plot: busbw against size as SVG (log-log): this run's two columns, and the out-of-place\n"
+    "          column of every earlier --json output given with --plot-with (repeatable)\n"
     "  COLLECTIVE: allreduce allgather reducescatter broadcast reduce sendrecv barrier\n"
     "  sizes take K, M, G suffixes; run it under a launcher: braid run -n 4 braid perf allreduce -b 8 -e 64M\n";
 
@@ -188,6 +191,8 @@ int parse(int argc, char** argv, PerfOptions& o) {
     else if (a == "--json") o.json = v;
     else if (a == "--transport") o.transport = v;
     else if (a == "--mem") o.mem = v;
+    else if (a == "--plot") o.plot = v;
+    else if (a == "--plot-with") o.plotWith.push_back(v);
     else {
       std::fprintf(stderr, "braid perf: unknown option %s\n%s", a.c_str(), kUsage);
       return 2;
@@ -211,11 +216,38 @@ int parse(int argc, char** argv, PerfOptions& o) {
     why = "-a takes ring, tree or oneshot";
   else if (!o.transport.empty() && o.transport != "shm" && o.transport != "tcp") why = "--transport takes shm or tcp";
   else if (o.mem != "user" && o.mem != "braid") why = "--mem takes user or braid";
+  else if (!o.plotWith.empty() && o.plot.empty()) why = "--plot-with needs --plot FILE.svg";
   if (!why.empty()) {
     std::fprintf(stderr, "braid perf: %s\n%s", why.c_str(), kUsage);
     return 2;
   }
   return -1;
+}
+
+// Rank 0, after the sweep: this run's columns and the earlier runs named with --plot-with.
+bool writePlot(const PerfOptions& o, const PerfReport& report) {
+  const PerfHeader& h = report.header();
+  std::string settings = o.coll + ", " + std::to_string(h.nranks) + " ranks";
+  if (!o.transport.empty()) settings += ", " + o.transport;
+  if (o.mem == "braid") settings += ", braidMemAlloc";
+  std::vector<PlotSeries> series;
+  if (!report.rows().empty()) series = seriesOfRun(report.rows(), settings);
+  for (const std::string& path : o.plotWith) {
+    PlotSeries s;
+    std::string error;
+    if (!loadPerfJson(path, &s, &error)) {
+      std::fprintf(stderr, "braid perf: --plot-with: %s\n", error.c_str());
+      return false;
+    }
+    series.push_back(std::move(s));
+  }
+  std::string error;
+  const std::string title = "braid perf " + o.coll + ": busbw against size (" + h.host + ", " + h.startedAt + ")";
+  if (!writePlotSvg(o.plot, title, series, &error)) {
+    std::fprintf(stderr, "braid perf: --plot: %s\n", error.c_str());
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -266,6 +298,7 @@ int runPerf(int argc, char** argv) {
 
   PerfHeader h = describeRun(run.comm, rank, n, o, BRAID_VERSION_TAG, kernels::isaName());
   PerfReport report(h);
+  bool plotFailed = false;
   if (rank == 0) report.printHeader();
   for (DataType dt : types)
     for (ReduceOp op : ops)
@@ -294,13 +327,14 @@ int runPerf(int argc, char** argv) {
     report.printFooter(run.totalWrong);
     if (!o.json.empty() && !report.writeJson(o.json, run.totalWrong))
       std::fprintf(stderr, "braid perf: cannot write %s\n", o.json.c_str());
+    if (!o.plot.empty() && !writePlot(o, report)) plotFailed = true;
   }
   braidCommDestroy(run.comm);
   if (o.mem == "braid") {
     braidMemFree(run.sendBuf);
     braidMemFree(run.recvBuf);
   }
-  return run.totalWrong ? 1 : 0;
+  return run.totalWrong || plotFailed ? 1 : 0;
 }
 
 }  // namespace braid::tools

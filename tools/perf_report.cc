@@ -23,7 +23,7 @@ std::string jsonString(const std::string& s) {
 
 std::string cellJson(const PerfCell& c) {
   char buf[160];
-  std::snprintf(buf, sizeof(buf), "{\"time_us\": %.3f, \"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, \"wrong\": %llu}",
+  std::snprintf(buf, sizeof(buf), "{\"time_us\": %.3f, \"algbw_gbps\": %.6g, \"busbw_gbps\": %.6g, \"wrong\": %llu}",
                 c.timeUs, c.algbw, c.busbw, static_cast<unsigned long long>(c.wrong));
   return buf;
 }

@@ -17,6 +17,8 @@ struct PerfOptions {
   std::size_t step = 0;
   int iters = 20, warmup = 5, check = 1, root = 0;
   std::string dtype = "float", op = "sum", algo, transport, json, mem = "user";
+  std::string plot;                   // --plot FILE.svg
+  std::vector<std::string> plotWith;  // --plot-with RUN.json, repeatable
 };
 
 struct PerfCell {
@@ -48,6 +50,8 @@ class PerfReport {
   void addRow(const PerfRow& row);  // prints it and keeps it for JSON
   void printFooter(std::uint64_t wrong) const;
   bool writeJson(const std::string& path, std::uint64_t wrong) const;
+  const std::vector<PerfRow>& rows() const { return rows_; }
+  const PerfHeader& header() const { return h_; }
 
  private:
   PerfHeader h_;

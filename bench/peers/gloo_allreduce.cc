@@ -1,6 +1,8 @@
-// Braid's driver for the Gloo peer: Gloo's all-reduce over its TCP transport on 127.0.0.1, fp32
-// sum, with the same timing conventions and CSV as mpi_allreduce.cc (the slowest rank's mean per
-// iteration, back to back after a barrier; busbw = algbw * 2(n-1)/n; GB/s = 1e9 B/s).
+// Braid's driver for the Gloo peer: Gloo's all-reduce (fp32 sum), and its all-gather and
+// broadcast (fp32, root 0), over its TCP transport on 127.0.0.1, with the same timing conventions
+// and CSV as mpi_bench.cc (the slowest rank's mean per iteration, back to back after a barrier;
+// busbw = algbw * 2(n-1)/n for all-reduce, (n-1)/n for all-gather, whose size is the whole
+// gathered array, 1 for broadcast; GB/s = 1e9 B/s).
 //
 // Gloo has no launcher, so this program is its own: it forks one process per rank, and the
 // ranks meet through a gloo::rendezvous::FileStore in a fresh private directory. Processes
@@ -12,6 +14,8 @@
 //   bcube  the same with BCUBE
 //   hd     gloo::AllreduceHalvingDoubling<float>, in place (Gloo's best on large sizes)
 //   lring  gloo::AllreduceRing<float>, in place (Gloo's quickest on small sizes)
+//   allgather  gloo::allgather with AllgatherOptions, out of place (not an all-reduce)
+//   broadcast  gloo::broadcast with BroadcastOptions from root 0, out of place (not an all-reduce)
 // The algorithm objects of hd and lring are built once per size, outside the timed loop, as a
 // user who keeps them would; the options of ring and bcube are set up per call, as PyTorch does.
 //
@@ -39,10 +43,12 @@
 
 #include "sizes.h"
 
+#include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/allreduce_halving_doubling.h"
 #include "gloo/allreduce_ring.h"
 #include "gloo/barrier.h"
+#include "gloo/broadcast.h"
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/file_store.h"
@@ -93,7 +99,7 @@ bool parseArgs(int argc, char** argv, Options* o) {
   }
   if (argc % 2 == 0) return false;  // an option without its value
   for (const std::string& a : o->algos)
-    if (a != "ring" && a != "bcube" && a != "hd" && a != "lring") return false;
+    if (a != "ring" && a != "bcube" && a != "hd" && a != "lring" && a != "allgather" && a != "broadcast") return false;
   return o->ranks >= 1 && o->factor > 1 && o->minBytes >= 4 && o->minBytes <= o->maxBytes && o->targetSec > 0 &&
          !o->algos.empty();
 }
@@ -151,19 +157,42 @@ int runRank(const Options& o, int rank, const std::string& storeDir) {
   std::vector<float> send(maxCount), recv(maxCount);  // persistent and touched once
   for (std::size_t i = 0; i < maxCount; ++i) send[i] = inputValue(rank, i);
   if (rank == 0) {
-    std::printf("# gloo_allreduce: %d ranks (processes), tcp on 127.0.0.1, fp32 sum, target %.2f s per size\n", n,
-                o.targetSec);
+    std::printf("# gloo_allreduce: %d ranks (processes), tcp on 127.0.0.1, fp32 (sum for all-reduce, root 0 for "
+                "broadcast), target %.2f s per size\n", n, o.targetSec);
     std::printf("label,ranks,algo,size,count,type,redop,root,time_us,algbw_GBps,busbw_GBps,wrong,iters\n");
     std::fflush(stdout);
   }
   int failures = 0;
   for (const std::string& algo : o.algos) {
     const bool inPlace = algo == "hd" || algo == "lring";
-    for (std::size_t bytes : o.sizes) {
-      const std::size_t count = bytes / sizeof(float);
+    const bool gather = algo == "allgather", bcast = algo == "broadcast";
+    const std::size_t un = static_cast<std::size_t>(n);
+    for (std::size_t requested : o.sizes) {
+      // All-gather: a whole number of floats per rank; `count` is the gathered array's.
+      const std::size_t per = gather ? requested / sizeof(float) / un : requested / sizeof(float);
+      const std::size_t count = gather ? per * un : per;
+      const std::size_t bytes = count * sizeof(float);
+      if (per == 0) continue;
       std::function<void()> once;
       std::unique_ptr<gloo::Algorithm> kept;
-      if (algo == "hd") {
+      if (gather) {
+        once = [&, per, count] {
+          gloo::AllgatherOptions opts(ctx);
+          opts.setInput(send.data(), per);
+          opts.setOutput(recv.data(), count);
+          opts.setTag(1);
+          gloo::allgather(opts);
+        };
+      } else if (bcast) {
+        once = [&, count] {
+          gloo::BroadcastOptions opts(ctx);
+          opts.setRoot(0);
+          if (rank == 0) opts.setInput(send.data(), count);
+          opts.setOutput(recv.data(), count);
+          opts.setTag(1);
+          gloo::broadcast(opts);
+        };
+      } else if (algo == "hd") {
         kept = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(ctx, std::vector<float*>{recv.data()},
                                                                         static_cast<int>(count));
       } else if (algo == "lring") {
@@ -185,9 +214,17 @@ int runRank(const Options& o, int rank, const std::string& storeDir) {
       if (kept) once = [&kept] { kept->run(); };
 
       if (inPlace) std::copy_n(send.begin(), count, recv.begin());
+      else std::fill_n(recv.begin(), count, -1.0f);  // no value left from the previous size may pass
       once();
       std::uint64_t wrong = 0;
-      for (std::size_t i = 0; i < count; ++i) wrong += recv[i] != expectedSum(n, i);
+      if (gather) {
+        for (std::size_t q = 0; q < un; ++q)
+          for (std::size_t i = 0; i < per; ++i) wrong += recv[q * per + i] != inputValue(static_cast<int>(q), i);
+      } else if (bcast) {
+        for (std::size_t i = 0; i < count; ++i) wrong += recv[i] != inputValue(0, i);
+      } else {
+        for (std::size_t i = 0; i < count; ++i) wrong += recv[i] != expectedSum(n, i);
+      }
       wrong = reduceScalar<std::uint64_t>(ctx, wrong, sumUint64, 91);
       failures += wrong != 0;
       if (inPlace) std::fill_n(recv.begin(), count, 0.0f);  // keeps repeated in-place sums finite
@@ -212,8 +249,10 @@ int runRank(const Options& o, int rank, const std::string& storeDir) {
       const double timeUs = reduceScalar<double>(ctx, (now() - t0) / iters, maxDouble, 93) * 1e6;
       if (rank == 0) {
         const double algbw = static_cast<double>(bytes) / timeUs / 1e3;
-        std::printf("%s,%d,%s,%zu,%zu,float,sum,-1,%.3f,%.4f,%.4f,%llu,%d\n", o.label.c_str(), n, algo.c_str(), bytes,
-                    count, timeUs, algbw, algbw * 2.0 * (n - 1) / n, static_cast<unsigned long long>(wrong), iters);
+        const double factor = gather ? static_cast<double>(n - 1) / n : bcast ? 1.0 : 2.0 * (n - 1) / n;
+        std::printf("%s,%d,%s,%zu,%zu,float,%s,%d,%.3f,%.4f,%.4f,%llu,%d\n", o.label.c_str(), n, algo.c_str(), bytes,
+                    count, gather || bcast ? "none" : "sum", bcast ? 0 : -1, timeUs, algbw, algbw * factor,
+                    static_cast<unsigned long long>(wrong), iters);
         std::fflush(stdout);
       }
     }
@@ -228,7 +267,7 @@ int main(int argc, char** argv) {
   Options o;
   if (!parseArgs(argc, argv, &o)) {
     std::fprintf(stderr,
-                 "usage: gloo_allreduce -n RANKS [-a ring,bcube,hd,lring] [-b MIN] [-e MAX] [-f FACTOR | --sizes S1,S2,...]\n"
+                 "usage: gloo_allreduce -n RANKS [-a ring,bcube,hd,lring,allgather,broadcast] [-b MIN] [-e MAX] [-f FACTOR | --sizes S1,S2,...]\n"
                  "                      [-t SECONDS] [-l LABEL] [-d STOREDIR]\n");
     return 2;
   }

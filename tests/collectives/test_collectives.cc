@@ -182,6 +182,36 @@ INSTANTIATE_TEST_SUITE_P(OneShotAndAuto, Collectives,
                                   std::get<2>(info.param);
                          });
 
+// With values whose sums round (not integer-valued), every rank must still get the same bits: data-parallel
+// replicas drift apart otherwise. Each rank gathers everyone's result and compares it with its own.
+class BitwiseIdentical : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(BitwiseIdentical, EveryRankGetsTheSameBits) {
+  const int n = std::get<0>(GetParam());
+  const std::string algo = std::get<1>(GetParam());
+  auto outcome = runRanks(n, [&](int rank, braidComm_t comm) {
+    for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{1000003}}) {
+      std::vector<float> in(count), out(count), all(count * static_cast<std::size_t>(n));
+      for (std::size_t i = 0; i < count; ++i) in[i] = 0.1f * static_cast<float>(rank + 1) + 1e-3f * static_cast<float>(i % 977);
+      if (braidAllReduce(in.data(), out.data(), count, braidFloat32, braidSum, comm, nullptr) != braidSuccess) return 1;
+      if (braidAllGather(out.data(), all.data(), count, braidFloat32, comm, nullptr) != braidSuccess) return 1;
+      for (int q = 0; q < n; ++q)
+        if (std::memcmp(all.data() + static_cast<std::size_t>(q) * count, out.data(), count * sizeof(float)) != 0) {
+          report(rank, "count " + std::to_string(count) + ": rank " + std::to_string(q) + "'s result differs from mine");
+          return 2;
+        }
+    }
+    return 0;
+  }, {{"BRAID_ALGO", algo}}, 120);
+  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndAlgorithms, BitwiseIdentical,
+                         ::testing::Combine(::testing::Values(3, 5), ::testing::Values("ring", "tree", "oneshot", "auto")),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
+                         });
+
 // A barrier holds every rank until the last one arrives, for both algorithms and rank counts where
 // the tree has inner nodes with two children (5, 6, 8).
 class Barrier : public ::testing::TestWithParam<std::tuple<int, std::string>> {};

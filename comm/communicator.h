@@ -19,6 +19,7 @@
 #include "comm/engine.h"
 #include "comm/memory.h"
 #include "comm/store.h"
+#include "comm/trace.h"
 #include "comm/waiter.h"
 #include "transport/transport.h"
 
@@ -121,6 +122,7 @@ class Comm final : public EngineHost, public Workspace {
   std::uint64_t zeroCopyCalls_ = 0;
   std::map<int, std::uint64_t> sendSeq_, recvSeq_;
   Plan plan_;
+  FlightRecorder trace_;  // touched only under execMu_
   std::vector<std::byte> scratch_;
 
   std::mutex failMu_;

@@ -25,6 +25,8 @@ struct Config {
   int spinUs = -1;                   // BRAID_SPIN_US (-1: auto)
   bool zeroCopy = true;              // BRAID_ZERO_COPY
   std::string secret;                // BRAID_SECRET
+  std::size_t traceBuffer = 1000;    // BRAID_TRACE_BUFFER (0: no flight recorder)
+  std::string traceDir;              // BRAID_TRACE_DIR ("": the recorder is never written)
 
   // Reads every BRAID_* variable; an unparsable value is an invalid-argument error naming it.
   static Result<Config> fromEnvironment();

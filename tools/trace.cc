@@ -248,8 +248,9 @@ std::string describeRank(const RankTrace& t) {
     o << "\n";
     if (!u->peers.empty()) {
       o << "  bytes in this call:";
-      for (const TraceCall::Peer& p : u->peers)
-        o << " rank " << p.peer << " sent " << p.sent << " received " << p.recv << ";";
+      for (std::size_t i = 0; i < u->peers.size(); ++i)
+        o << (i ? ";" : "") << " with rank " << u->peers[i].peer << " sent " << u->peers[i].sent << ", received "
+          << u->peers[i].recv;
       o << "\n";
     }
   } else {

@@ -441,6 +441,18 @@ TraceReport analyzeTraces(std::vector<RankTrace> all, const std::vector<std::str
   std::string v = findMismatch(traces);
   if (v.empty()) v = followWaits(traces, nranks);
   if (v.empty()) {
+    // Unfinished calls with no pending message: they failed for a reason of their own (an error
+    // found before any message moved); name the oldest.
+    const TraceCall* oldest = nullptr;
+    for (const auto& [r, t] : traces) {
+      const TraceCall* u = unfinished(t);
+      if (!u || (oldest && u->seq >= oldest->seq)) continue;
+      oldest = u;
+      v = shortName(*u) + " did not finish on rank " + std::to_string(r) + " (no message was pending): " + t.reason +
+          ": " + t.error;
+    }
+  }
+  if (v.empty()) {
     if (!missing.empty()) {
       v = "";
       for (int r : missing) v += (v.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " wrote no trace (killed?)";

@@ -247,5 +247,14 @@ TEST(TraceVerdict, NobodyStuckReportsTheError) {
   removeDir(dir);
 }
 
+TEST(TraceVerdict, AnUnfinishedCallWithNothingPendingIsNamed) {
+  const std::string dir = makeTempDir();
+  writeFile(dir, 0, rankFile(0, 2, {{1}, {2, "allreduce", "failed"}}));
+  writeFile(dir, 1, rankFile(1, 2, {{1}, {2}}));
+  auto rep = tools::analyzeTraceDir(dir);
+  EXPECT_EQ(rep.verdict, "verdict: allreduce #2 did not finish on rank 0 (no message was pending): timeout: timeout");
+  removeDir(dir);
+}
+
 }  // namespace
 }  // namespace braid

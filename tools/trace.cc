@@ -313,8 +313,12 @@ std::string followWaits(const std::map<int, RankTrace>& traces, int nranks) {
       if (began > e.seq)
         return what + "; rank " + std::to_string(p) + " has no record of #" + std::to_string(e.seq) +
                " although it went on to #" + std::to_string(began);
+      std::string where;  // a rank held up in another kind of call (send/recv vs collective)
+      if (const TraceCall* pu = unfinished(peer); pu && !sameSpace(*pu, e))
+        where = "; it is stuck in " + shortName(*pu) +
+                (pu->stuck ? " waiting for rank " + std::to_string(pu->stuckPeer) : std::string());
       return what + "; rank " + std::to_string(p) + " never entered #" + std::to_string(e.seq) +
-             (done ? " (last completed #" + std::to_string(done) + ")" : " (it completed none)");
+             (done ? " (last completed #" + std::to_string(done) + ")" : " (it completed none)") + where;
     }
     if (pe->state == "done")
       return what + "; rank " + std::to_string(p) + " completed #" + std::to_string(e.seq) +

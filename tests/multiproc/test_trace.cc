@@ -169,6 +169,24 @@ TEST(Trace, AbortWritesTheFileAndThePeerNamesTheAbortingRank) {
   removeDir(dir);
 }
 
+TEST(Trace, MismatchedCallsAreTheVerdict) {
+  const std::string dir = makeTempDir();
+  Env env = {{"BRAID_TIMEOUT", "30"}, {"BRAID_TRACE_DIR", dir}};
+  auto outcome = runRanks(3, [](int rank, braidComm_t comm) {
+    std::vector<float> a(1024 * 3, 1.0f), b(1024 * 3);
+    if (braidAllReduce(a.data(), b.data(), 16, braidFloat32, braidSum, comm, nullptr) != braidSuccess) return 1;
+    braidResult_t r = rank == 1 ? braidAllGather(a.data(), b.data(), 256, braidFloat32, comm, nullptr)
+                                : braidAllReduce(a.data(), b.data(), 1024, braidFloat32, braidSum, comm, nullptr);
+    return r == braidInvalidUsage ? -100 : (report(rank, braidGetLastError(comm)), 2);
+  }, env, 60);
+  for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 100);
+  std::string out = braidTrace(dir);
+  EXPECT_TRUE(contains(out, "verdict: the ranks called different collectives as #2: rank 1 called allgather(count=256, "
+                            "float32); ranks 0, 2 called allreduce(count=1024, float32, sum)"))
+      << out;
+  removeDir(dir);
+}
+
 TEST(Trace, NothingIsWrittenWithoutTraceDir) {
   const std::string dir = makeTempDir();
   Env env = {{"BRAID_TIMEOUT", "30"}};

@@ -247,6 +247,18 @@ TEST(TraceVerdict, NobodyStuckReportsTheError) {
   removeDir(dir);
 }
 
+TEST(TraceVerdict, APeerHeldUpInSendRecvIsNamed) {
+  const std::string dir = makeTempDir();
+  writeFile(dir, 0, rankFile(0, 2, {{4}, {5, "allreduce", "failed", 1, 0}}));
+  Call p2p{2, "send/recv", "failed", 0, 0, "send"};
+  writeFile(dir, 1, rankFile(1, 2, {{4}, p2p}));
+  auto rep = tools::analyzeTraceDir(dir);
+  EXPECT_EQ(rep.verdict,
+            "verdict: rank 0 is stuck in allreduce #5 step 0 waiting for rank 1; rank 1 never entered #5 (last "
+            "completed #4); it is stuck in send/recv #2 waiting for rank 0");
+  removeDir(dir);
+}
+
 TEST(TraceVerdict, AnUnfinishedCallWithNothingPendingIsNamed) {
   const std::string dir = makeTempDir();
   writeFile(dir, 0, rankFile(0, 2, {{1}, {2, "allreduce", "failed"}}));

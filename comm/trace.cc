@@ -73,6 +73,7 @@ std::string traceFileName(int rank) { return "braid-trace-rank" + std::to_string
 void FlightRecorder::init(std::size_t capacity, std::string dir, TraceIdentity id) {
   ring_.assign(capacity, TraceEntry{});
   next_ = 0;
+  slot_ = 0;
   current_ = nullptr;
   dir_ = std::move(dir);
   id_ = std::move(id);

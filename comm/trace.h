@@ -72,7 +72,9 @@ class FlightRecorder {
   // not finish, where it stood; end() closes the entry. On failure end() writes the file once.
   void begin(const Fingerprint& fp) {
     if (ring_.empty()) return;
-    current_ = &ring_[next_++ % ring_.size()];
+    current_ = &ring_[slot_];
+    slot_ = slot_ + 1 == ring_.size() ? 0 : slot_ + 1;  // no division on the call path
+    ++next_;
     current_->fp = fp;
     current_->state = TraceEntry::kRunning;
     current_->startNs = nowNs();
@@ -106,6 +108,7 @@ class FlightRecorder {
  private:
   std::vector<TraceEntry> ring_;
   std::uint64_t next_ = 0;  // entries ever begun
+  std::size_t slot_ = 0;    // next_ % ring_.size()
   TraceEntry* current_ = nullptr;
   std::string dir_;
   TraceIdentity id_;

@@ -354,7 +354,8 @@ Result<RankTrace> parseRankTrace(const std::string& text) {
   RankTrace t;
   t.rank = static_cast<int>(intOf(d.get("rank"), -1));
   t.nranks = static_cast<int>(intOf(d.get("nranks")));
-  if (t.rank < 0 || t.nranks <= 0 || t.rank >= t.nranks) return Status::InvalidArgument("bad rank or nranks");
+  if (t.rank < 0 || t.nranks <= 0 || t.nranks > (1 << 20) || t.rank >= t.nranks)
+    return Status::InvalidArgument("bad rank or nranks");
   t.pid = static_cast<long>(intOf(d.get("pid")));
   t.host = strOf(d.get("host"));
   t.comm = strOf(d.get("comm"));

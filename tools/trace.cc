@@ -29,11 +29,13 @@ struct Json {
   bool boolean = false;
   std::string text;  // string contents, or a number's digits
   std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> members;
+  // Object members as two lists: a pair<string, Json> would need Json complete here.
+  std::vector<std::string> keys;
+  std::vector<Json> values;
 
   const Json* get(const std::string& key) const {
-    for (const auto& [k, v] : members)
-      if (k == key) return &v;
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == key) return &values[i];
     return nullptr;
   }
 };
@@ -104,7 +106,8 @@ class JsonParser {
       Json v;
       st = value(v, depth + 1);
       if (!st.ok()) return st;
-      out.members.emplace_back(std::move(key), std::move(v));
+      out.keys.push_back(std::move(key));
+      out.values.push_back(std::move(v));
       skipSpace();
       if (pos_ < s_.size() && s_[pos_] == ',') { ++pos_; continue; }
       if (pos_ < s_.size() && s_[pos_] == '}') { ++pos_; return Status::Ok(); }

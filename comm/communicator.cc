@@ -190,6 +190,7 @@ Status Comm::setup(InitParams& p) {
   tuner_ = Tuner(config_, nranks_, maxChannels_, anyTcp_);
   shm_->unlinkAll();  // everyone has mapped everything: nothing stays in /dev/shm
   store_->startWatching([this](const Notice& n) { onNotice(n); });
+  trace_.init(config_.traceBuffer, config_.traceDir, {rank_, nranks_, static_cast<long>(getpid()), self.host, commTag_});
   BRAID_LOG(kInfo, kInit, "rank %d of %d ready: %zu shm peers, %zu tcp peers, %d local ranks on %d cpus%s, reduce isa %s",
             rank_, nranks_, shmPeers.size(), tcpPeers.size(), localRanks, topo.pus,
             oversubscribed ? " (oversubscribed: spinning less)" : "", kernels::isaName());
@@ -320,6 +321,7 @@ Status Comm::execute(const CollArgs& in) {
   } else {
     fp.seq = ++collSeq_;
   }
+  trace_.begin(fp);
   const std::size_t es = dataTypeSize(a.dtype);
   std::size_t total = a.count * es;
   if (a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter) total *= static_cast<std::size_t>(nranks_);
@@ -337,8 +339,8 @@ Status Comm::execute(const CollArgs& in) {
     }
     if (*done) {
       ++zeroCopyCalls_;
-      BRAID_LOG(kInfo, kTune, "%s #%llu: zero-copy (every rank's buffers are braidMemAlloc memory)",
-                fp.describe().c_str(), static_cast<unsigned long long>(fp.seq));
+      BRAID_LOG(kInfo, kTune, "%s #%llu: direct (peers' buffers read %s)", fp.describe().c_str(),
+                static_cast<unsigned long long>(fp.seq), cma_ == CmaState::kUsable ? "in place or with process_vm_readv" : "in place");
       return Status::Ok();
     }
   }
@@ -370,6 +372,7 @@ Status Comm::execute(const CollArgs& in) {
 
 Status Comm::runPlan() {
   Status s = Engine::run(plan_, *this);
+  trace_.tally(plan_);
   if (!s.ok()) fail(s, !failed_.load());  // a failure that came as a notice is not reported back
   return s;
 }
@@ -387,6 +390,7 @@ Status Comm::runBlocking(const CollArgs& a) {
   {
     std::lock_guard<std::mutex> g(execMu_);
     s = closed_ ? Status::Aborted("the communicator was aborted") : execute(a);
+    trace_.end(s);
   }
   inFlight_--;
   return s;
@@ -426,6 +430,7 @@ void Comm::workerLoop() {
     {
       std::lock_guard<std::mutex> g(execMu_);
       s = closed_ ? Status::Aborted("the communicator was aborted") : execute(item.first);
+      trace_.end(s);
     }
     inFlight_--;
     setLastError(s);
@@ -441,6 +446,8 @@ void Comm::abort() {
   fail(Status::Aborted("rank " + std::to_string(rank_) + " aborted the communicator"), true);
   if (closed_.exchange(true)) return;
   shutdown(true);
+  std::lock_guard<std::mutex> g(execMu_);
+  trace_.failed(failure());  // no call was running: the flight recorder is written here
 }
 
 Status Comm::destroy() {

@@ -22,6 +22,7 @@
 #include "comm/memory.h"
 #include "comm/store.h"
 #include "comm/tuner.h"
+#include "comm/trace.h"
 #include "comm/waiter.h"
 #include "transport/transport.h"
 
@@ -137,6 +138,7 @@ class Comm final : public EngineHost, public Workspace {
   enum class CmaState { kUnknown, kUsable, kBlocked } cma_ = CmaState::kUnknown;
   std::map<int, std::uint64_t> sendSeq_, recvSeq_;
   Plan plan_;
+  FlightRecorder trace_;  // touched only under execMu_
   std::vector<std::byte> scratch_;
 
   std::mutex failMu_;

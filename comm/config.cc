@@ -104,6 +104,16 @@ const Row kRows[] = {
        c.secret = s;
        return Status::Ok();
      }},
+    {"BRAID_TRACE_BUFFER", "1000", "collectives each rank's flight recorder keeps (0: off); written on failure to BRAID_TRACE_DIR",
+     [](Config& c, const std::string& s) -> Status {
+       auto v = parseInt(s);
+       if (!v.ok()) return v.status();
+       if (*v < 0 || *v > 1000000) return Status::InvalidArgument("expected 0 to 1000000");
+       c.traceBuffer = static_cast<std::size_t>(*v);
+       return Status::Ok();
+     }},
+    {"BRAID_TRACE_DIR", "", "directory where each rank writes braid-trace-rank<N>.json on timeout, error or abort (read: braid trace DIR)",
+     [](Config& c, const std::string& s) -> Status { c.traceDir = s; return Status::Ok(); }},
     {"BRAID_SPIN_US", "-1", "microseconds to spin before yielding and then blocking (-1: auto: 50, or 0 when oversubscribed)",
      BRAID_ASSIGN_INT(spinUs, -1, 1000000)},
 };

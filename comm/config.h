@@ -26,6 +26,8 @@ struct Config {
   bool zeroCopy = true;              // BRAID_ZERO_COPY
   bool cma = true;                   // BRAID_CMA
   std::string secret;                // BRAID_SECRET
+  std::size_t traceBuffer = 1000;    // BRAID_TRACE_BUFFER (0: no flight recorder)
+  std::string traceDir;              // BRAID_TRACE_DIR ("": the recorder is never written)
 
   // Reads every BRAID_* variable; an unparsable value is an invalid-argument error naming it.
   static Result<Config> fromEnvironment();

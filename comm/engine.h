@@ -53,6 +53,7 @@ class Plan {
  private:
   friend class Engine;
   friend struct PlanRunner;
+  friend class FlightRecorder;  // reads the messages' progress after a run (comm/trace.cc)
   struct Queue {
     int peer;
     int channel;

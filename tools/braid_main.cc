@@ -1,9 +1,11 @@
-// The `braid` command: run (launcher), perf (benchmark), info (build, host, configuration).
+// The `braid` command: run (launcher), perf (benchmark), info (build, host, configuration), trace
+// (flight recorder files).
 #include <cstdio>
 #include <cstring>
 
 #include "tools/launcher.h"
 #include "tools/tools.h"
+#include "tools/trace.h"
 
 namespace {
 const char* kUsage =
@@ -11,7 +13,8 @@ const char* kUsage =
     "  run   -n N [--master-addr A] [--master-port P] [--nnodes K --node-rank R] [--tag-output] -- PROGRAM ARGS\n"
     "        start N ranks of PROGRAM on this host, the way torchrun does\n"
     "  perf  COLLECTIVE [options]   nccl-tests' table for a collective (run it under `braid run`)\n"
-    "  info                          build, host, transports, and every BRAID_* variable\n";
+    "  info                          build, host, transports, and every BRAID_* variable\n"
+    "  trace DIR                     merge the ranks' flight recorder files (BRAID_TRACE_DIR) into a verdict\n";
 }
 
 int main(int argc, char** argv) {
@@ -23,6 +26,7 @@ int main(int argc, char** argv) {
   if (!std::strcmp(cmd, "run")) return braid::tools::runLauncher(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "perf")) return braid::tools::runPerf(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "info")) return braid::tools::runInfo(argc - 1, argv + 1);
+  if (!std::strcmp(cmd, "trace")) return braid::tools::runTrace(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "--version")) {
     std::printf("braid 0.1.0\n");
     return 0;

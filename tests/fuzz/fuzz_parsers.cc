@@ -1,6 +1,7 @@
 // libFuzzer target for every text and binary parser a user or a peer can feed: unique-id strings,
 // sizes with suffixes, BRAID_* and launcher variables, interface lists, peer records, and message
-// headers. Properties, not just "no crash": an id that parses prints back to itself.
+// headers, and the flight recorder files that `braid trace` reads. Properties, not just "no crash":
+// an id that parses prints back to itself.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include "comm/config.h"
 #include "comm/fingerprint.h"
 #include "comm/init.h"
+#include "tools/trace.h"
 #include "transport/socket.h"
 #include "transport/transport.h"
 
@@ -25,6 +27,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   (void)braid::parseSize(text);
   (void)braid::PeerInfo::parse(text);
   (void)braid::net::interfaceMatches(cText, "eth0");
+  if (auto trace = braid::tools::parseRankTrace(text); trace.ok()) {
+    auto report = braid::tools::analyzeTraces({*trace, *trace}, {});
+    if (report.verdict.rfind("verdict: ", 0) != 0) std::abort();
+  }
 
   if (size >= sizeof(braid::WireHeader)) {
     braid::WireHeader h;

@@ -76,10 +76,10 @@ Status Comm::setup(InitParams& p) {
   const std::string me = "rank " + std::to_string(rank_);
 
   if (p.hostStore) {
-    // Bind to MASTER_ADDR's interface when it is ours; otherwise (a name that resolves elsewhere,
-    // e.g. behind NAT) to every interface.
-    std::string bindIp = net::isLocalAddress(p.storeIp) ? p.storeIp : "0.0.0.0";
-    auto srv = StoreServer::start(bindIp, p.storePort, p.storeNonce);
+    // MASTER_ADDR when it is ours, else the chosen interface; every address only if asked.
+    auto bindIp = net::bindAddressFor(p.storeIp, config_.socketIfname, config_.socketBindAll);
+    if (!bindIp.ok()) return bindIp.status().withContext(me + " could not host the rendezvous store");
+    auto srv = StoreServer::start(*bindIp, p.storePort, p.storeNonce);
     if (!srv.ok()) return srv.status().withContext(me + " could not host the rendezvous store");
     storeServer_ = std::move(srv.value());
   }

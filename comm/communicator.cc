@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "comm/log.h"
 #include "comm/tuner.h"
@@ -148,7 +149,10 @@ Status Comm::setup(InitParams& p) {
     BRAID_LOG(kInfo, kInit, "peer %d: %s%s%s", r, sel.transport.c_str(), sel.skipped.empty() ? "" : " (",
               sel.skipped.empty() ? "" : (sel.skipped + ")").c_str());
   }
-  for (const PeerInfo& info : infos) pids_.push_back(info.pid);
+  for (const PeerInfo& info : infos) {
+    pids_.push_back(info.pid);
+    localPeer_.push_back(info.sameHostAs(self));
+  }
   SetupContext ctx{rank_, nranks_, nonce_, p.storeNonce, config_, infos, *store_, deadline};
   conns_.resize(static_cast<std::size_t>(nranks_));
   shm_ = std::make_unique<ShmTransport>();
@@ -239,23 +243,65 @@ void Comm::onNotice(const Notice& n) {
   if (n.kind == Notice::kPeerGone) {
     std::string t = n.rank >= 0 && n.rank < nranks_ ? transportOf(n.rank) : "?";
     fail(Status::RemoteError("rank " + std::to_string(n.rank) + " (" + t + ") exited or closed its connection"), false);
+  } else if (n.rank < 0) {
+    // The store's connection broke: its host process is gone. If that was a rank of this host, name it.
+    fail(Status(n.code, deadLocalRanks() + n.message), false);
   } else {
     fail(Status(n.code, n.message), false);
   }
 }
 
+// "rank 0 (shm) exited; " for the ranks of this host whose process is gone (or a zombie), else "".
+// A process closes its sockets just before it becomes a zombie, so this looks again for up to 100 ms.
+std::string Comm::deadLocalRanks() const {
+  auto gone = [](int pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text;
+    if (pid <= 0 || !std::getline(stat, text)) return pid > 0;
+    std::size_t paren = text.rfind(')');
+    return paren != std::string::npos && paren + 2 < text.size() && (text[paren + 2] == 'Z' || text[paren + 2] == 'X');
+  };
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    std::string dead;
+    for (int r = 0; r < nranks_; ++r)
+      if (r != rank_ && localPeer_[static_cast<std::size_t>(r)] && gone(pids_[static_cast<std::size_t>(r)]))
+        dead += "rank " + std::to_string(r) + " (" + transportOf(r) + ") exited; ";
+    if (!dead.empty()) return dead;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return "";
+}
+
 // Every rank that gives up waiting says so through the store. A rank that is stopped, hung, or busy
 // outside Braid says nothing: after a short grace, the ranks missing from the chorus are named.
 Status Comm::explainTimeout(const std::string& what, const std::string& detail) {
-  if (store_) store_->report({Notice::kTimedOut, rank_, Code::kTimeout, detail});
+  // The notice carries the call ("allgather(count=4, float32) #3") on its first line, so that ranks
+  // stuck in different calls (a mismatch in which nobody reads the other's header) are named.
+  if (store_) store_->report({Notice::kTimedOut, rank_, Code::kTimeout, what + "\n" + detail});
   std::vector<int> silent;
+  int other = -1;
+  std::string otherWhat;
   {
     std::unique_lock<std::mutex> g(timeoutMu_);
     const double grace = std::min(2.0, std::max(0.2, config_.timeoutSec / 10));
     timeoutCv_.wait_for(g, std::chrono::duration<double>(grace),
                         [&] { return static_cast<int>(timedOut_.size()) >= nranks_ - 1; });
-    for (int r = 0; r < nranks_; ++r)
-      if (r != rank_ && !timedOut_.count(r)) silent.push_back(r);
+    for (int r = 0; r < nranks_; ++r) {
+      if (r == rank_) continue;
+      auto it = timedOut_.find(r);
+      if (it == timedOut_.end()) { silent.push_back(r); continue; }
+      std::string theirs = it->second.substr(0, it->second.find('\n'));
+      if (other < 0 && theirs != what) { other = r; otherWhat = theirs; }
+    }
+  }
+  if (other >= 0) {  // "desc #seq" -> "desc as #seq", worded as the header check words a mismatch
+    auto as = [](const std::string& w) { std::size_t h = w.rfind(" #"); return h == std::string::npos ? w : w.substr(0, h) + " as" + w.substr(h); };
+    int a = std::min(rank_, other), b = std::max(rank_, other);
+    const std::string& wa = a == rank_ ? what : otherWhat;
+    const std::string& wb = a == rank_ ? otherWhat : what;
+    return Status::InvalidUsage(what + " timed out after " + std::to_string(static_cast<long>(config_.timeoutSec)) +
+                                " s: rank " + std::to_string(a) + " called " + as(wa) + " but rank " + std::to_string(b) +
+                                " called " + as(wb) + ": every rank must issue the same collectives in the same order");
   }
   std::string who;
   for (int r : silent) who += (who.empty() ? "rank " : ", rank ") + std::to_string(r);
@@ -299,7 +345,6 @@ Status Comm::validate(const CollArgs& a) const {
 
 Status Comm::execute(const CollArgs& in) {
   CollArgs a = in;
-  if (failed_) return failure().withContext(std::string(collName(a.kind)) + " on a failed communicator");
   Fingerprint fp;
   fp.kind = a.kind;
   fp.dtype = a.dtype;
@@ -314,6 +359,8 @@ Status Comm::execute(const CollArgs& in) {
   } else {
     fp.seq = ++collSeq_;
   }
+  // After the failure every call names itself and its number: the error says which call found out.
+  if (failed_) return failure().withContext(fp.describe() + " #" + std::to_string(fp.seq) + " on a failed communicator");
   const std::size_t es = dataTypeSize(a.dtype);
   std::size_t total = a.count * es;
   if (a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter) total *= static_cast<std::size_t>(nranks_);

@@ -114,6 +114,8 @@ class Comm final : public EngineHost, public Workspace {
   std::unique_ptr<Waiter> waiter_;
   bool anyTcp_ = false;
   std::vector<int> pids_;  // by rank, to map peers' braidMemAlloc memory
+  std::vector<bool> localPeer_;  // by rank: on this host (its pid can be checked)
+  std::string deadLocalRanks() const;
   mem::PeerMappings peerMemory_;
   int maxChannels_ = 2;
 

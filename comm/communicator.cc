@@ -294,7 +294,9 @@ Status Comm::explainTimeout(const std::string& what, const std::string& detail) 
       if (other < 0 && theirs != what) { other = r; otherWhat = theirs; }
     }
   }
-  if (other >= 0) {  // "desc #seq" -> "desc as #seq", worded as the header check words a mismatch
+  // Everyone waits, nobody is silent, and not all in the same call: the ranks called different
+  // collectives. (With a silent rank, others may legitimately be one call apart: name the silent one.)
+  if (other >= 0 && silent.empty()) {  // "desc #seq" -> "desc as #seq", as the header check words it
     auto as = [](const std::string& w) { std::size_t h = w.rfind(" #"); return h == std::string::npos ? w : w.substr(0, h) + " as" + w.substr(h); };
     int a = std::min(rank_, other), b = std::max(rank_, other);
     const std::string& wa = a == rank_ ? what : otherWhat;

@@ -69,6 +69,7 @@ class Comm final : public EngineHost, public Workspace {
   void setLastError(const Status& s);
 
   int rank() const override { return rank_; }
+  bool closed() const { return closed_.load(); }  // destroyed or aborted
   int nranks() const override { return nranks_; }
   const Config& config() const { return config_; }
   // How many all-reduces took the zero-copy path (for tests and `braid perf`).

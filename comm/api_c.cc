@@ -84,7 +84,7 @@ braidResult_t braidCommDestroy(braidComm_t comm) {
   // The handle stays allocated (a few bytes) so that a late call on it gets invalid usage
   // instead of touching freed memory; everything the communicator held is released now.
   if (comm->impl->closed()) return toResult(kAlreadyClosed(), comm->impl.get());
-  return toResult(comm->impl->destroy());
+  return toResult(comm->impl->destroy(), comm->impl.get());
 }
 
 braidResult_t braidCommAbort(braidComm_t comm) {

@@ -363,6 +363,16 @@ Status Comm::execute(const CollArgs& in) {
   }
   // After the failure every call names itself and its number: the error says which call found out.
   if (failed_) return failure().withContext(fp.describe() + " #" + std::to_string(fp.seq) + " on a failed communicator");
+  if (a.kind != CollKind::kSendRecv) {
+    history_[fp.seq % kHistory] = fp;
+    if (fp.seq % kHistory == 0) {  // now and then: a mismatch that no plan of this rank has read yet
+      Status left = checkLeftovers(fp.seq - 1);
+      if (!left.ok()) {
+        fail(left, true);
+        return failure().withContext(fp.describe() + " #" + std::to_string(fp.seq) + " failed on rank " + std::to_string(rank_));
+      }
+    }
+  }
   const std::size_t es = dataTypeSize(a.dtype);
   std::size_t total = a.count * es;
   if (a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter) total *= static_cast<std::size_t>(nranks_);
@@ -481,8 +491,50 @@ void Comm::abort() {
 }
 
 Status Comm::destroy() {
+  Status left;
+  if (!failed_ && !closed_) {
+    std::lock_guard<std::mutex> g(execMu_);
+    left = checkLeftovers(collSeq_);
+    if (!left.ok()) fail(left, true);
+  }
   if (closed_.exchange(true)) return Status::Ok();
   shutdown(false);
+  return left.ok() ? left : left.withContext("destroy on rank " + std::to_string(rank_));
+}
+
+// A message that is still unread although its call is over here (its sequence number is one this
+// rank has finished) belongs to a call the sender made differently: no plan of this rank read that
+// channel, so the header check never saw it (e.g. two ranks that disagree on a reduce's root and
+// both only send). Every correct plan reads every message sent to it within its call.
+Status Comm::checkLeftovers(std::uint64_t finished) {
+  for (int p = 0; p < nranks_; ++p) {
+    Connection* c = p == rank_ ? nullptr : conns_[static_cast<std::size_t>(p)].get();
+    if (!c) continue;
+    for (int ch = 0; ch < c->numChannels(); ++ch) {
+      auto view = c->channel(ch).peek();
+      if (!view.ok() || view->size() < sizeof(WireHeader)) continue;
+      WireHeader h;
+      std::memcpy(&h, view->data(), sizeof(h));
+      if (h.magic != kWireMagic || h.commTag != commTag_) continue;
+      Fingerprint theirs = fingerprintOf(h);
+      if (theirs.kind == CollKind::kSendRecv || theirs.seq == 0 || theirs.seq > finished) continue;
+      const Fingerprint& mine = history_[theirs.seq % kHistory];
+      const std::string when = " (rank " + std::to_string(p) + "'s message for it was never read by rank " +
+                               std::to_string(rank_) + ")";
+      if (mine.seq != theirs.seq)  // too long ago to name this rank's own call
+        return Status::InvalidUsage("rank " + std::to_string(p) + " called " + theirs.describe() + " as #" +
+                                    std::to_string(theirs.seq) + ", but rank " + std::to_string(rank_) +
+                                    "'s call #" + std::to_string(theirs.seq) +
+                                    " never read it: every rank must issue the same collectives in the same order");
+      int a = std::min(rank_, p), b = std::max(rank_, p);
+      const Fingerprint& fa = a == rank_ ? mine : theirs;
+      const Fingerprint& fb = a == rank_ ? theirs : mine;
+      return Status::InvalidUsage("rank " + std::to_string(a) + " called " + fa.describe() + " as #" +
+                                  std::to_string(fa.seq) + " but rank " + std::to_string(b) + " called " +
+                                  fb.describe() + " as #" + std::to_string(fb.seq) +
+                                  ": every rank must issue the same collectives in the same order" + when);
+    }
+  }
   return Status::Ok();
 }
 

@@ -121,6 +121,11 @@ class Comm final : public EngineHost, public Workspace {
   int maxChannels_ = 2;
 
   std::uint64_t collSeq_ = 0;
+  // This rank's last collectives by sequence number (mod 64), to name them when a peer's message
+  // for one of them turns up unread (checkLeftovers).
+  static constexpr std::uint64_t kHistory = 64;
+  Fingerprint history_[kHistory];
+  Status checkLeftovers(std::uint64_t finished);  // finished: the last collective this rank completed
   std::uint64_t zeroCopyCalls_ = 0;
   std::map<int, std::uint64_t> sendSeq_, recvSeq_;
   Plan plan_;

@@ -80,6 +80,36 @@ TEST_P(Failures, SkippedCallIsDetectedBySequenceNumber) {
   for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 0);
 }
 
+TEST_P(Failures, MismatchThatNoPlanReadsIsFoundWithinSixtyFourCalls) {
+  // Ranks 0 and 1 reduce to root 2 while rank 2 reduces to root 0: with the chain, every rank only
+  // sends or sends to a rank that does not read it, so all three calls succeed and two messages stay
+  // unread in channels that the ring all-reduces after it never read. The periodic check of
+  // unread messages (every 64th collective) must end it on every rank, naming both calls.
+  Env env = transportEnv(GetParam());
+  env.push_back({"BRAID_TIMEOUT", "30"});
+  env.push_back({"BRAID_ALGO", "ring"});
+  auto outcome = runRanks(3, [](int rank, braidComm_t comm) {
+    float x = 1, y = 0;
+    braidResult_t r = braidReduce(&x, &y, 1, braidFloat32, braidSum, rank == 2 ? 0 : 2, comm, nullptr);
+    if (r != braidSuccess) { report(rank, "the reduce itself failed; this test needs it to pass unnoticed"); return 1; }
+    for (int call = 2; call <= 70; ++call) {
+      r = braidAllReduce(&x, &y, 1, braidFloat32, braidSum, comm, nullptr);
+      if (r == braidSuccess) continue;
+      std::string msg = braidGetLastError(comm);
+      if (r != braidInvalidUsage || call != 64) { report(rank, "call " + std::to_string(call) + ": " + msg); return 2; }
+      if (!contains(msg, "called reduce(count=1, float32, sum, root=2) as #1") ||
+          !contains(msg, "called reduce(count=1, float32, sum, root=0) as #1")) {
+        report(rank, "does not name both calls: " + msg);
+        return 3;
+      }
+      return 0;
+    }
+    report(rank, "70 calls succeeded after the mismatch");
+    return 4;
+  }, env, 60);
+  for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 0);
+}
+
 TEST_P(Failures, KilledRankIsNamedBySurvivorsWithinTenSeconds) {
   Env env = transportEnv(GetParam());
   env.push_back({"BRAID_TIMEOUT", "60"});

@@ -32,6 +32,9 @@ braidResult_t run(braidComm_t comm, const braid::CollArgs& a, void* stream) {
   return toResult(impl->runBlocking(a), impl.get());
 }
 
+// braid.h: after destroy or abort, any later call on the handle returns invalid usage.
+braid::Status kAlreadyClosed() { return braid::Status::InvalidUsage("the communicator was destroyed or aborted already"); }
+
 braid::DataType dt(braidDataType_t t) { return static_cast<braid::DataType>(t); }
 braid::ReduceOp rop(braidRedOp_t o) { return static_cast<braid::ReduceOp>(o); }
 
@@ -80,11 +83,13 @@ braidResult_t braidCommDestroy(braidComm_t comm) {
   if (!comm) return toResult(braid::Status::InvalidArgument("communicator is NULL"));
   // The handle stays allocated (a few bytes) so that a late call on it gets invalid usage
   // instead of touching freed memory; everything the communicator held is released now.
-  return toResult(comm->impl->destroy());
+  if (comm->impl->closed()) return toResult(kAlreadyClosed(), comm->impl.get());
+  return toResult(comm->impl->destroy(), comm->impl.get());
 }
 
 braidResult_t braidCommAbort(braidComm_t comm) {
   if (!comm) return toResult(braid::Status::InvalidArgument("communicator is NULL"));
+  if (comm->impl->closed()) return toResult(kAlreadyClosed(), comm->impl.get());
   comm->impl->abort();  // the handle stays allocated, as with braidCommDestroy
   return braidSuccess;
 }

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "comm/log.h"
 #include "comm/tuner.h"
@@ -81,10 +82,10 @@ Status Comm::setup(InitParams& p) {
   if (config_.cma && nranks_ > 1) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
 
   if (p.hostStore) {
-    // Bind to MASTER_ADDR's interface when it is ours; otherwise (a name that resolves elsewhere,
-    // e.g. behind NAT) to every interface.
-    std::string bindIp = net::isLocalAddress(p.storeIp) ? p.storeIp : "0.0.0.0";
-    auto srv = StoreServer::start(bindIp, p.storePort, p.storeNonce);
+    // MASTER_ADDR when it is ours, else the chosen interface; every address only if asked.
+    auto bindIp = net::bindAddressFor(p.storeIp, config_.socketIfname, config_.socketBindAll);
+    if (!bindIp.ok()) return bindIp.status().withContext(me + " could not host the rendezvous store");
+    auto srv = StoreServer::start(*bindIp, p.storePort, p.storeNonce);
     if (!srv.ok()) return srv.status().withContext(me + " could not host the rendezvous store");
     storeServer_ = std::move(srv.value());
   }
@@ -153,7 +154,10 @@ Status Comm::setup(InitParams& p) {
     BRAID_LOG(kInfo, kInit, "peer %d: %s%s%s", r, sel.transport.c_str(), sel.skipped.empty() ? "" : " (",
               sel.skipped.empty() ? "" : (sel.skipped + ")").c_str());
   }
-  for (const PeerInfo& info : infos) pids_.push_back(info.pid);
+  for (const PeerInfo& info : infos) {
+    pids_.push_back(info.pid);
+    localPeer_.push_back(info.sameHostAs(self));
+  }
   SetupContext ctx{rank_, nranks_, nonce_, p.storeNonce, config_, infos, *store_, deadline};
   conns_.resize(static_cast<std::size_t>(nranks_));
   shm_ = std::make_unique<ShmTransport>();
@@ -246,23 +250,67 @@ void Comm::onNotice(const Notice& n) {
   if (n.kind == Notice::kPeerGone) {
     std::string t = n.rank >= 0 && n.rank < nranks_ ? transportOf(n.rank) : "?";
     fail(Status::RemoteError("rank " + std::to_string(n.rank) + " (" + t + ") exited or closed its connection"), false);
+  } else if (n.rank < 0) {
+    // The store's connection broke: its host process is gone. If that was a rank of this host, name it.
+    fail(Status(n.code, deadLocalRanks() + n.message), false);
   } else {
     fail(Status(n.code, n.message), false);
   }
 }
 
+// "rank 0 (shm) exited; " for the ranks of this host whose process is gone (or a zombie), else "".
+// A process closes its sockets just before it becomes a zombie, so this looks again for up to 100 ms.
+std::string Comm::deadLocalRanks() const {
+  auto gone = [](int pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text;
+    if (pid <= 0 || !std::getline(stat, text)) return pid > 0;
+    std::size_t paren = text.rfind(')');
+    return paren != std::string::npos && paren + 2 < text.size() && (text[paren + 2] == 'Z' || text[paren + 2] == 'X');
+  };
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    std::string dead;
+    for (int r = 0; r < nranks_; ++r)
+      if (r != rank_ && localPeer_[static_cast<std::size_t>(r)] && gone(pids_[static_cast<std::size_t>(r)]))
+        dead += "rank " + std::to_string(r) + " (" + transportOf(r) + ") exited; ";
+    if (!dead.empty()) return dead;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return "";
+}
+
 // Every rank that gives up waiting says so through the store. A rank that is stopped, hung, or busy
 // outside Braid says nothing: after a short grace, the ranks missing from the chorus are named.
 Status Comm::explainTimeout(const std::string& what, const std::string& detail) {
-  if (store_) store_->report({Notice::kTimedOut, rank_, Code::kTimeout, detail});
+  // The notice carries the call ("allgather(count=4, float32) #3") on its first line, so that ranks
+  // stuck in different calls (a mismatch in which nobody reads the other's header) are named.
+  if (store_) store_->report({Notice::kTimedOut, rank_, Code::kTimeout, what + "\n" + detail});
   std::vector<int> silent;
+  int other = -1;
+  std::string otherWhat;
   {
     std::unique_lock<std::mutex> g(timeoutMu_);
     const double grace = std::min(2.0, std::max(0.2, config_.timeoutSec / 10));
     timeoutCv_.wait_for(g, std::chrono::duration<double>(grace),
                         [&] { return static_cast<int>(timedOut_.size()) >= nranks_ - 1; });
-    for (int r = 0; r < nranks_; ++r)
-      if (r != rank_ && !timedOut_.count(r)) silent.push_back(r);
+    for (int r = 0; r < nranks_; ++r) {
+      if (r == rank_) continue;
+      auto it = timedOut_.find(r);
+      if (it == timedOut_.end()) { silent.push_back(r); continue; }
+      std::string theirs = it->second.substr(0, it->second.find('\n'));
+      if (other < 0 && theirs != what) { other = r; otherWhat = theirs; }
+    }
+  }
+  // Everyone waits, nobody is silent, and not all in the same call: the ranks called different
+  // collectives. (With a silent rank, others may legitimately be one call apart: name the silent one.)
+  if (other >= 0 && silent.empty()) {  // "desc #seq" -> "desc as #seq", as the header check words it
+    auto as = [](const std::string& w) { std::size_t h = w.rfind(" #"); return h == std::string::npos ? w : w.substr(0, h) + " as" + w.substr(h); };
+    int a = std::min(rank_, other), b = std::max(rank_, other);
+    const std::string& wa = a == rank_ ? what : otherWhat;
+    const std::string& wb = a == rank_ ? otherWhat : what;
+    return Status::InvalidUsage(what + " timed out after " + std::to_string(static_cast<long>(config_.timeoutSec)) +
+                                " s: rank " + std::to_string(a) + " called " + as(wa) + " but rank " + std::to_string(b) +
+                                " called " + as(wb) + ": every rank must issue the same collectives in the same order");
   }
   std::string who;
   for (int r : silent) who += (who.empty() ? "rank " : ", rank ") + std::to_string(r);
@@ -306,7 +354,6 @@ Status Comm::validate(const CollArgs& a) const {
 
 Status Comm::execute(const CollArgs& in) {
   CollArgs a = in;
-  if (failed_) return failure().withContext(std::string(collName(a.kind)) + " on a failed communicator");
   Fingerprint fp;
   fp.kind = a.kind;
   fp.dtype = a.dtype;
@@ -321,7 +368,19 @@ Status Comm::execute(const CollArgs& in) {
   } else {
     fp.seq = ++collSeq_;
   }
+  // After the failure every call names itself and its number: the error says which call found out.
+  if (failed_) return failure().withContext(fp.describe() + " #" + std::to_string(fp.seq) + " on a failed communicator");
   trace_.begin(fp);
+  if (a.kind != CollKind::kSendRecv) {
+    history_[fp.seq % kHistory] = fp;
+    if (fp.seq % kHistory == 0) {  // now and then: a mismatch that no plan of this rank has read yet
+      Status left = checkLeftovers(fp.seq - 1);
+      if (!left.ok()) {
+        fail(left, true);
+        return failure().withContext(fp.describe() + " #" + std::to_string(fp.seq) + " failed on rank " + std::to_string(rank_));
+      }
+    }
+  }
   const std::size_t es = dataTypeSize(a.dtype);
   std::size_t total = a.count * es;
   if (a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter) total *= static_cast<std::size_t>(nranks_);
@@ -451,8 +510,50 @@ void Comm::abort() {
 }
 
 Status Comm::destroy() {
+  Status left;
+  if (!failed_ && !closed_) {
+    std::lock_guard<std::mutex> g(execMu_);
+    left = checkLeftovers(collSeq_);
+    if (!left.ok()) fail(left, true);
+  }
   if (closed_.exchange(true)) return Status::Ok();
   shutdown(false);
+  return left.ok() ? left : left.withContext("destroy on rank " + std::to_string(rank_));
+}
+
+// A message that is still unread although its call is over here (its sequence number is one this
+// rank has finished) belongs to a call the sender made differently: no plan of this rank read that
+// channel, so the header check never saw it (e.g. two ranks that disagree on a reduce's root and
+// both only send). Every correct plan reads every message sent to it within its call.
+Status Comm::checkLeftovers(std::uint64_t finished) {
+  for (int p = 0; p < nranks_; ++p) {
+    Connection* c = p == rank_ ? nullptr : conns_[static_cast<std::size_t>(p)].get();
+    if (!c) continue;
+    for (int ch = 0; ch < c->numChannels(); ++ch) {
+      auto view = c->channel(ch).peek();
+      if (!view.ok() || view->size() < sizeof(WireHeader)) continue;
+      WireHeader h;
+      std::memcpy(&h, view->data(), sizeof(h));
+      if (h.magic != kWireMagic || h.commTag != commTag_) continue;
+      Fingerprint theirs = fingerprintOf(h);
+      if (theirs.kind == CollKind::kSendRecv || theirs.seq == 0 || theirs.seq > finished) continue;
+      const Fingerprint& mine = history_[theirs.seq % kHistory];
+      const std::string when = " (rank " + std::to_string(p) + "'s message for it was never read by rank " +
+                               std::to_string(rank_) + ")";
+      if (mine.seq != theirs.seq)  // too long ago to name this rank's own call
+        return Status::InvalidUsage("rank " + std::to_string(p) + " called " + theirs.describe() + " as #" +
+                                    std::to_string(theirs.seq) + ", but rank " + std::to_string(rank_) +
+                                    "'s call #" + std::to_string(theirs.seq) +
+                                    " never read it: every rank must issue the same collectives in the same order");
+      int a = std::min(rank_, p), b = std::max(rank_, p);
+      const Fingerprint& fa = a == rank_ ? mine : theirs;
+      const Fingerprint& fb = a == rank_ ? theirs : mine;
+      return Status::InvalidUsage("rank " + std::to_string(a) + " called " + fa.describe() + " as #" +
+                                  std::to_string(fa.seq) + " but rank " + std::to_string(b) + " called " +
+                                  fb.describe() + " as #" + std::to_string(fb.seq) +
+                                  ": every rank must issue the same collectives in the same order" + when);
+    }
+  }
   return Status::Ok();
 }
 

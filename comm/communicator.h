@@ -73,6 +73,7 @@ class Comm final : public EngineHost, public Workspace {
   void setLastError(const Status& s);
 
   int rank() const override { return rank_; }
+  bool closed() const { return closed_.load(); }  // destroyed or aborted
   int nranks() const override { return nranks_; }
   const Config& config() const { return config_; }
   // How many all-reduces took the zero-copy path (for tests and `braid perf`).
@@ -128,11 +129,18 @@ class Comm final : public EngineHost, public Workspace {
   std::unique_ptr<Waiter> waiter_;
   bool anyTcp_ = false;
   std::vector<int> pids_;  // by rank, to map peers' braidMemAlloc memory
+  std::vector<bool> localPeer_;  // by rank: on this host (its pid can be checked)
+  std::string deadLocalRanks() const;
   mem::PeerMappings peerMemory_;
   int maxChannels_ = 2;
   Tuner tuner_;
 
   std::uint64_t collSeq_ = 0;
+  // This rank's last collectives by sequence number (mod 64), to name them when a peer's message
+  // for one of them turns up unread (checkLeftovers).
+  static constexpr std::uint64_t kHistory = 64;
+  Fingerprint history_[kHistory];
+  Status checkLeftovers(std::uint64_t finished);  // finished: the last collective this rank completed
   std::uint64_t zeroCopyCalls_ = 0;
   std::uint64_t cmaCalls_ = 0;
   enum class CmaState { kUnknown, kUsable, kBlocked } cma_ = CmaState::kUnknown;

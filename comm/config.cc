@@ -75,6 +75,8 @@ const Row kRows[] = {
      [](Config& c, const std::string& s) { return parseBool(s, &c.ibDisable); }},
     {"BRAID_SOCKET_IFNAME", "", "interfaces for tcp: prefixes (eth,ib), ^ before the list excludes (^docker,lo), = before it matches exactly (=eth0)",
      [](Config& c, const std::string& s) -> Status { c.socketIfname = s; return Status::Ok(); }},
+    {"BRAID_SOCKET_BIND_ALL", "0", "1: listeners (store, tcp) bind to every address (0.0.0.0), not only the chosen interface's",
+     [](Config& c, const std::string& s) { return parseBool(s, &c.socketBindAll); }},
     {"BRAID_NSOCKS", "2", "channels per peer (tcp sockets, shm rings), 2 to 16; the double binary tree needs 2",
      BRAID_ASSIGN_INT(nsocks, 2, 16)},
     {"BRAID_BUFFSIZE", "1M", "staging buffer per channel and direction (shm ring, tcp receive buffer); power of two",

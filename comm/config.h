@@ -18,6 +18,7 @@ struct Config {
   bool shmDisable = false;           // BRAID_SHM_DISABLE
   bool ibDisable = false;            // BRAID_IB_DISABLE
   std::string socketIfname;          // BRAID_SOCKET_IFNAME
+  bool socketBindAll = false;        // BRAID_SOCKET_BIND_ALL
   int nsocks = 2;                    // BRAID_NSOCKS
   std::size_t buffSize = 1 << 20;    // BRAID_BUFFSIZE
   std::size_t chunkSize = 0;         // BRAID_CHUNKSIZE (0: tuner decides)

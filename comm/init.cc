@@ -85,7 +85,7 @@ Status makeUniqueId(braidUniqueId* id) {
     ip = *chosen;
   }
   std::string nonce = randomHex(16);
-  auto server = StoreServer::start(ip, port, nonce);
+  auto server = StoreServer::start(cfg->socketBindAll ? "0.0.0.0" : ip, port, nonce);
   if (!server.ok()) return server.status();
   IdLayout layout{};
   std::memcpy(layout.magic, kIdMagic, sizeof(kIdMagic));

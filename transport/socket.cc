@@ -127,6 +127,12 @@ bool isLocalAddress(const std::string& ip) {
   return hit;
 }
 
+Result<std::string> bindAddressFor(const std::string& advertisedIp, const std::string& ifSpec, bool bindAll) {
+  if (bindAll) return std::string("0.0.0.0");
+  if (isLocalAddress(advertisedIp)) return advertisedIp;
+  return ifSpec.empty() ? localAddressToward(advertisedIp) : addressForInterfaces(ifSpec);
+}
+
 Result<Fd> listenOn(const std::string& ip, int port, int backlog) {
   auto sa = makeAddr(ip, port);
   if (!sa.ok()) return sa.status();

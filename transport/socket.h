@@ -39,6 +39,11 @@ bool interfaceMatches(const std::string& spec, const std::string& ifname);
 // True if `ip` belongs to an interface of this host.
 bool isLocalAddress(const std::string& ip);
 
+// Where a listener that others reach at `advertisedIp` binds: every address (0.0.0.0) only when
+// `bindAll` (BRAID_SOCKET_BIND_ALL); else `advertisedIp` when it is this host's; else (a name that
+// resolves elsewhere, e.g. behind NAT) the address of the `ifSpec` interface, or of the one that
+// routes toward `advertisedIp`.
+Result<std::string> bindAddressFor(const std::string& advertisedIp, const std::string& ifSpec, bool bindAll);
 Result<Fd> listenOn(const std::string& ip, int port, int backlog = 4096);
 int localPort(int fd);
 // One connect attempt bounded by the deadline.

@@ -80,6 +80,36 @@ TEST_P(Failures, SkippedCallIsDetectedBySequenceNumber) {
   for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 0);
 }
 
+TEST_P(Failures, MismatchThatNoPlanReadsIsFoundWithinSixtyFourCalls) {
+  // Ranks 0 and 1 reduce to root 2 while rank 2 reduces to root 0: with the chain, every rank only
+  // sends or sends to a rank that does not read it, so all three calls succeed and two messages stay
+  // unread in channels that the ring all-reduces after it never read. The periodic check of
+  // unread messages (every 64th collective) must end it on every rank, naming both calls.
+  Env env = transportEnv(GetParam());
+  env.push_back({"BRAID_TIMEOUT", "30"});
+  env.push_back({"BRAID_ALGO", "ring"});
+  auto outcome = runRanks(3, [](int rank, braidComm_t comm) {
+    float x = 1, y = 0;
+    braidResult_t r = braidReduce(&x, &y, 1, braidFloat32, braidSum, rank == 2 ? 0 : 2, comm, nullptr);
+    if (r != braidSuccess) { report(rank, "the reduce itself failed; this test needs it to pass unnoticed"); return 1; }
+    for (int call = 2; call <= 70; ++call) {
+      r = braidAllReduce(&x, &y, 1, braidFloat32, braidSum, comm, nullptr);
+      if (r == braidSuccess) continue;
+      std::string msg = braidGetLastError(comm);
+      if (r != braidInvalidUsage || call != 64) { report(rank, "call " + std::to_string(call) + ": " + msg); return 2; }
+      if (!contains(msg, "called reduce(count=1, float32, sum, root=2) as #1") ||
+          !contains(msg, "called reduce(count=1, float32, sum, root=0) as #1")) {
+        report(rank, "does not name both calls: " + msg);
+        return 3;
+      }
+      return 0;
+    }
+    report(rank, "70 calls succeeded after the mismatch");
+    return 4;
+  }, env, 60);
+  for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 0);
+}
+
 TEST_P(Failures, KilledRankIsNamedBySurvivorsWithinTenSeconds) {
   Env env = transportEnv(GetParam());
   env.push_back({"BRAID_TIMEOUT", "60"});
@@ -144,6 +174,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, Failures, ::testing::Values("shm", "tcp"));
 TEST(Misuse, BadArgumentsAreRejectedAndTheCommunicatorStaysUsable) {
   auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
     float buf[8] = {1, 2, 3, 4, 5, 6, 7, 8}, out[16];
+    for (float& o : out) o = -7;  // a rejected call must not write anything
     const std::size_t huge = SIZE_MAX / 2;
     struct Case { const char* what; braidResult_t got; };
     int dummyStream = 0;
@@ -164,6 +195,39 @@ TEST(Misuse, BadArgumentsAreRejectedAndTheCommunicatorStaysUsable) {
         {"recv NULL", braidRecv(nullptr, 4, braidFloat32, 1 - rank, comm, nullptr)},
         {"NULL comm", braidAllReduce(buf, out, 4, braidFloat32, braidSum, nullptr, nullptr)},
         {"count NULL", braidCommCount(comm, nullptr)},
+        // More NULL pointers.
+        {"user rank NULL", braidCommUserRank(comm, nullptr)},
+        {"async error NULL", braidCommGetAsyncError(comm, nullptr)},
+        {"count of NULL comm", braidCommCount(nullptr, &dummyStream)},
+        {"allgather NULL recv", braidAllGather(buf, nullptr, 4, braidFloat32, comm, nullptr)},
+        {"reduce NULL send", braidReduce(nullptr, out, 4, braidFloat32, braidSum, 0, comm, nullptr)},
+        {"send NULL", braidSend(nullptr, 4, braidFloat32, 1 - rank, comm, nullptr)},
+        {"broadcast NULL recv", braidBroadcast(buf, nullptr, 4, braidFloat32, 0, comm, nullptr)},
+        {"barrier NULL comm", braidBarrier(nullptr)},
+        {"unique id NULL", braidGetUniqueId(nullptr)},
+        {"id to string NULL", braidUniqueIdToString(nullptr, reinterpret_cast<char*>(out), sizeof(out))},
+        {"id from string NULL", braidUniqueIdFromString(nullptr, nullptr)},
+        {"mem alloc NULL", braidMemAlloc(nullptr, 64)},
+        // Unknown dtype or op (negative too), on every collective that takes them.
+        {"allreduce dtype -1", braidAllReduce(buf, out, 4, static_cast<braidDataType_t>(-1), braidSum, comm, nullptr)},
+        {"allreduce op -1", braidAllReduce(buf, out, 4, braidFloat32, static_cast<braidRedOp_t>(-1), comm, nullptr)},
+        {"allgather bad dtype", braidAllGather(buf, out, 4, braidNumTypes, comm, nullptr)},
+        {"reducescatter bad op", braidReduceScatter(buf, out, 2, braidFloat32, braidNumOps, comm, nullptr)},
+        {"broadcast bad dtype", braidBroadcast(buf, out, 4, static_cast<braidDataType_t>(99), 0, comm, nullptr)},
+        {"reduce bad op", braidReduce(buf, out, 4, braidFloat32, static_cast<braidRedOp_t>(77), 0, comm, nullptr)},
+        {"send bad dtype", braidSend(buf, 4, static_cast<braidDataType_t>(12), 1 - rank, comm, nullptr)},
+        {"recv bad dtype", braidRecv(out, 4, static_cast<braidDataType_t>(-5), 1 - rank, comm, nullptr)},
+        // Root or peer out of range.
+        {"reduce root -1", braidReduce(buf, out, 4, braidFloat32, braidSum, -1, comm, nullptr)},
+        {"recv peer -1", braidRecv(out, 4, braidFloat32, -1, comm, nullptr)},
+        {"recv peer 2", braidRecv(out, 4, braidFloat32, 2, comm, nullptr)},
+        {"send peer INT_MAX", braidSend(buf, 4, braidFloat32, 0x7fffffff, comm, nullptr)},
+        // count * element size (* ranks) overflows.
+        {"reducescatter overflow", braidReduceScatter(buf, out, SIZE_MAX / 2 + 1, braidInt8, braidSum, comm, nullptr)},
+        {"broadcast overflow", braidBroadcast(buf, out, huge, braidFloat64, 0, comm, nullptr)},
+        {"reduce overflow", braidReduce(buf, out, huge, braidInt32, braidSum, 0, comm, nullptr)},
+        {"send overflow", braidSend(buf, huge, braidFloat64, 1 - rank, comm, nullptr)},
+        {"recv overflow", braidRecv(out, SIZE_MAX, braidInt32, 1 - rank, comm, nullptr)},
     };
     int bad = 0;
     for (const Case& c : cases) {
@@ -173,6 +237,13 @@ TEST(Misuse, BadArgumentsAreRejectedAndTheCommunicatorStaysUsable) {
       }
     }
     if (std::string(braidGetLastError(nullptr)).empty()) { report(rank, "no last error text"); ++bad; }
+    for (int i = 0; i < 16; ++i)
+      if (out[i] != -7 || (i < 8 && buf[i] != static_cast<float>(i + 1))) { report(rank, "a rejected call wrote a buffer"); ++bad; break; }
+    braidResult_t async = braidInternalError;
+    if (braidCommGetAsyncError(comm, &async) != braidSuccess || async != braidSuccess) {
+      report(rank, "bad arguments left an asynchronous error");
+      ++bad;
+    }
     // Zero-count calls with NULL buffers are fine.
     if (braidAllReduce(nullptr, nullptr, 0, braidFloat32, braidSum, comm, nullptr) != braidSuccess) ++bad;
     // Still usable: a real all-reduce gives the right answer.
@@ -184,6 +255,45 @@ TEST(Misuse, BadArgumentsAreRejectedAndTheCommunicatorStaysUsable) {
     return bad;
   });
   for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 0);
+}
+
+// After destroy (and after abort) the handle stays valid: every call returns invalid usage, does
+// nothing, and says why; destroying or aborting again is invalid usage too.
+TEST(Misuse, CallsAfterDestroyOrAbortAreInvalidUsage) {
+  for (bool abortIt : {false, true}) {
+    auto outcome = runRanks(2, [&](int rank, braidComm_t comm) {
+      // Both ranks are past init (an abort during the other's init would fail that init instead).
+      if (braidBarrier(comm) != braidSuccess) { report(rank, "barrier failed"); return 1; }
+      braidResult_t r = abortIt ? braidCommAbort(comm) : braidCommDestroy(comm);
+      if (r != braidSuccess) { report(rank, "destroy/abort failed: " + std::string(braidGetLastError(nullptr))); return 1; }
+      float x = 3, y = -7;
+      int n = -1;
+      braidResult_t async = braidSuccess;
+      struct Case { const char* what; braidResult_t got; };
+      Case cases[] = {
+          {"allreduce", braidAllReduce(&x, &y, 1, braidFloat32, braidSum, comm, nullptr)},
+          {"allgather", braidAllGather(&x, &y, 1, braidFloat32, comm, nullptr)},
+          {"broadcast", braidBroadcast(&x, &y, 1, braidFloat32, 0, comm, nullptr)},
+          {"send", braidSend(&x, 1, braidFloat32, 1 - rank, comm, nullptr)},
+          {"recv", braidRecv(&y, 1, braidFloat32, 1 - rank, comm, nullptr)},
+          {"barrier", braidBarrier(comm)},
+          {"destroy again", braidCommDestroy(comm)},
+          {"abort again", braidCommAbort(comm)},
+      };
+      int bad = 0;
+      for (const Case& c : cases)
+        if (c.got != braidInvalidUsage) { report(rank, std::string(c.what) + ": got " + braidGetErrorString(c.got)); ++bad; }
+      if (!contains(braidGetLastError(comm), "destroyed or aborted")) { report(rank, std::string("message: ") + braidGetLastError(comm)); ++bad; }
+      if (y != -7) { report(rank, "a call after destroy/abort wrote its buffer"); ++bad; }
+      // Queries either still answer or say invalid usage; they never crash.
+      braidResult_t q = braidCommCount(comm, &n);
+      if (q != braidSuccess && q != braidInvalidUsage) { report(rank, "count after destroy"); ++bad; }
+      q = braidCommGetAsyncError(comm, &async);
+      if (q != braidSuccess && q != braidInvalidUsage) { report(rank, "async error after destroy"); ++bad; }
+      return bad ? -bad : -100;  // already destroyed: the harness must not destroy it again
+    });
+    for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 100) << (abortIt ? "abort" : "destroy");
+  }
 }
 
 // A /dev/shm too small for the rings (Docker's 64 MB, simulated with a file size limit) is a clear

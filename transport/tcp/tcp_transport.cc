@@ -45,7 +45,9 @@ Status TcpTransport::listen(const Config& config, const std::string& rendezvousI
   Result<std::string> ip = config.socketIfname.empty() ? net::localAddressToward(rendezvousIp)
                                                        : net::addressForInterfaces(config.socketIfname);
   if (!ip.ok()) return ip.status();
-  auto fd = net::listenOn(*ip, 0);
+  // Only the chosen interface's address, so the listener is not reachable through other networks
+  // of this host; BRAID_SOCKET_BIND_ALL=1 binds every address but still advertises this one.
+  auto fd = net::listenOn(config.socketBindAll ? "0.0.0.0" : *ip, 0);
   if (!fd.ok()) return fd.status();
   listener_ = std::move(fd.value());
   address_ = *ip + ":" + std::to_string(net::localPort(listener_.get()));
@@ -84,7 +86,12 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
   }
   // Accept from higher ranks. Every accepted connection gets a challenge and a short time to answer;
   // they are served side by side, so strangers that connect and stall cannot hold up real ranks.
+  // The listener is nonblocking so that each pass accepts everything queued (a flood of strangers
+  // must not leave a real rank waiting behind them one accept per pass), and only connections that
+  // poll reports readable are read.
   std::vector<Pending> pending;
+  std::size_t dropped = 0;
+  net::setNonBlocking(listener_.get(), true);
   while (expectIncoming > 0) {
     if (ctx.deadline.expired())
       return Status::Timeout("rank " + std::to_string(ctx.rank) + " waited for " + std::to_string(expectIncoming) +
@@ -92,25 +99,17 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
     std::vector<pollfd> pfds{{listener_.get(), POLLIN, 0}};
     for (Pending& q : pending) pfds.push_back({q.fd.get(), POLLIN, 0});
     ::poll(pfds.data(), pfds.size(), std::min(ctx.deadline.msLeft(), 100));
-    if (pfds[0].revents & POLLIN) {
-      int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd >= 0) {
-        Pending q;
-        q.fd.reset(fd);
-        q.challenge = auth::randomBytes(kChallengeBytes);
-        q.until = Deadline::after(std::min(ctx.config.timeoutSec, 5.0));
-        if (::send(fd, q.challenge.data(), q.challenge.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
-            static_cast<ssize_t>(kChallengeBytes))
-          pending.push_back(std::move(q));
-      }
-    }
-    for (std::size_t i = 0; i < pending.size();) {
+    std::vector<bool> drop(pending.size(), false);
+    for (std::size_t i = 0; i < pending.size(); ++i) {
       Pending& q = pending[i];
-      bool drop = q.until.expired();
-      ssize_t k = ::recv(q.fd.get(), reinterpret_cast<char*>(&q.hello) + q.got, sizeof(Hello) - q.got, MSG_DONTWAIT);
-      if (k > 0) q.got += static_cast<std::size_t>(k);
-      else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) drop = true;
-      if (!drop && q.got == sizeof(Hello)) {
+      drop[i] = q.until.expired();  // silent for too long
+      if (!drop[i] && !pfds[i + 1].revents) continue;
+      if (!drop[i]) {
+        ssize_t k = ::recv(q.fd.get(), reinterpret_cast<char*>(&q.hello) + q.got, sizeof(Hello) - q.got, MSG_DONTWAIT);
+        if (k > 0) q.got += static_cast<std::size_t>(k);
+        else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) drop[i] = true;
+      }
+      if (!drop[i] && q.got == sizeof(Hello)) {
         const Hello& h = q.hello;
         bool known = h.channel >= 0 && h.channel < channels && socks.count(h.rank) && h.rank > ctx.rank &&
                      !socks[h.rank][static_cast<std::size_t>(h.channel)].valid();
@@ -121,19 +120,35 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
           net::setNoDelay(q.fd.get());
           socks[h.rank][static_cast<std::size_t>(h.channel)] = std::move(q.fd);
           --expectIncoming;
-        } else {
-          BRAID_LOG(kWarn, kNet, "tcp: dropped a connection that did not prove this job's secret");
+          drop[i] = true;  // done with it: it is a channel now
+          continue;
         }
-        drop = true;
+        drop[i] = true;
       }
-      if (drop) {
+      if (drop[i] && ++dropped == 1)
+        BRAID_LOG(kWarn, kNet, "tcp: dropped a connection that did not prove this job's secret");
+    }
+    for (std::size_t i = pending.size(); i-- > 0;)
+      if (drop[i]) {
         pending[i] = std::move(pending.back());
         pending.pop_back();
-      } else {
-        ++i;
+      }
+    if (pfds[0].revents & POLLIN) {
+      for (int n = 0; n < 4096; ++n) {
+        int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) break;  // EAGAIN: nothing more queued (or out of descriptors: next pass)
+        Pending q;
+        q.fd.reset(fd);
+        q.challenge = auth::randomBytes(kChallengeBytes);
+        q.until = Deadline::after(std::min(ctx.config.timeoutSec, 5.0));
+        if (::send(fd, q.challenge.data(), q.challenge.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+            static_cast<ssize_t>(kChallengeBytes))
+          pending.push_back(std::move(q));
       }
     }
   }
+  if (dropped > 1)
+    BRAID_LOG(kWarn, kNet, "tcp: dropped %zu connections in all that did not prove this job's secret", dropped);
   listener_.reset();  // everyone has connected: nobody else may
   std::vector<std::unique_ptr<Connection>> out;
   for (int p : peers) {

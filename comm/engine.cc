@@ -211,12 +211,43 @@ struct PlanRunner {
     return Status::Ok();
   }
 
+  // A small message that has fully arrived is taken in one step: header, payload and padding
+  // leave the channel with one consume (one update of a shared-memory ring's tail). False when the
+  // message is not all there yet (the general path below then takes what there is).
+  Result<bool> recvWhole(Op& op, Channel& ch) {
+    auto view = ch.peek();
+    if (!view.ok()) return view.status();
+    const std::size_t pad = padOf(op.bytes), total = kHeaderBytes + op.bytes + pad;
+    if (view->size() < total) return false;
+    std::memcpy(&op.hdr, view->data(), kHeaderBytes);
+    op.hdrDone = kHeaderBytes;
+    Status s = checkHeader(op);
+    if (!s.ok()) return s;
+    op.started = true;
+    const std::byte* payload = view->data() + kHeaderBytes;
+    if (op.kind == Op::kRecvCopy) {
+      if (op.bytes) std::memcpy(op.dst, payload, op.bytes);
+    } else if (op.bytes) {
+      kernels::reduce(op.dst, op.src, payload, op.bytes / esize, fp.dtype, fp.op);
+      if (op.finalDivide) kernels::divide(op.dst, op.bytes / esize, fp.dtype, plan.nranks_);
+    }
+    ch.consume(total);
+    op.done = op.bytes;
+    op.padDone = pad;
+    op.complete = true;
+    return true;
+  }
+
   Result<bool> advanceRecv(Op& op, Channel& ch) {
     bool moved = false;
     if (!op.started) {
       // Start only after the dependency started: "started" then chains through a whole subtree,
       // which is what makes a zero-byte tree all-reduce a barrier.
       if (!depStarted(op)) return false;
+      if (op.hdrDone == 0 && op.bytes <= kInlineBytes && (op.kind == Op::kRecvCopy || limit(op) == op.bytes)) {
+        auto r = recvWhole(op, ch);
+        if (!r.ok() || *r) return r;
+      }
       auto k = ch.tryRecv(reinterpret_cast<std::byte*>(&op.hdr) + op.hdrDone, kHeaderBytes - op.hdrDone);
       if (!k.ok()) return k.status();
       op.hdrDone += *k;

@@ -9,6 +9,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <x86intrin.h>
+#endif
 
 #include "comm/engine.h"
 #include "comm/log.h"
@@ -63,6 +68,29 @@ const char* stateName(TraceEntry::State s) {
 
 }  // namespace
 
+namespace {
+// The TSC counts at a constant rate (CPUID's invariant-TSC bit) and the kernel keeps time with it
+// (so it is synchronized across cores); otherwise steady_clock.
+bool tscUsable() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0x80000007, &a, &b, &c, &d) || !(d & (1u << 8))) return false;
+  std::ifstream f("/sys/devices/system/clocksource/clocksource0/current_clocksource");
+  std::string source;
+  return f >> source && source == "tsc";
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+std::int64_t FlightRecorder::ticks() const {
+#if defined(__x86_64__)
+  if (useTsc_) return static_cast<std::int64_t>(__rdtsc());
+#endif
+  return nowNs();
+}
+
 std::int64_t FlightRecorder::nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -72,6 +100,9 @@ std::string traceFileName(int rank) { return "braid-trace-rank" + std::to_string
 
 void FlightRecorder::init(std::size_t capacity, std::string dir, TraceIdentity id) {
   ring_.assign(capacity, TraceEntry{});
+  useTsc_ = capacity > 0 && tscUsable();
+  tick0_ = ticks();
+  ns0_ = nowNs();
   next_ = 0;
   slot_ = 0;
   current_ = nullptr;
@@ -88,7 +119,8 @@ void FlightRecorder::tally(const Plan& plan) {
   for (const Op& op : plan.ops_) addBytes(*e, op.peer, op.kind == Op::kSend, op.done);
   const Op* pick = nullptr;
   int best = 4;
-  for (const Plan::Queue& q : plan.queues_) {
+  for (std::size_t i = 0; i < plan.numQueues_; ++i) {  // the plan's queues (the rest are spares)
+    const Plan::Queue& q = plan.queues_[i];
     if (q.head >= q.ops.size()) continue;
     const Op& op = plan.ops_[static_cast<std::size_t>(q.ops[q.head])];
     bool gated = false;
@@ -118,7 +150,17 @@ std::vector<TraceEntry> FlightRecorder::entries() const {
   const std::size_t cap = ring_.size();
   if (!cap) return out;
   std::uint64_t first = next_ > cap ? next_ - cap : 0;
-  for (std::uint64_t i = first; i < next_; ++i) out.push_back(ring_[i % cap]);
+  const std::int64_t tick1 = ticks(), ns1 = nowNs();
+  const double nsPerTick = tick1 > tick0_ ? static_cast<double>(ns1 - ns0_) / static_cast<double>(tick1 - tick0_) : 1.0;
+  auto toNs = [&](std::int64_t t) {
+    return t ? ns0_ + static_cast<std::int64_t>(static_cast<double>(t - tick0_) * nsPerTick) : 0;
+  };
+  for (std::uint64_t i = first; i < next_; ++i) {
+    TraceEntry e = ring_[i % cap];
+    e.startNs = toNs(e.startNs);
+    e.endNs = toNs(e.endNs);
+    out.push_back(e);
+  }
   return out;
 }
 

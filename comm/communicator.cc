@@ -3,7 +3,6 @@
 // other rank; from then on each call on the communicator returns that error.
 #include "comm/communicator.h"
 
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -76,10 +75,6 @@ Status Comm::setup(InitParams& p) {
   log::setRank(rank_);
   const Deadline deadline = Deadline::after(config_.timeoutSec);
   const std::string me = "rank " + std::to_string(rank_);
-  // Under Yama's ptrace_scope 1 only an ancestor may read this process's memory, and sibling ranks
-  // are not ancestors: let any process of this user do so, as cross-memory attach needs (where
-  // Yama is absent this fails harmlessly). BRAID_CMA=0 leaves the default in place.
-  if (config_.cma && nranks_ > 1) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
 
   if (p.hostStore) {
     // MASTER_ADDR when it is ours, else the chosen interface; every address only if asked.
@@ -398,8 +393,8 @@ Status Comm::execute(const CollArgs& in) {
     }
     if (*done) {
       ++zeroCopyCalls_;
-      BRAID_LOG(kInfo, kTune, "%s #%llu: direct (peers' buffers read %s)", fp.describe().c_str(),
-                static_cast<unsigned long long>(fp.seq), cma_ == CmaState::kUsable ? "in place or with process_vm_readv" : "in place");
+      BRAID_LOG(kInfo, kTune, "%s #%llu: zero-copy (every rank's buffers are braidMemAlloc memory)",
+                fp.describe().c_str(), static_cast<unsigned long long>(fp.seq));
       return Status::Ok();
     }
   }

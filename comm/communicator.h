@@ -12,8 +12,6 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <tuple>
-#include <utility>
 #include <vector>
 
 #include "comm/algorithms/algorithms.h"
@@ -78,8 +76,6 @@ class Comm final : public EngineHost, public Workspace {
   const Config& config() const { return config_; }
   // How many all-reduces took the zero-copy path (for tests and `braid perf`).
   std::uint64_t zeroCopyCalls() const { return zeroCopyCalls_; }
-  // How many of those read ordinary buffers with process_vm_readv (the rest were braidMemAlloc memory).
-  std::uint64_t cmaCalls() const { return cmaCalls_; }
   // Per peer: "shm", "tcp" or "self", and why the others were skipped.
   std::string transportOf(int peer) const;
 
@@ -100,16 +96,8 @@ class Comm final : public EngineHost, public Workspace {
   Status runPlan();
   // A barrier of zero-byte messages carrying `fp` (inside a collective).
   Status barrier(const Fingerprint& fp);
-  // comm/algorithms/direct.cc: true if done, false if the ranks' buffers cannot be reached directly
-  // (not all braidMemAlloc memory, and cross-memory attach too small a gain, off, or not allowed).
+  // comm/algorithms/direct.cc: true if done, false if some rank's buffers are not braidMemAlloc memory.
   Result<bool> tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp);
-  // Every rank sends `bytes` from `mine` to every other; rank q's arrive at all + q * bytes.
-  Status exchange(const Fingerprint& fp, const void* mine, void* all, std::size_t bytes);
-  // Whether every rank can read every peer's memory with process_vm_readv (decided once, agreed).
-  Result<bool> probeCma(const Fingerprint& fp, const std::function<std::pair<int, std::uint64_t>(std::size_t)>& peer);
-  // peer(q) = (pid, send address, recv address) of rank q.
-  Status cmaAllReduce(const CollArgs& a, const Fingerprint& fp,
-                      const std::function<std::tuple<int, std::uint64_t, std::uint64_t>(std::size_t)>& peer);
   void fail(const Status& s, bool tellOthers);
   void onNotice(const Notice& n);
   void workerLoop();
@@ -142,8 +130,6 @@ class Comm final : public EngineHost, public Workspace {
   Fingerprint history_[kHistory];
   Status checkLeftovers(std::uint64_t finished);  // finished: the last collective this rank completed
   std::uint64_t zeroCopyCalls_ = 0;
-  std::uint64_t cmaCalls_ = 0;
-  enum class CmaState { kUnknown, kUsable, kBlocked } cma_ = CmaState::kUnknown;
   std::map<int, std::uint64_t> sendSeq_, recvSeq_;
   Plan plan_;
   FlightRecorder trace_;  // touched only under execMu_

@@ -98,8 +98,6 @@ const Row kRows[] = {
      [](Config& c, const std::string& s) -> Status { c.commId = s; return Status::Ok(); }},
     {"BRAID_ZERO_COPY", "1", "1: all-reduce on braidMemAlloc buffers of one host reads peers' memory directly (256K and up)",
      [](Config& c, const std::string& s) { return parseBool(s, &c.zeroCopy); }},
-    {"BRAID_CMA", "1", "1: large all-reduces on ordinary buffers of one host read peers' buffers with process_vm_readv (4M and up)",
-     [](Config& c, const std::string& s) { return parseBool(s, &c.cma); }},
     {"BRAID_SECRET", "", "the job's secret (16+ characters) for launcher-started jobs; braid run sets one; never sent on the wire",
      [](Config& c, const std::string& s) -> Status {
        if (s.size() < 16) return Status::InvalidArgument("expected at least 16 characters (128 bits as hex: 32)");

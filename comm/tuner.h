@@ -13,13 +13,6 @@ namespace braid {
 // All-reduce calls of at least this many bytes first ask every rank whether its buffers are
 // braidMemAlloc memory (one small exchange); below it the exchange would cost more than it saves.
 inline constexpr std::size_t kZeroCopyMinBytes = 256u << 10;
-// Ordinary buffers are read with process_vm_readv from this size and this many ranks up. Below 4 MiB
-// the staged ring, whose data stays in cache, beats the kernel's page-by-page copy. The kernel copy
-// costs enough (about 5 GB/s here) that it only pays once the ring's traffic, 9(n-1)/n S per rank,
-// has grown: CPU time per 64 MiB all-reduce, all ranks together, cma / ring: 2 ranks 1.1x,
-// 3 ranks 1.0x, 4 ranks 0.8x.
-inline constexpr std::size_t kCmaMinBytes = 4u << 20;
-inline constexpr int kCmaMinRanks = 4;
 
 struct TunerInput {
   CollKind kind;

@@ -26,7 +26,8 @@ Result<std::shared_ptr<ShmSegment>> ShmSegment::create(const std::string& name, 
                                " MiB free): enlarge /dev/shm (docker run --shm-size=1g), lower BRAID_BUFFSIZE, "
                                "or set BRAID_SHM_DISABLE=1 to use tcp between local ranks");
   }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // MAP_POPULATE: the page tables are filled now, not by faults during the first collectives.
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
     shm_unlink(name.c_str());
     return Status::SystemError("mmap(" + name + "): " + net::errnoText(errno));
@@ -46,7 +47,8 @@ Result<std::shared_ptr<ShmSegment>> ShmSegment::open(const std::string& name, st
   struct stat st{};
   if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes)
     return Status::Internal("shared memory segment " + name + " does not have the expected size");
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // MAP_POPULATE: the page tables are filled now, not by faults during the first collectives.
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) return Status::SystemError("mmap(" + name + "): " + net::errnoText(errno));
   std::shared_ptr<ShmSegment> s(new ShmSegment());
   s->name_ = name;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <thread>
 
 #include "comm/log.h"
@@ -347,7 +348,20 @@ Status Comm::validate(const CollArgs& a) const {
   return Status::Ok();
 }
 
-Status Comm::execute(const CollArgs& in) {
+Status Comm::execute(const CollArgs& a) {
+  try {
+    return executeCall(a);
+  } catch (const std::bad_alloc&) {
+    // Scratch or a plan could not grow. Other ranks may already wait for this call: end the
+    // communicator and tell them, rather than letting them time out.
+    Status s = Status::SystemError("rank " + std::to_string(rank_) + " ran out of memory in " + collName(a.kind) +
+                                   " of " + std::to_string(a.count) + " elements (scratch for it could not be allocated)");
+    if (!failed_) fail(s, true);
+    return s;
+  }
+}
+
+Status Comm::executeCall(const CollArgs& in) {
   CollArgs a = in;
   Fingerprint fp;
   fp.kind = a.kind;

@@ -91,7 +91,8 @@ class Comm final : public EngineHost, public Workspace {
  private:
   Comm() = default;
   Status setup(InitParams& params);
-  Status execute(const CollArgs& a);
+  Status execute(const CollArgs& a);  // executeCall, with running out of memory as an error
+  Status executeCall(const CollArgs& a);
   // Runs plan_; a failure ends the communicator and is reported to the other ranks.
   Status runPlan();
   // A barrier of zero-byte messages carrying `fp` (inside a collective).

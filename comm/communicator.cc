@@ -62,6 +62,7 @@ Result<std::shared_ptr<Comm>> Comm::create(InitParams params) {
     c->shutdown(true);
     return s;
   }
+  c->noteCudaDevice();
   return c;
 }
 
@@ -432,6 +433,8 @@ void Comm::abort() {
 }
 
 Status Comm::destroy() {
+  if (closed_.load()) return Status::Ok();
+  stopCudaProxy(false);  // calls queued on CUDA streams finish first
   if (closed_.exchange(true)) return Status::Ok();
   shutdown(false);
   return Status::Ok();
@@ -439,6 +442,7 @@ Status Comm::destroy() {
 
 void Comm::shutdown(bool abortive) {
   closed_ = true;
+  stopCudaProxy(true);  // releases the streams of calls that never ran
   {
     std::lock_guard<std::mutex> g(qMu_);
     stopWorker_ = true;

@@ -5,8 +5,10 @@
 #include "comm/cuda_path.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <atomic>
+#include <cstddef>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -38,12 +40,24 @@ struct Driver {
   CtxGetDeviceFn ctxGetDevice = nullptr;
 };
 
+int readLoadCount(struct dl_phdr_info* info, std::size_t size, void* out) {
+  if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds))
+    *static_cast<unsigned long long*>(out) = info->dlpi_adds;
+  return 1;  // the first object is enough: the counter is global
+}
+
 // Once libcuda is loaded it stays loaded (Braid keeps its own reference), so a positive answer is
-// cached; until then every call asks again (one dlopen without loading: well under a microsecond).
+// cached. A negative one stays valid until the process loads another shared object: the loader's
+// load counter (10 ns to read) guards it, because dlopen(RTLD_NOLOAD) itself costs ~18 us.
 const Driver* driver() {
   static std::atomic<const Driver*> cached{nullptr};
+  static std::atomic<unsigned long long> checkedAt{~0ull};
   if (const Driver* d = cached.load(std::memory_order_acquire)) return d;
+  unsigned long long loads = 0;
+  dl_iterate_phdr(readLoadCount, &loads);
+  if (loads != 0 && checkedAt.load(std::memory_order_relaxed) == loads) return nullptr;
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!h) checkedAt.store(loads, std::memory_order_relaxed);
   if (!h) return nullptr;
   auto* d = new Driver;  // lives for the process, like the driver itself
   d->pointerGetAttribute = reinterpret_cast<PointerGetAttributeFn>(dlsym(h, "cuPointerGetAttribute"));
@@ -91,6 +105,15 @@ Status runAlone(Comm& comm, const CollArgs& a, void* stream) {
   return Status::Ok();
 }
 #endif
+
+// A stream can only be real if the process has loaded the CUDA driver; anything else is a bad
+// argument, refused before CUDA is asked about it.
+Status checkStream(void* stream) {
+  if (stream && !driver())
+    return Status::InvalidArgument("a CUDA stream was given, but this process has not initialized CUDA "
+                                   "(pass NULL with host buffers)");
+  return Status::Ok();
+}
 
 // Host calls must not overtake device calls still queued on the proxy: every rank runs calls in
 // call order, whatever memory they use.
@@ -171,6 +194,7 @@ Status run(Comm& comm, const CollArgs& a, void* stream) {
                                    "(pass NULL for host buffers, or configure with -Dcuda=enabled)");
 #endif
   Status v = comm.validate(a);
+  if (v.ok()) v = checkStream(stream);
   if (!v.ok()) return v;
   auto m = classify(comm, a);
   if (!m.ok()) return m.status();
@@ -198,6 +222,7 @@ std::shared_ptr<WorkState> submit(Comm& comm, const CollArgs& a, void* stream) {
                                           "(pass nullptr for host buffers, or configure with -Dcuda=enabled)"));
 #endif
   Status v = comm.validate(a);
+  if (v.ok()) v = checkStream(stream);
   if (!v.ok()) return failed(v);
   auto m = classify(comm, a);
   if (!m.ok()) return failed(m.status());

@@ -17,6 +17,8 @@ struct PerfOptions {
   std::size_t step = 0;
   int iters = 20, warmup = 5, check = 1, root = 0;
   std::string dtype = "float", op = "sum", algo, transport, json, mem = "user";
+  std::string device = "host";  // --device: where the buffers live ("host" or "cuda")
+  std::string deviceName;       // the GPU, for the header
 };
 
 struct PerfCell {

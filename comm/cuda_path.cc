@@ -32,7 +32,8 @@ using PointerGetAttributeFn = int (*)(void* data, int attribute, unsigned long l
 using CtxGetCurrentFn = int (*)(void** ctx);
 using CtxGetDeviceFn = int (*)(int* device);
 constexpr int kPointerAttributeMemoryType = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-constexpr unsigned kMemoryTypeHost = 1, kMemoryTypeDevice = 2, kMemoryTypeUnified = 4;
+constexpr unsigned kMemoryTypeDevice = 2, kMemoryTypeUnified = 4;  // CU_MEMORYTYPE_*
+constexpr int kErrorInvalidValue = 1;                                // CUDA_ERROR_INVALID_VALUE
 
 struct Driver {
   PointerGetAttributeFn pointerGetAttribute = nullptr;
@@ -151,9 +152,21 @@ Memory memoryOf(const void* p) {
   const Driver* d = driver();
   if (!d) return Memory::kHost;
   unsigned type = 0;
-  if (d->pointerGetAttribute(&type, kPointerAttributeMemoryType, reinterpret_cast<unsigned long long>(p)) != 0)
-    return Memory::kHost;  // unknown to CUDA: ordinary host memory
-  return type == kMemoryTypeDevice || type == kMemoryTypeUnified ? Memory::kDevice : Memory::kHost;
+  const int rc = d->pointerGetAttribute(&type, kPointerAttributeMemoryType, reinterpret_cast<unsigned long long>(p));
+  if (rc == 0) return type == kMemoryTypeDevice || type == kMemoryTypeUnified ? Memory::kDevice : Memory::kHost;
+  if (rc == kErrorInvalidValue) return Memory::kHost;  // unknown to CUDA: ordinary host memory
+#if BRAID_HAVE_CUDA
+  // Another answer (e.g. no context current on this thread): ask the runtime, which makes the
+  // primary context current first. The driver is loaded, so the program uses CUDA anyway.
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so that it does not surface elsewhere
+    return Memory::kHost;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged ? Memory::kDevice : Memory::kHost;
+#else
+  return Memory::kHost;
+#endif
 }
 
 int chosenDevice() {

@@ -39,9 +39,10 @@ struct CudaProxy::Op {
   std::byte* sendHost = nullptr;  // where sendDev's bytes go (may lie inside recvHost's range)
   std::byte* recvHost = nullptr;
   std::size_t sendBytes = 0, recvBytes = 0;  // 0: nothing to copy that way
-  std::shared_ptr<Pinned> pinned;
+  // No reference to the pinned buffer: the op may outlive its call inside the host function, and the
+  // last reference must never be dropped there (freeing pinned memory is a CUDA call). The proxy keeps
+  // every buffer an op may use alive until it is idle.
   std::shared_ptr<WorkState> work;
-  CudaProxy* proxy = nullptr;
   double holdSec = 0;  // how long the host function may hold the stream
 
   std::mutex mu;
@@ -116,7 +117,6 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
   if (!a.recv) needRecv = false;
 
   auto op = std::make_shared<Op>();
-  op->proxy = this;
   op->work = std::move(work);
   op->host = a;
   op->holdSec = 3 * comm_.timeoutSec() + 60;  // the proxy gives up after ~2 timeouts; this is the backstop
@@ -151,7 +151,6 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
     retired_.push_back(std::move(pinned_));
     pinned_ = std::move(bigger);
   }
-  op->pinned = pinned_;
   std::byte* base = pinned_->data;
   const bool recvInSend = needSend && needRecv && r >= s && r + recvBytes <= s + sendBytes && !(s >= r && s + sendBytes <= r + recvBytes);
   if (recvInSend) {
@@ -242,15 +241,30 @@ Status CudaProxy::stage(Op& op, bool in) {
 void CudaProxy::process(Op& op) {
   const std::string what = std::string(collName(op.host.kind)) + " on CUDA buffers (rank " + std::to_string(comm_.rank()) + ")";
   {
-    std::unique_lock<std::mutex> g(op.mu);
+    // Waits for the stream to reach the call, in slices: a CUDA context that failed (a kernel hit an
+    // illegal address, say) never runs host functions, but shows its error on any CUDA call.
     const double wait = comm_.timeoutSec();
-    bool ready = op.cv.wait_for(g, std::chrono::duration<double>(wait), [&] {
-      return op.ready || comm_.failedFast();
-    });
-    if (!ready) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait);
+    Status s;
+    std::unique_lock<std::mutex> g(op.mu);
+    while (!op.ready && !comm_.failedFast()) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        s = Status::Timeout(what + ": the stream did not reach the call within " + std::to_string(static_cast<long>(wait)) +
+                            " s (work queued before it on the stream is still running; raise BRAID_TIMEOUT if it is only slow)");
+        break;
+      }
+      op.cv.wait_for(g, std::chrono::milliseconds(100));
       g.unlock();
-      Status s = Status::Timeout(what + ": the stream did not reach the call within " + std::to_string(static_cast<long>(wait)) +
-                                 " s (work queued before it on the stream is still running; raise BRAID_TIMEOUT if it is only slow)");
+      cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(stream_));
+      g.lock();
+      if (e != cudaSuccess && e != cudaErrorNotReady) {
+        s = cudaFailed("waiting for the caller's stream: the CUDA context failed", e);
+        break;
+      }
+    }
+    if (!s.ok()) {
+      g.unlock();
+      s = s.withContext(what);
       comm_.fail(s, true);
       op.finish(s);
       return;

@@ -25,6 +25,7 @@ struct Config {
   int spinUs = -1;                   // BRAID_SPIN_US (-1: auto)
   bool zeroCopy = true;              // BRAID_ZERO_COPY
   std::string secret;                // BRAID_SECRET
+  std::string cudaWait = "auto";     // BRAID_CUDA_WAIT
 
   // Reads every BRAID_* variable; an unparsable value is an invalid-argument error naming it.
   static Result<Config> fromEnvironment();

@@ -1,9 +1,14 @@
-// The CUDA proxy (see cuda_proxy.h for the protocol). Why a blocking host function on the caller's
-// stream and not cuStreamWaitValue32: it needs nothing but the runtime API, it works on every device
-// and driver the runtime supports, and the stream is released by ordinary host code. Its costs are
-// written down in docs/ARCHITECTURE.md ("CUDA buffers"): the host function holds a CUDA callback
-// thread for the length of the collective, and a stream waits for the whole call (no overlap of
-// the copies with the wire yet).
+// The CUDA proxy (see cuda_proxy.h for the protocol).
+//
+// Holding the caller's stream, two ways (BRAID_CUDA_WAIT; docs/ARCHITECTURE.md, "CUDA buffers"):
+// - value (default when the driver has it): cuStreamWaitValue32 on a word of mapped pinned memory
+//   that the proxy sets when the call is done; "ready" is an event recorded just before the wait.
+//   The stream waits in the GPU's front end; no host thread of CUDA's is involved. This is the
+//   mechanism CUDA sanctions for waiting on a host-side condition.
+// - hostfn: a host function that signals "ready" and blocks until "done". It needs nothing but the
+//   runtime API, but CUDA's documentation forbids a host function to wait on work "not mandated to
+//   run earlier" (our proxy's copies are exactly that), and it holds one of CUDA's callback threads
+//   for the whole collective. Kept as the fallback and as a second opinion for the GPU tests.
 #include "comm/cuda_proxy.h"
 
 #include <cuda_runtime.h>
@@ -44,6 +49,9 @@ struct CudaProxy::Op {
   // every buffer an op may use alive until it is idle.
   std::shared_ptr<WorkState> work;
   double holdSec = 0;  // how long the host function may hold the stream
+  void* readyEvent = nullptr;   // value mechanism: recorded on the caller's stream before the hold
+  unsigned* doneWord = nullptr; // value mechanism: set to `seq` when done (releases the stream)
+  unsigned seq = 0;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -58,6 +66,7 @@ struct CudaProxy::Op {
       if (done) return;
       done = true;
       status = s;
+      if (doneWord) __atomic_store_n(doneWord, seq, __ATOMIC_RELEASE);  // calls finish in sequence order
       cv.notify_all();
     }
     if (work) work->finish(std::move(s));
@@ -90,12 +99,41 @@ Result<std::shared_ptr<CudaProxy>> CudaProxy::start(Comm& comm, int device) {
   if ((e = cudaSetDevice(device)) != cudaSuccess) return cudaFailed("cudaSetDevice", e);
   cudaStream_t s = nullptr;
   e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  cudaSetDevice(previous);
-  if (e != cudaSuccess) return cudaFailed("cudaStreamCreateWithFlags", e);
+  if (e != cudaSuccess) {
+    cudaSetDevice(previous);
+    return cudaFailed("cudaStreamCreateWithFlags", e);
+  }
   p->stream_ = s;
+  const std::string& mode = comm.config().cudaWait;
+  if (mode != "hostfn") {
+    void* fn = nullptr;
+    void* word = nullptr;
+    void* wordDev = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    std::string why;
+    e = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault, &found);
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn) {
+      why = "cuStreamWaitValue32 not found in the driver";
+    } else if ((e = cudaHostAlloc(&word, 64, cudaHostAllocMapped | cudaHostAllocPortable)) != cudaSuccess ||
+               (e = cudaHostGetDevicePointer(&wordDev, word, 0)) != cudaSuccess) {
+      why = cudaFailed("mapped pinned memory for the done word", e).message();
+    } else {
+      p->waitValue_ = fn;
+      p->doneWord_ = static_cast<unsigned*>(word);
+      *p->doneWord_ = 0;
+      p->doneWordDev_ = reinterpret_cast<unsigned long long>(wordDev);
+    }
+    if (!why.empty()) {
+      cudaSetDevice(previous);
+      if (mode == "value") return Status::CudaError("BRAID_CUDA_WAIT=value: " + why);
+      BRAID_LOG(kInfo, kInit, "rank %d: %s: holding streams with host functions instead", comm.rank(), why.c_str());
+    }
+  }
+  cudaSetDevice(previous);
   p->pinned_ = std::make_shared<Pinned>();
   p->thread_ = std::thread([raw = p.get()] { raw->loop(); });
-  BRAID_LOG(kInfo, kInit, "rank %d: CUDA proxy started on device %d", comm.rank(), device);
+  BRAID_LOG(kInfo, kInit, "rank %d: CUDA proxy started on device %d (streams held by %s)", comm.rank(), device,
+            p->waitValue_ ? "cuStreamWaitValue32" : "host functions");
   return p;
 }
 
@@ -167,14 +205,56 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
   op->host.send = a.send ? op->sendHost : nullptr;
   op->host.recv = a.recv ? op->recvHost : nullptr;
 
+  op->seq = ++seq_;
+  bool held = false;
+  if (waitValue_) {
+    Status hs = holdWithValue(*op, stream, &held);
+    if (!hs.ok()) return hs;
+  }
+  if (!held) {
+    Status hs = holdWithHostFn(op, stream);
+    if (!hs.ok()) return hs;
+  }
+  queue_.push_back(op);
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Status CudaProxy::holdWithValue(Op& op, void* stream, bool* held) {
+  auto st = static_cast<cudaStream_t>(stream);
+  cudaEvent_t ev = nullptr;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e != cudaSuccess) return cudaFailed("cudaEventCreateWithFlags", e);
+  if ((e = cudaEventRecord(ev, st)) != cudaSuccess) {
+    cudaEventDestroy(ev);
+    return cudaFailed("cudaEventRecord (on the caller's stream)", e);
+  }
+  // CUresult cuStreamWaitValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned flags); flags 0 = GEQ:
+  // wait until (int32_t)(*word - seq) >= 0, which survives the counter wrapping.
+  using WaitValue32 = int (*)(void* stream, unsigned long long addr, unsigned value, unsigned flags);
+  const int rc = reinterpret_cast<WaitValue32>(waitValue_)(stream, doneWordDev_, op.seq, 0);
+  if (rc != 0) {
+    cudaEventDestroy(ev);
+    if (comm_.config().cudaWait == "value")
+      return Status::CudaError("cuStreamWaitValue32 (holding the caller's stream) failed with CUresult " + std::to_string(rc));
+    BRAID_LOG(kWarn, kColl, "rank %d: cuStreamWaitValue32 failed (CUresult %d): holding streams with host functions from now on",
+              comm_.rank(), rc);
+    waitValue_ = nullptr;
+    return Status::Ok();
+  }
+  op.readyEvent = ev;
+  op.doneWord = doneWord_;
+  *held = true;
+  return Status::Ok();
+}
+
+Status CudaProxy::holdWithHostFn(const std::shared_ptr<Op>& op, void* stream) {
   auto* holder = new std::shared_ptr<Op>(op);
   cudaError_t e = cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), releaseWhenDone, holder);
   if (e != cudaSuccess) {
     delete holder;
     return cudaFailed("cudaLaunchHostFunc (ordering the call with the stream)", e);
   }
-  queue_.push_back(op);
-  cv_.notify_all();
   return Status::Ok();
 }
 
@@ -195,7 +275,11 @@ void CudaProxy::stop(bool abortive) {
   }
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> g(mu_);
-  for (auto& op : queue_) op->finish(Status::Aborted("the communicator was destroyed or aborted before this call ran"));
+  for (auto& op : queue_) {
+    op->finish(Status::Aborted("the communicator was destroyed or aborted before this call ran"));
+    if (op->readyEvent) cudaEventDestroy(static_cast<cudaEvent_t>(op->readyEvent));
+    op->readyEvent = nullptr;
+  }
   queue_.clear();
 }
 
@@ -238,37 +322,47 @@ Status CudaProxy::stage(Op& op, bool in) {
   }
 }
 
+// Waits until the caller's stream has reached the call (or the communicator failed), at most
+// BRAID_TIMEOUT. A CUDA context that failed (a kernel hit an illegal address, say) never runs host
+// functions or completes events, but shows its error on any CUDA call: every slice asks.
+Status CudaProxy::waitReady(Op& op) {
+  const double wait = comm_.timeoutSec();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait);
+  for (unsigned polls = 0;; ++polls) {
+    if (op.readyEvent) {
+      cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(op.readyEvent));
+      if (e == cudaSuccess) return Status::Ok();
+      if (e != cudaErrorNotReady) return cudaFailed("cudaEventQuery (waiting for the caller's stream)", e);
+    } else {
+      std::unique_lock<std::mutex> g(op.mu);
+      if (op.ready || op.cv.wait_for(g, std::chrono::milliseconds(50), [&] { return op.ready; })) return Status::Ok();
+    }
+    if (comm_.failedFast()) return Status::Ok();  // the caller reports the failure
+    if (std::chrono::steady_clock::now() >= deadline)
+      return Status::Timeout("the stream did not reach the call within " + std::to_string(static_cast<long>(wait)) +
+                             " s (work queued before it on the stream is still running; raise BRAID_TIMEOUT if it is only slow)");
+    if (op.readyEvent) {
+      // Spin briefly (the stream is usually just behind), then sleep in short steps.
+      if (polls < 64) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 20 : 500));
+    }
+    if (op.readyEvent ? polls % 256 == 255 : true) {
+      cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(stream_));
+      if (e != cudaSuccess && e != cudaErrorNotReady) return cudaFailed("waiting for the caller's stream: the CUDA context failed", e);
+    }
+  }
+}
+
 void CudaProxy::process(Op& op) {
   const std::string what = std::string(collName(op.host.kind)) + " on CUDA buffers (rank " + std::to_string(comm_.rank()) + ")";
-  {
-    // Waits for the stream to reach the call, in slices: a CUDA context that failed (a kernel hit an
-    // illegal address, say) never runs host functions, but shows its error on any CUDA call.
-    const double wait = comm_.timeoutSec();
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait);
-    Status s;
-    std::unique_lock<std::mutex> g(op.mu);
-    while (!op.ready && !comm_.failedFast()) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        s = Status::Timeout(what + ": the stream did not reach the call within " + std::to_string(static_cast<long>(wait)) +
-                            " s (work queued before it on the stream is still running; raise BRAID_TIMEOUT if it is only slow)");
-        break;
-      }
-      op.cv.wait_for(g, std::chrono::milliseconds(100));
-      g.unlock();
-      cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(stream_));
-      g.lock();
-      if (e != cudaSuccess && e != cudaErrorNotReady) {
-        s = cudaFailed("waiting for the caller's stream: the CUDA context failed", e);
-        break;
-      }
-    }
-    if (!s.ok()) {
-      g.unlock();
-      s = s.withContext(what);
-      comm_.fail(s, true);
-      op.finish(s);
-      return;
-    }
+  Status ready = waitReady(op);
+  if (op.readyEvent) cudaEventDestroy(static_cast<cudaEvent_t>(op.readyEvent));
+  op.readyEvent = nullptr;
+  if (!ready.ok()) {
+    ready = ready.withContext(what);
+    comm_.fail(ready, true);
+    op.finish(ready);
+    return;
   }
   Status s = comm_.failure();
   if (!s.ok()) {

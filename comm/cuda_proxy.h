@@ -1,11 +1,14 @@
 // The CUDA proxy of one communicator: a thread that moves calls with device buffers through pinned
 // host memory and the host collectives, in call order, ordered with the callers' streams.
 //
-// For each call: enqueue() (on the caller's thread) launches a host function on the caller's stream
-// and queues the call. When the stream reaches it, every earlier kernel and copy on the stream is
-// done: the host function tells the proxy "ready" and then blocks the stream until the proxy says
-// "done". The proxy copies device -> pinned, runs the host collective (Comm::runBlocking), copies
-// pinned -> device and says "done"; the stream resumes and later work sees the result.
+// For each call, enqueue() (on the caller's thread) puts two things on the caller's stream and queues
+// the call: a "ready" signal (the stream has finished everything before the call) and a hold (the
+// stream waits until the proxy says "done"). The proxy waits for "ready", copies device -> pinned,
+// runs the host collective (Comm::runBlocking), copies pinned -> device and says "done"; the stream
+// resumes and later work sees the result. Two mechanisms (BRAID_CUDA_WAIT):
+//   value   ready = an event recorded on the stream; hold = cuStreamWaitValue32 on a word of mapped
+//           pinned memory that the proxy sets to the call's sequence number when it is done.
+//   hostfn  one host function (cudaLaunchHostFunc): it signals ready, then blocks until done.
 // Every wait is bounded (BRAID_TIMEOUT). Only built with CUDA.
 #pragma once
 #include <condition_variable>
@@ -48,10 +51,21 @@ class CudaProxy {
   void loop();
   void process(Op& op);
   Status stage(Op& op, bool in);
+  Status waitReady(Op& op);
+  // Holds `stream` until op is done; false (nothing queued) if the mechanism is not available.
+  Status holdWithValue(Op& op, void* stream, bool* held);
+  Status holdWithHostFn(const std::shared_ptr<Op>& op, void* stream);
 
   Comm& comm_;
   const int device_;
   void* stream_ = nullptr;  // cudaStream_t, non-blocking: never waits on the callers' streams
+  // The value mechanism: cuStreamWaitValue32 from the driver (null: not available or not wanted),
+  // the word the callers' streams wait on (mapped pinned memory, never freed: a stream may still
+  // read it after the communicator is gone), and the sequence number of the last call queued.
+  void* waitValue_ = nullptr;
+  unsigned* doneWord_ = nullptr;
+  unsigned long long doneWordDev_ = 0;
+  unsigned seq_ = 0;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -6,6 +6,7 @@
 #include "braid/braid.h"
 #include "comm/c_handle.h"
 #include "comm/communicator.h"
+#include "comm/cuda_path.h"
 #include "comm/init.h"
 #include "comm/memory.h"
 
@@ -25,11 +26,7 @@ braidResult_t run(braidComm_t comm, const braid::CollArgs& a, void* stream) {
   if (!comm || !comm->impl) return toResult(braid::Status::InvalidArgument("communicator is NULL"));
   // Hold the communicator for the whole call: braidCommAbort on another thread may free `comm`.
   std::shared_ptr<braid::Comm> impl = comm->impl;
-  if (stream)
-    return toResult(braid::Status::InvalidArgument("a CUDA stream was given, but this build of Braid has no CUDA support "
-                                                   "(pass NULL for host buffers)"),
-                    impl.get());
-  return toResult(impl->runBlocking(a), impl.get());
+  return toResult(braid::cuda::run(*impl, a, stream), impl.get());
 }
 
 // braid.h: after destroy or abort, any later call on the handle returns invalid usage.

@@ -3,6 +3,7 @@
 
 #include "braid/braid.hpp"
 #include "comm/communicator.h"
+#include "comm/cuda_path.h"
 #include "comm/init.h"
 #include "comm/memory.h"
 
@@ -60,29 +61,29 @@ std::string Communicator::transportTo(int peer) const {
   return peer >= 0 && peer < impl_->nranks() ? impl_->transportOf(peer) : "";
 }
 
-Work Communicator::allReduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op) {
-  return Work(impl_->submit({CollKind::kAllReduce, send, recv, count, t, op}));
+Work Communicator::allReduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op, void* stream) {
+  return Work(cuda::submit(*impl_, {CollKind::kAllReduce, send, recv, count, t, op}, stream));
 }
-Work Communicator::allGather(const void* send, void* recv, std::size_t sendCount, DataType t) {
-  return Work(impl_->submit({CollKind::kAllGather, send, recv, sendCount, t, ReduceOp::kSum}));
+Work Communicator::allGather(const void* send, void* recv, std::size_t sendCount, DataType t, void* stream) {
+  return Work(cuda::submit(*impl_, {CollKind::kAllGather, send, recv, sendCount, t, ReduceOp::kSum}, stream));
 }
-Work Communicator::reduceScatter(const void* send, void* recv, std::size_t recvCount, DataType t, ReduceOp op) {
-  return Work(impl_->submit({CollKind::kReduceScatter, send, recv, recvCount, t, op}));
+Work Communicator::reduceScatter(const void* send, void* recv, std::size_t recvCount, DataType t, ReduceOp op, void* stream) {
+  return Work(cuda::submit(*impl_, {CollKind::kReduceScatter, send, recv, recvCount, t, op}, stream));
 }
-Work Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType t, int root) {
-  return Work(impl_->submit({CollKind::kBroadcast, send, recv, count, t, ReduceOp::kSum, root}));
+Work Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType t, int root, void* stream) {
+  return Work(cuda::submit(*impl_, {CollKind::kBroadcast, send, recv, count, t, ReduceOp::kSum, root}, stream));
 }
-Work Communicator::reduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op, int root) {
-  return Work(impl_->submit({CollKind::kReduce, send, recv, count, t, op, root}));
+Work Communicator::reduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op, int root, void* stream) {
+  return Work(cuda::submit(*impl_, {CollKind::kReduce, send, recv, count, t, op, root}, stream));
 }
-Work Communicator::send(const void* buf, std::size_t count, DataType t, int peer) {
-  return Work(impl_->submit({CollKind::kSendRecv, buf, nullptr, count, t, ReduceOp::kSum, -1, peer, true}));
+Work Communicator::send(const void* buf, std::size_t count, DataType t, int peer, void* stream) {
+  return Work(cuda::submit(*impl_, {CollKind::kSendRecv, buf, nullptr, count, t, ReduceOp::kSum, -1, peer, true}, stream));
 }
-Work Communicator::recv(void* buf, std::size_t count, DataType t, int peer) {
-  return Work(impl_->submit({CollKind::kSendRecv, nullptr, buf, count, t, ReduceOp::kSum, -1, peer, false}));
+Work Communicator::recv(void* buf, std::size_t count, DataType t, int peer, void* stream) {
+  return Work(cuda::submit(*impl_, {CollKind::kSendRecv, nullptr, buf, count, t, ReduceOp::kSum, -1, peer, false}, stream));
 }
 Work Communicator::barrier() {
-  return Work(impl_->submit({CollKind::kBarrier, nullptr, nullptr, 0, DataType::kInt8, ReduceOp::kSum}));
+  return Work(cuda::submit(*impl_, {CollKind::kBarrier, nullptr, nullptr, 0, DataType::kInt8, ReduceOp::kSum}, nullptr));
 }
 
 void Communicator::abort() { impl_->abort(); }

@@ -64,6 +64,7 @@ Result<std::shared_ptr<Comm>> Comm::create(InitParams params) {
     c->shutdown(true);
     return s;
   }
+  c->noteCudaDevice();
   return c;
 }
 
@@ -519,6 +520,8 @@ void Comm::abort() {
 }
 
 Status Comm::destroy() {
+  if (closed_.load()) return Status::Ok();
+  stopCudaProxy(false);  // calls queued on CUDA streams finish first
   Status left;
   if (!failed_ && !closed_) {
     std::lock_guard<std::mutex> g(execMu_);
@@ -568,6 +571,7 @@ Status Comm::checkLeftovers(std::uint64_t finished) {
 
 void Comm::shutdown(bool abortive) {
   closed_ = true;
+  stopCudaProxy(true);  // releases the streams of calls that never ran
   {
     std::lock_guard<std::mutex> g(qMu_);
     stopWorker_ = true;

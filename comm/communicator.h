@@ -28,6 +28,7 @@ namespace braid {
 
 class ShmTransport;
 class TcpTransport;
+class CudaProxy;
 
 struct InitParams {
   int rank = -1;
@@ -88,7 +89,15 @@ class Comm final : public EngineHost, public Workspace {
   int pidOf(int rank) const { return pids_[static_cast<std::size_t>(rank)]; }
   std::byte* scratch(std::size_t bytes) override;
 
+  // CUDA (defined in comm/cuda_path.cc): the device a context was current on at creation (-1: none
+  // chosen), the staging proxy (made on the first call with device buffers when `create`; null in
+  // builds without CUDA), and its shutdown (destroy drains it, abort fails what is queued).
+  void noteCudaDevice();
+  std::shared_ptr<CudaProxy> cudaProxy(bool create);
+  void stopCudaProxy(bool abortive);
+
  private:
+  friend class CudaProxy;
   Comm() = default;
   Status setup(InitParams& params);
   Status execute(const CollArgs& a);  // executeCall, with running out of memory as an error
@@ -155,6 +164,10 @@ class Comm final : public EngineHost, public Workspace {
   bool workerBusy_ = false;
   bool stopWorker_ = false;
   std::thread worker_;
+
+  std::mutex cudaMu_;
+  int cudaDevice_ = -1;
+  std::shared_ptr<CudaProxy> cudaProxy_;
 };
 
 }  // namespace braid

@@ -114,6 +114,12 @@ const Row kRows[] = {
      }},
     {"BRAID_TRACE_DIR", "", "directory where each rank writes braid-trace-rank<N>.json on timeout, error or abort (read: braid trace DIR)",
      [](Config& c, const std::string& s) -> Status { c.traceDir = s; return Status::Ok(); }},
+    {"BRAID_CUDA_WAIT", "auto", "how a call on device buffers holds the caller's stream: value (cuStreamWaitValue32), hostfn (a blocking host function), auto (value if the driver has it)",
+     [](Config& c, const std::string& s) -> Status {
+       if (s != "auto" && s != "value" && s != "hostfn") return Status::InvalidArgument("expected auto, value or hostfn");
+       c.cudaWait = s;
+       return Status::Ok();
+     }},
     {"BRAID_SPIN_US", "-1", "microseconds to spin before yielding and then blocking (-1: auto: 50, or 0 when oversubscribed)",
      BRAID_ASSIGN_INT(spinUs, -1, 1000000)},
 };

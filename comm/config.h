@@ -28,6 +28,7 @@ struct Config {
   std::string secret;                // BRAID_SECRET
   std::size_t traceBuffer = 1000;    // BRAID_TRACE_BUFFER (0: no flight recorder)
   std::string traceDir;              // BRAID_TRACE_DIR ("": the recorder is never written)
+  std::string cudaWait = "auto";     // BRAID_CUDA_WAIT
 
   // Reads every BRAID_* variable; an unparsable value is an invalid-argument error naming it.
   static Result<Config> fromEnvironment();

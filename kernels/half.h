@@ -11,18 +11,25 @@
 #include <bit>
 #include <cstdint>
 
+// Under nvcc (kernels/reduce_cuda.cu) the same functions run on the GPU, so both sides round alike.
+#if defined(__CUDACC__)
+#define BRAID_HD __host__ __device__
+#else
+#define BRAID_HD
+#endif
+
 namespace braid::kernels {
 
 // Selects are written as masks rather than ?: on purpose. GCC lowers ?: to branches and sinks the
 // float arithmetic that only one arm uses into that branch; under the default -ftrapping-math it
 // may not execute a float op speculatively, so the loop could no longer be if-converted and
 // vectorized. Masks keep every value used unconditionally.
-inline std::uint32_t maskIf(bool c) { return 0u - static_cast<std::uint32_t>(c); }
-inline std::uint32_t pickBits(std::uint32_t mask, std::uint32_t ifSet, std::uint32_t ifClear) {
+BRAID_HD inline std::uint32_t maskIf(bool c) { return 0u - static_cast<std::uint32_t>(c); }
+BRAID_HD inline std::uint32_t pickBits(std::uint32_t mask, std::uint32_t ifSet, std::uint32_t ifClear) {
   return (ifSet & mask) | (ifClear & ~mask);
 }
 
-inline float halfToFloat(std::uint16_t h) {
+BRAID_HD inline float halfToFloat(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t mag = h & 0x7fffu;
   // Normal numbers: move exponent and mantissa up and re-bias the exponent from 15 to 127.
@@ -37,7 +44,7 @@ inline float halfToFloat(std::uint16_t h) {
   return std::bit_cast<float>(bits | sign);
 }
 
-inline std::uint16_t floatToHalf(float f) {
+BRAID_HD inline std::uint16_t floatToHalf(float f) {
   const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t ax = x & 0x7fffffffu;
@@ -60,11 +67,11 @@ inline std::uint16_t floatToHalf(float f) {
   return static_cast<std::uint16_t>(h | sign);
 }
 
-inline float bf16ToFloat(std::uint16_t h) {
+BRAID_HD inline float bf16ToFloat(std::uint16_t h) {
   return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
 }
 
-inline std::uint16_t floatToBf16(float f) {
+BRAID_HD inline std::uint16_t floatToBf16(float f) {
   const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
   // Round the low 16 bits to nearest even; a carry into the exponent yields the next binade or
   // infinity, which is exactly right. NaN must not go through the rounding (it could become inf).

@@ -23,8 +23,9 @@ std::string describeAlgoSetting() {
 int runInfo(int, char**) {
   const topology::Summary& t = topology::summary();
   std::printf("braid %d.%d.%d\n", BRAID_MAJOR, BRAID_MINOR, BRAID_PATCH);
-  std::printf("build: cuda %s, ibverbs headers %s\n", BRAID_HAVE_CUDA ? "found (kernels come with the CUDA issue)" : "no",
-              BRAID_HAVE_IBVERBS ? "found" : "no");
+  std::printf("build: cuda %s, ibverbs headers %s, hwloc %s\n",
+              BRAID_HAVE_CUDA ? "yes (device buffers staged through pinned memory; kernels for sm " BRAID_GPU_ARCHS ")" : "no",
+              BRAID_HAVE_IBVERBS ? "found" : "no", BRAID_HAVE_HWLOC ? "yes" : "no (cores from the affinity mask)");
   std::printf("host: %d cores, %d hardware threads, %d NUMA nodes, %s\n", t.cores, t.pus, t.numaNodes,
               t.cpuModel.empty() ? "unknown CPU" : t.cpuModel.c_str());
   std::printf("reduce kernels: %s\n", kernels::isaName());

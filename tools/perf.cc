@@ -23,6 +23,7 @@
 #include "comm/config.h"
 #include "kernels/reduce.h"
 #include "tools/pattern.h"
+#include "tools/perf_device.h"
 #include "tools/perf_plot.h"
 #include "tools/perf_report.h"
 #include "tools/tools.h"
@@ -33,8 +34,11 @@ namespace {
 const char* kUsage =
     "usage: braid perf COLLECTIVE [-b MINBYTES] [-e MAXBYTES] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]\n"
     "                  [-c 0|1] [-d DTYPE|all] [-o OP|all] [-r ROOT] [-a ring|tree] [--transport shm|tcp]\n"
-    "                  [--mem user|braid] [--json FILE] [--plot FILE.svg [--plot-with RUN.json ...]]\n"
+    "                  [--mem user|braid] [--device host|cuda] [--json FILE]\n"
+    "                  [--plot FILE.svg [--plot-with RUN.json ...]]\n"
     "  --mem braid: buffers from braidMemAlloc (zero-copy all-reduce between ranks of a host)\n"
+    "  --device cuda: buffers in GPU memory (GPU LOCAL_RANK modulo the device count), calls on a CUDA stream;\n"
+    "                 each timed call is waited for on the stream; checking copies the results to the host\n"
     "  --plot: busbw against size as SVG (log-log): this run's two columns, and the out-of-place\n"
     "          column of every earlier --json output given with --plot-with (repeatable)\n"
     "  COLLECTIVE: allreduce allgather reducescatter broadcast reduce sendrecv barrier\n"
@@ -68,24 +72,44 @@ struct Run {
   std::vector<std::byte> sendStore, recvStore;  // --mem user
   std::byte* sendBuf = nullptr;
   std::byte* recvBuf = nullptr;
+  std::vector<std::byte> sendMirror, recvMirror;  // --device cuda: host copies for filling and checking
+  void* stream = nullptr;                          // --device cuda
+  std::size_t capacity = 0;
   std::size_t totalWrong = 0;
   braidResult_t error = braidSuccess;
 
   int peer() const { return rank ^ 1; }  // sendrecv pairs 0-1, 2-3, ...; an odd last rank sits out
+  bool onDevice() const { return o.device == "cuda"; }
+  // The host memory where `p`'s data is prepared and checked: p itself, or its mirror (--device cuda).
+  std::byte* host(std::byte* p) {
+    if (!onDevice()) return p;
+    if (p >= recvBuf && p < recvBuf + capacity) return recvMirror.data() + (p - recvBuf);
+    return sendMirror.data() + (p - sendBuf);
+  }
+  void upload(std::byte* p, std::size_t bytes) {
+    if (onDevice() && error == braidSuccess && !device::upload(p, host(p), bytes)) error = braidCudaError;
+  }
+  void download(std::byte* p, std::size_t bytes) {
+    if (onDevice() && error == braidSuccess && !device::download(host(p), p, bytes)) error = braidCudaError;
+  }
+  void sync() {
+    if (onDevice() && error == braidSuccess && !device::sync(stream)) error = braidCudaError;
+  }
 
   braidResult_t call(DataType dt, ReduceOp op, const void* s, void* r, std::size_t count) {
     auto t = static_cast<braidDataType_t>(dt);
     auto ro = static_cast<braidRedOp_t>(op);
     const std::size_t per = count / static_cast<std::size_t>(n);
     const std::string& c = o.coll;
-    if (c == "allreduce") return braidAllReduce(s, r, count, t, ro, comm, nullptr);
-    if (c == "allgather") return braidAllGather(s, r, per, t, comm, nullptr);
-    if (c == "reducescatter") return braidReduceScatter(s, r, per, t, ro, comm, nullptr);
-    if (c == "broadcast") return braidBroadcast(s, r, count, t, o.root, comm, nullptr);
-    if (c == "reduce") return braidReduce(s, r, count, t, ro, o.root, comm, nullptr);
+    void* st = stream;
+    if (c == "allreduce") return braidAllReduce(s, r, count, t, ro, comm, st);
+    if (c == "allgather") return braidAllGather(s, r, per, t, comm, st);
+    if (c == "reducescatter") return braidReduceScatter(s, r, per, t, ro, comm, st);
+    if (c == "broadcast") return braidBroadcast(s, r, count, t, o.root, comm, st);
+    if (c == "reduce") return braidReduce(s, r, count, t, ro, o.root, comm, st);
     if (c == "barrier") return braidBarrier(comm);
     if (peer() >= n) return braidSuccess;
-    return (rank & 1) ? braidRecv(r, count, t, peer(), comm, nullptr) : braidSend(s, count, t, peer(), comm, nullptr);
+    return (rank & 1) ? braidRecv(r, count, t, peer(), comm, st) : braidSend(s, count, t, peer(), comm, st);
   }
 
   // Measures one column (out-of-place or in-place) of one row.
@@ -99,20 +123,27 @@ struct Run {
     if (inPlace && o.coll == "allgather") send = recv + rr * per * es;
     void* out = (inPlace && o.coll == "reducescatter") ? static_cast<void*>(send + rr * per * es) : recv;
     auto fill = [&] {
-      if (o.coll == "allgather") pattern::fill(send, per, dt, op, rank, rr * per);
-      else pattern::fill(send, count, dt, op, rank, 0);
+      sync();  // the stream's earlier calls are done with the buffers
+      if (o.coll == "allgather") pattern::fill(host(send), per, dt, op, rank, rr * per);
+      else pattern::fill(host(send), count, dt, op, rank, 0);
+      upload(send, (o.coll == "allgather" ? per : count) * es);
     };
     auto wrongNow = [&]() -> std::size_t {
       const std::string& c = o.coll;
-      if (c == "allreduce") return pattern::countWrong(out, count, dt, op, n, 0);
-      if (c == "reducescatter") return pattern::countWrong(out, per, dt, op, n, rr * per);
-      if (c == "reduce") return rank == o.root ? pattern::countWrong(out, count, dt, op, n, 0) : 0;
-      if (c == "broadcast") return pattern::countWrong(out, count, dt, op, n, 0, o.root);
-      if (c == "sendrecv") return (rank & 1) && peer() < n ? pattern::countWrong(out, count, dt, op, n, 0, peer()) : 0;
+      sync();
+      download(static_cast<std::byte*>(out), (c == "allgather" ? per * static_cast<std::size_t>(n) : c == "reducescatter" ? per : count) * es);
+      if (error != braidSuccess) return 0;
+      std::byte* recvH = host(recv);
+      void* outH = host(static_cast<std::byte*>(out));
+      if (c == "allreduce") return pattern::countWrong(outH, count, dt, op, n, 0);
+      if (c == "reducescatter") return pattern::countWrong(outH, per, dt, op, n, rr * per);
+      if (c == "reduce") return rank == o.root ? pattern::countWrong(outH, count, dt, op, n, 0) : 0;
+      if (c == "broadcast") return pattern::countWrong(outH, count, dt, op, n, 0, o.root);
+      if (c == "sendrecv") return (rank & 1) && peer() < n ? pattern::countWrong(outH, count, dt, op, n, 0, peer()) : 0;
       std::size_t w = 0;
       if (c == "allgather")
         for (int q = 0; q < n; ++q)
-          w += pattern::countWrong(recv + static_cast<std::size_t>(q) * per * es, per, dt, op, n,
+          w += pattern::countWrong(recvH + static_cast<std::size_t>(q) * per * es, per, dt, op, n,
                                    static_cast<std::size_t>(q) * per, q);
       return w;
     };
@@ -128,6 +159,7 @@ struct Run {
       if (error == braidSuccess) error = braidBarrier(comm);
       double t0 = now();
       for (int it = 0; it < o.iters && error == braidSuccess; ++it) error = call(dt, op, send, out, count);
+      sync();
       mine = now() - t0;
     } else {
       for (int it = 0; it < o.iters && error == braidSuccess; ++it) {
@@ -135,6 +167,7 @@ struct Run {
         error = braidBarrier(comm);
         double t0 = now();
         if (error == braidSuccess) error = call(dt, op, send, out, count);
+        sync();
         mine += now() - t0;
         if (error == braidSuccess) wrong += wrongNow();
       }
@@ -193,6 +226,7 @@ int parse(int argc, char** argv, PerfOptions& o) {
     else if (a == "--mem") o.mem = v;
     else if (a == "--plot") o.plot = v;
     else if (a == "--plot-with") o.plotWith.push_back(v);
+    else if (a == "--device") o.device = v;
     else {
       std::fprintf(stderr, "braid perf: unknown option %s\n%s", a.c_str(), kUsage);
       return 2;
@@ -217,6 +251,8 @@ int parse(int argc, char** argv, PerfOptions& o) {
   else if (!o.transport.empty() && o.transport != "shm" && o.transport != "tcp") why = "--transport takes shm or tcp";
   else if (o.mem != "user" && o.mem != "braid") why = "--mem takes user or braid";
   else if (!o.plotWith.empty() && o.plot.empty()) why = "--plot-with needs --plot FILE.svg";
+  else if (o.device != "host" && o.device != "cuda") why = "--device takes host or cuda";
+  else if (o.device == "cuda" && o.mem == "braid") why = "--mem braid is host memory: it does not go with --device cuda";
   if (!why.empty()) {
     std::fprintf(stderr, "braid perf: %s\n%s", why.c_str(), kUsage);
     return 2;
@@ -262,6 +298,16 @@ int runPerf(int argc, char** argv) {
   if (o.transport == "tcp") setenv("BRAID_SHM_DISABLE", "1", 1);
   if (o.transport == "shm") setenv("BRAID_SHM_DISABLE", "0", 1);
 
+  if (o.device == "cuda") {
+    // Before the communicator: the device current at its creation is the one it uses.
+    std::string why = device::select();
+    if (!why.empty()) {
+      std::fprintf(stderr, "braid perf: --device cuda: %s\n", why.c_str());
+      return 1;
+    }
+    o.deviceName = device::describe();
+    run.stream = device::stream();
+  }
   braidResult_t r = braidCommInitFromEnv(&run.comm);
   if (r != braidSuccess) {
     std::fprintf(stderr, "braid perf: communicator creation failed: %s\n", braidGetLastError(nullptr));
@@ -280,7 +326,17 @@ int runPerf(int argc, char** argv) {
   std::vector<ReduceOp> ops;
   for (int k = 0; k < 5; ++k)
     if (o.op == "all" ? (isReduction(o.coll) || k == 0) : o.op == kOps[k]) ops.push_back(static_cast<ReduceOp>(k));
-  if (o.mem == "braid") {
+  run.capacity = o.maxBytes + 64;
+  if (o.device == "cuda") {
+    run.sendBuf = static_cast<std::byte*>(device::alloc(run.capacity));
+    run.recvBuf = static_cast<std::byte*>(device::alloc(run.capacity));
+    if (!run.sendBuf || !run.recvBuf) {
+      std::fprintf(stderr, "braid perf: device memory: %s\n", device::error().c_str());
+      return 1;
+    }
+    run.sendMirror.resize(run.capacity);
+    run.recvMirror.resize(run.capacity);
+  } else if (o.mem == "braid") {
     void* s = nullptr;
     void* rv = nullptr;
     if (braidMemAlloc(&s, o.maxBytes + 64) != braidSuccess || braidMemAlloc(&rv, o.maxBytes + 64) != braidSuccess) {
@@ -315,7 +371,8 @@ int runPerf(int argc, char** argv) {
         row.out = run.measure(dt, op, row.count, false);
         row.in = run.measure(dt, op, row.count, true);
         if (run.error != braidSuccess) {
-          std::fprintf(stderr, "braid perf: rank %d: %s failed: %s\n", rank, o.coll.c_str(), braidGetLastError(run.comm));
+          std::fprintf(stderr, "braid perf: rank %d: %s failed: %s\n", rank, o.coll.c_str(),
+                       run.error == braidCudaError && !device::error().empty() ? device::error().c_str() : braidGetLastError(run.comm));
           return 1;
         }
         if (rank == 0) report.addRow(row);
@@ -330,7 +387,10 @@ int runPerf(int argc, char** argv) {
     if (!o.plot.empty() && !writePlot(o, report)) plotFailed = true;
   }
   braidCommDestroy(run.comm);
-  if (o.mem == "braid") {
+  if (o.device == "cuda") {
+    device::release(run.sendBuf);
+    device::release(run.recvBuf);
+  } else if (o.mem == "braid") {
     braidMemFree(run.sendBuf);
     braidMemFree(run.recvBuf);
   }

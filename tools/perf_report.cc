@@ -68,7 +68,8 @@ PerfHeader describeRun(braidComm_t comm, int rank, int nranks, const PerfOptions
 void PerfReport::printHeader() const {
   const PerfOptions& o = h_.options;
   std::printf("# braid perf %s: %d ranks on %d host(s), iters %d, warmup %d, validation %d, root %d, memory %s\n",
-              o.coll.c_str(), h_.nranks, h_.hosts, o.iters, o.warmup, o.check, o.root, o.mem.c_str());
+              o.coll.c_str(), h_.nranks, h_.hosts, o.iters, o.warmup, o.check, o.root,
+              o.device == "cuda" ? ("cuda device: " + o.deviceName).c_str() : o.mem.c_str());
   std::printf("# algorithm: %s; reduce kernels: %s; commit %s\n", h_.algo.c_str(), h_.isa.c_str(), h_.commit.c_str());
   for (const std::string& t : h_.transports) std::printf("#   %s\n", t.c_str());
   std::printf("#\n# %10s %12s %8s %6s %6s %9s %8s %8s %6s %9s %8s %8s %6s\n", "", "", "", "", "", "out-of-place", "", "",
@@ -106,8 +107,9 @@ bool PerfReport::writeJson(const std::string& path, std::uint64_t wrong) const {
                jsonString(h_.host).c_str(), jsonString(h_.commit).c_str(), jsonString(h_.startedAt).c_str(),
                jsonString(h_.algo).c_str(), jsonString(h_.isa).c_str());
   std::fprintf(f, "  \"settings\": {\"iters\": %d, \"warmup\": %d, \"check\": %d, \"root\": %d, \"transport\": %s, "
-               "\"mem\": %s},\n", o.iters, o.warmup, o.check, o.root,
-               jsonString(o.transport.empty() ? "auto" : o.transport).c_str(), jsonString(o.mem).c_str());
+               "\"mem\": %s, \"device\": %s},\n", o.iters, o.warmup, o.check, o.root,
+               jsonString(o.transport.empty() ? "auto" : o.transport).c_str(), jsonString(o.mem).c_str(),
+               jsonString(o.device == "cuda" ? "cuda " + o.deviceName : "host").c_str());
   std::fprintf(f, "  \"transports\": [");
   for (std::size_t i = 0; i < h_.transports.size(); ++i)
     std::fprintf(f, "%s%s", i ? ", " : "", jsonString(h_.transports[i]).c_str());

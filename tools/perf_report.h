@@ -19,6 +19,8 @@ struct PerfOptions {
   std::string dtype = "float", op = "sum", algo, transport, json, mem = "user";
   std::string plot;                   // --plot FILE.svg
   std::vector<std::string> plotWith;  // --plot-with RUN.json, repeatable
+  std::string device = "host";  // --device: where the buffers live ("host" or "cuda")
+  std::string deviceName;       // the GPU, for the header
 };
 
 struct PerfCell {

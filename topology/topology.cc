@@ -1,12 +1,38 @@
 #include "topology/topology.h"
 
+#include "braid_build_config.h"
+#if BRAID_HAVE_HWLOC
 #include <hwloc.h>
+#else
+#include <sched.h>
+
+#include <fstream>
+#endif
 
 #include <algorithm>
 #include <mutex>
 
 namespace braid::topology {
 
+#if !BRAID_HAVE_HWLOC
+// Built without hwloc: the CPUs this process may run on count as cores and PUs alike (so
+// oversubscription is detected a little later on SMT machines), and the model comes from /proc.
+const Summary& summary() {
+  static Summary* s = [] {
+    auto* out = new Summary();
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) out->cores = out->pus = std::max(1, CPU_COUNT(&set));
+    std::ifstream f("/proc/cpuinfo");
+    for (std::string line; std::getline(f, line);)
+      if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+        out->cpuModel = line.substr(line.find(':') + 2);
+        break;
+      }
+    return out;
+  }();
+  return *s;
+}
+#else
 const Summary& summary() {
   // Leaked on purpose: detached threads may still ask during process exit.
   static Summary* s = [] {
@@ -28,5 +54,6 @@ const Summary& summary() {
   }();
   return *s;
 }
+#endif
 
 }  // namespace braid::topology

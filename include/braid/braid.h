@@ -10,6 +10,15 @@
  *    rank. No call waits longer than BRAID_TIMEOUT seconds (default 300).
  *  - In place: send == recv; for all-gather send == recv + rank*sendcount, for reduce-scatter
  *    recv == send + rank*recvcount (NCCL's conventions).
+ *  - CUDA (a build configured with -Dcuda): send and recv may be CUDA device (or managed) memory,
+ *    found with the driver's pointer attributes. The call then returns at once and is ordered with
+ *    `stream` (a cudaStream_t; NULL is the legacy default stream): it starts after the work queued
+ *    on the stream before it, and work queued after it sees its result. Send and recv of different
+ *    memory types, or device memory in a build without CUDA, are braidInvalidArgument. Host buffers
+ *    with a stream: the stream is waited for, then the call runs as with NULL. A failure found after
+ *    the call returned (braidCudaError, braidTimeout, a peer's error) ends the communicator:
+ *    braidCommGetAsyncError reports it and every later call returns it. Each rank uses the device
+ *    whose context was current when it created the communicator; see the README for the rest.
  *  - A communicator is used by one thread at a time (like one CUDA stream in NCCL); different
  *    communicators are independent.
  */

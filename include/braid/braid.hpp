@@ -7,8 +7,12 @@
 //   braid::Status s = w.wait();
 //
 // Calls that return Work run in call order on the communicator's worker thread; the buffers must
-// stay valid until wait() or test() says the work is done. A Communicator is a shared handle:
-// copies refer to the same group; the last copy destroys it.
+// stay valid until wait() or test() says the work is done.
+// CUDA (builds with -Dcuda): buffers may be device memory; the call is then ordered with `stream`
+// (a cudaStream_t; nullptr is the legacy default stream): it starts after the work queued on the
+// stream before it, and work queued after it sees its result. The Work finishes with the call. With
+// host buffers a non-null stream is waited for first, then the call runs as without one.
+// A Communicator is a shared handle: copies refer to the same group; the last copy destroys it.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -59,13 +63,13 @@ class Communicator {
   // "shm", "tcp" or "self": how this rank reaches `peer`.
   std::string transportTo(int peer) const;
 
-  Work allReduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op);
-  Work allGather(const void* send, void* recv, std::size_t sendCount, DataType t);
-  Work reduceScatter(const void* send, void* recv, std::size_t recvCount, DataType t, ReduceOp op);
-  Work broadcast(const void* send, void* recv, std::size_t count, DataType t, int root);
-  Work reduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op, int root);
-  Work send(const void* buf, std::size_t count, DataType t, int peer);
-  Work recv(void* buf, std::size_t count, DataType t, int peer);
+  Work allReduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op, void* stream = nullptr);
+  Work allGather(const void* send, void* recv, std::size_t sendCount, DataType t, void* stream = nullptr);
+  Work reduceScatter(const void* send, void* recv, std::size_t recvCount, DataType t, ReduceOp op, void* stream = nullptr);
+  Work broadcast(const void* send, void* recv, std::size_t count, DataType t, int root, void* stream = nullptr);
+  Work reduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op, int root, void* stream = nullptr);
+  Work send(const void* buf, std::size_t count, DataType t, int peer, void* stream = nullptr);
+  Work recv(void* buf, std::size_t count, DataType t, int peer, void* stream = nullptr);
   Work barrier();
 
   // Ends the communicator at once (see braidCommAbort).

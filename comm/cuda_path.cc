@@ -1,0 +1,310 @@
+// Host or device? The API's calls come through here (see cuda_path.h). Memory types come from the
+// CUDA driver, found with dlopen(RTLD_NOLOAD): only a process that has already loaded libcuda can
+// hold device pointers, so a host-only program never starts CUDA because of Braid, and a build
+// without CUDA still recognizes device pointers and refuses them instead of reading them.
+#include "comm/cuda_path.h"
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <atomic>
+#include <cstddef>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "braid_build_config.h"
+#include "comm/communicator.h"
+#include "comm/log.h"
+#if BRAID_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "comm/cuda_proxy.h"
+#endif
+
+namespace braid {
+namespace cuda {
+namespace {
+
+// The two driver entry points Braid needs, with the driver API's types spelled as plain C types
+// (CUresult = int, CUdeviceptr = unsigned long long, CUcontext = void*, CUdevice = int).
+using PointerGetAttributeFn = int (*)(void* data, int attribute, unsigned long long ptr);
+using CtxGetCurrentFn = int (*)(void** ctx);
+using CtxGetDeviceFn = int (*)(int* device);
+constexpr int kPointerAttributeMemoryType = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr unsigned kMemoryTypeDevice = 2, kMemoryTypeUnified = 4;  // CU_MEMORYTYPE_*
+constexpr int kErrorInvalidValue = 1;                                // CUDA_ERROR_INVALID_VALUE
+
+struct Driver {
+  PointerGetAttributeFn pointerGetAttribute = nullptr;
+  CtxGetCurrentFn ctxGetCurrent = nullptr;
+  CtxGetDeviceFn ctxGetDevice = nullptr;
+};
+
+int readLoadCount(struct dl_phdr_info* info, std::size_t size, void* out) {
+  if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds))
+    *static_cast<unsigned long long*>(out) = info->dlpi_adds;
+  return 1;  // the first object is enough: the counter is global
+}
+
+// Once libcuda is loaded it stays loaded (Braid keeps its own reference), so a positive answer is
+// cached. A negative one stays valid until the process loads another shared object: the loader's
+// load counter (10 ns to read) guards it, because dlopen(RTLD_NOLOAD) itself costs ~18 us.
+const Driver* driver() {
+  static std::atomic<const Driver*> cached{nullptr};
+  static std::atomic<unsigned long long> checkedAt{~0ull};
+  if (const Driver* d = cached.load(std::memory_order_acquire)) return d;
+  unsigned long long loads = 0;
+  dl_iterate_phdr(readLoadCount, &loads);
+  if (loads != 0 && checkedAt.load(std::memory_order_relaxed) == loads) return nullptr;
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!h) checkedAt.store(loads, std::memory_order_relaxed);
+  if (!h) return nullptr;
+  auto* d = new Driver;  // lives for the process, like the driver itself
+  d->pointerGetAttribute = reinterpret_cast<PointerGetAttributeFn>(dlsym(h, "cuPointerGetAttribute"));
+  d->ctxGetCurrent = reinterpret_cast<CtxGetCurrentFn>(dlsym(h, "cuCtxGetCurrent"));
+  d->ctxGetDevice = reinterpret_cast<CtxGetDeviceFn>(dlsym(h, "cuCtxGetDevice"));
+  if (!d->pointerGetAttribute || !d->ctxGetCurrent || !d->ctxGetDevice) {
+    delete d;
+    dlclose(h);
+    return nullptr;
+  }
+  const Driver* expected = nullptr;
+  if (!cached.compare_exchange_strong(expected, d)) {
+    delete d;
+    dlclose(h);
+    return expected;
+  }
+  return d;
+}
+
+#if BRAID_HAVE_CUDA
+std::string cudaText(const char* call, cudaError_t e) {
+  return std::string(call) + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
+}
+
+// Waits for `stream` without blocking forever (host buffers passed with a stream).
+Status waitForStream(void* stream, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(stream));
+    if (e == cudaSuccess) return Status::Ok();
+    if (e != cudaErrorNotReady) return Status::CudaError(cudaText("cudaStreamQuery (the stream passed with host buffers)", e));
+    if (std::chrono::steady_clock::now() > deadline)
+      return Status::Timeout("the stream passed with host buffers did not finish its earlier work within BRAID_TIMEOUT");
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+// One rank alone: the result is the input, copied on the stream (no proxy, no thread).
+Status runAlone(Comm& comm, const CollArgs& a, void* stream) {
+  if (a.kind == CollKind::kBarrier || a.send == a.recv || !a.send || !a.recv || a.count == 0) return Status::Ok();
+  (void)comm;
+  const std::size_t bytes = a.count * dataTypeSize(a.dtype);
+  cudaError_t e = cudaMemcpyAsync(a.recv, a.send, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) return Status::CudaError(cudaText("cudaMemcpyAsync (single-rank collective)", e));
+  return Status::Ok();
+}
+#endif
+
+// A stream can only be real if the process has loaded the CUDA driver; anything else is a bad
+// argument, refused before CUDA is asked about it.
+Status checkStream(void* stream) {
+  if (stream && !driver())
+    return Status::InvalidArgument("a CUDA stream was given, but this process has not initialized CUDA "
+                                   "(pass NULL with host buffers)");
+  return Status::Ok();
+}
+
+// Host calls must not overtake device calls still queued on the proxy: every rank runs calls in
+// call order, whatever memory they use.
+Status waitForProxy(Comm& comm) {
+#if BRAID_HAVE_CUDA
+  if (auto p = comm.cudaProxy(false)) return p->drain(3 * comm.timeoutSec() + 60);
+#else
+  (void)comm;
+#endif
+  return Status::Ok();
+}
+
+Status enqueueDevice(Comm& comm, const CollArgs& a, void* stream, std::shared_ptr<WorkState> work) {
+#if BRAID_HAVE_CUDA
+  Status f = comm.failure();
+  if (!f.ok()) return f.withContext(std::string(collName(a.kind)) + " on a failed communicator");
+  if (comm.nranks() == 1) {
+    Status s = runAlone(comm, a, stream);
+    if (work) work->finish(s);
+    return s;
+  }
+  auto p = comm.cudaProxy(true);
+  if (!p) return Status::CudaError("rank " + std::to_string(comm.rank()) + ": the CUDA proxy could not start: " + comm.lastError());
+  return p->enqueue(a, stream, std::move(work));
+#else
+  (void)comm, (void)a, (void)stream, (void)work;
+  return Status::Internal("device path without CUDA");
+#endif
+}
+
+}  // namespace
+
+Memory memoryOf(const void* p) {
+  if (!p) return Memory::kNone;
+  const Driver* d = driver();
+  if (!d) return Memory::kHost;
+  unsigned type = 0;
+  const int rc = d->pointerGetAttribute(&type, kPointerAttributeMemoryType, reinterpret_cast<unsigned long long>(p));
+  if (rc == 0) return type == kMemoryTypeDevice || type == kMemoryTypeUnified ? Memory::kDevice : Memory::kHost;
+  if (rc == kErrorInvalidValue) return Memory::kHost;  // unknown to CUDA: ordinary host memory
+#if BRAID_HAVE_CUDA
+  // Another answer (e.g. no context current on this thread): ask the runtime, which makes the
+  // primary context current first. The driver is loaded, so the program uses CUDA anyway.
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so that it does not surface elsewhere
+    return Memory::kHost;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged ? Memory::kDevice : Memory::kHost;
+#else
+  return Memory::kHost;
+#endif
+}
+
+int chosenDevice() {
+  const Driver* d = driver();
+  if (!d) return -1;
+  void* ctx = nullptr;
+  if (d->ctxGetCurrent(&ctx) != 0 || !ctx) return -1;
+  int dev = -1;
+  if (d->ctxGetDevice(&dev) != 0) return -1;
+  return dev;
+}
+
+Result<Memory> classify(const Comm& comm, const CollArgs& a) {
+  if (a.kind == CollKind::kBarrier || a.count == 0) return Memory::kNone;
+  const int me = comm.rank();
+  bool needSend = a.kind != CollKind::kSendRecv || a.isSend;
+  bool needRecv = a.kind == CollKind::kSendRecv ? !a.isSend : (a.kind != CollKind::kReduce || a.root == me);
+  if (a.kind == CollKind::kBroadcast) needSend = a.root == me;
+  const Memory s = needSend ? memoryOf(a.send) : Memory::kNone;
+  const Memory r = needRecv ? memoryOf(a.recv) : Memory::kNone;
+  if (s != Memory::kNone && r != Memory::kNone && s != r)
+    return Status::InvalidArgument(std::string(collName(a.kind)) + ": the send buffer is " +
+                                   (s == Memory::kDevice ? "CUDA device" : "host") + " memory but the receive buffer is " +
+                                   (r == Memory::kDevice ? "CUDA device" : "host") + " memory; both must be the same kind");
+  const Memory m = s != Memory::kNone ? s : r;
+#if !BRAID_HAVE_CUDA
+  if (m == Memory::kDevice)
+    return Status::InvalidArgument(std::string(collName(a.kind)) +
+                                   ": CUDA device buffers, but this build of Braid has no CUDA support (configure with -Dcuda=enabled)");
+#endif
+  return m;
+}
+
+Status run(Comm& comm, const CollArgs& a, void* stream) {
+#if !BRAID_HAVE_CUDA
+  if (stream)
+    return Status::InvalidArgument("a CUDA stream was given, but this build of Braid has no CUDA support "
+                                   "(pass NULL for host buffers, or configure with -Dcuda=enabled)");
+#endif
+  Status v = comm.validate(a);
+  if (v.ok()) v = checkStream(stream);
+  if (!v.ok()) return v;
+  auto m = classify(comm, a);
+  if (!m.ok()) return m.status();
+  if (*m == Memory::kDevice) return enqueueDevice(comm, a, stream, nullptr);
+  Status s = waitForProxy(comm);
+  if (!s.ok()) return s;
+#if BRAID_HAVE_CUDA
+  if (stream) {
+    s = waitForStream(stream, comm.timeoutSec());
+    if (!s.ok()) return s;
+  }
+#endif
+  return comm.runBlocking(a);
+}
+
+std::shared_ptr<WorkState> submit(Comm& comm, const CollArgs& a, void* stream) {
+  auto failed = [](Status s) {
+    auto w = std::make_shared<WorkState>();
+    w->finish(std::move(s));
+    return w;
+  };
+#if !BRAID_HAVE_CUDA
+  if (stream)
+    return failed(Status::InvalidArgument("a CUDA stream was given, but this build of Braid has no CUDA support "
+                                          "(pass nullptr for host buffers, or configure with -Dcuda=enabled)"));
+#endif
+  Status v = comm.validate(a);
+  if (v.ok()) v = checkStream(stream);
+  if (!v.ok()) return failed(v);
+  auto m = classify(comm, a);
+  if (!m.ok()) return failed(m.status());
+  if (*m == Memory::kDevice) {
+    auto w = std::make_shared<WorkState>();
+    Status s = enqueueDevice(comm, a, stream, w);
+    if (!s.ok()) return failed(s);
+    return w;
+  }
+  Status s = waitForProxy(comm);
+  if (!s.ok()) return failed(s);
+#if BRAID_HAVE_CUDA
+  if (stream) {
+    s = waitForStream(stream, comm.timeoutSec());
+    if (!s.ok()) return failed(s);
+  }
+#endif
+  return comm.submit(a);
+}
+
+}  // namespace cuda
+
+// Comm's CUDA members live here so that communicator.cc needs no CUDA.
+void Comm::noteCudaDevice() { cudaDevice_ = cuda::chosenDevice(); }
+
+std::shared_ptr<CudaProxy> Comm::cudaProxy(bool create) {
+  std::lock_guard<std::mutex> g(cudaMu_);
+#if BRAID_HAVE_CUDA
+  if (cudaProxy_ || !create || closed_) return cudaProxy_;
+  int device = cudaDevice_;
+  if (device < 0) {
+    // Not chosen at creation: LOCAL_RANK modulo the device count when a launcher set it, else the
+    // calling thread's current device.
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count < 1) {
+      setLastError(Status::CudaError(cuda::cudaText("cudaGetDeviceCount", e)));
+      return nullptr;
+    }
+    auto le = readLaunchEnv();
+    if (le.ok() && le->localRank >= 0) device = le->localRank % count;
+    else if (cudaGetDevice(&device) != cudaSuccess) device = 0;
+  }
+  auto p = CudaProxy::start(*this, device);
+  if (!p.ok()) {
+    setLastError(p.status());
+    return nullptr;
+  }
+  cudaProxy_ = *p;
+  return cudaProxy_;
+#else
+  (void)create;
+  return nullptr;
+#endif
+}
+
+void Comm::stopCudaProxy(bool abortive) {
+#if BRAID_HAVE_CUDA
+  std::shared_ptr<CudaProxy> p;
+  {
+    std::lock_guard<std::mutex> g(cudaMu_);
+    p = cudaProxy_;
+  }
+  if (p) p->stop(abortive);
+  std::lock_guard<std::mutex> g(cudaMu_);
+  cudaProxy_.reset();  // its stream and pinned memory go now, not with the last handle
+#else
+  (void)abortive;
+#endif
+}
+
+}  // namespace braid

@@ -1,0 +1,387 @@
+// The CUDA proxy (see cuda_proxy.h for the protocol).
+//
+// Holding the caller's stream, two ways (BRAID_CUDA_WAIT; docs/ARCHITECTURE.md, "CUDA buffers"):
+// - value (default when the driver has it): cuStreamWaitValue32 on a word of mapped pinned memory
+//   that the proxy sets when the call is done; "ready" is an event recorded just before the wait.
+//   The stream waits in the GPU's front end; no host thread of CUDA's is involved. This is the
+//   mechanism CUDA sanctions for waiting on a host-side condition.
+// - hostfn: a host function that signals "ready" and blocks until "done". It needs nothing but the
+//   runtime API, but CUDA's documentation forbids a host function to wait on work "not mandated to
+//   run earlier" (our proxy's copies are exactly that), and it holds one of CUDA's callback threads
+//   for the whole collective. Kept as the fallback and as a second opinion for the GPU tests.
+#include "comm/cuda_proxy.h"
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "comm/communicator.h"
+#include "comm/log.h"
+
+namespace braid {
+namespace {
+
+Status cudaFailed(const char* call, cudaError_t e) {
+  return Status::CudaError(std::string(call) + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+struct CudaProxy::Pinned {
+  std::byte* data = nullptr;
+  std::size_t size = 0;
+  ~Pinned() {
+    if (data) cudaFreeHost(data);
+  }
+};
+
+struct CudaProxy::Op {
+  CollArgs host{};          // the call, pointing into pinned memory
+  const void* sendDev = nullptr;
+  void* recvDev = nullptr;
+  std::byte* sendHost = nullptr;  // where sendDev's bytes go (may lie inside recvHost's range)
+  std::byte* recvHost = nullptr;
+  std::size_t sendBytes = 0, recvBytes = 0;  // 0: nothing to copy that way
+  // No reference to the pinned buffer: the op may outlive its call inside the host function, and the
+  // last reference must never be dropped there (freeing pinned memory is a CUDA call). The proxy keeps
+  // every buffer an op may use alive until it is idle.
+  std::shared_ptr<WorkState> work;
+  double holdSec = 0;  // how long the host function may hold the stream
+  void* readyEvent = nullptr;   // value mechanism: recorded on the caller's stream before the hold
+  unsigned* doneWord = nullptr; // value mechanism: set to `seq` when done (releases the stream)
+  unsigned seq = 0;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool ready = false;      // the stream reached the call
+  bool done = false;       // the proxy finished it (or gave up)
+  bool abandoned = false;  // the host function stopped waiting: the result must not be copied in late
+  Status status;
+
+  void finish(Status s) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (done) return;
+      done = true;
+      status = s;
+      if (doneWord) __atomic_store_n(doneWord, seq, __ATOMIC_RELEASE);  // calls finish in sequence order
+      cv.notify_all();
+    }
+    if (work) work->finish(std::move(s));
+  }
+};
+
+namespace {
+
+// Runs on CUDA's callback thread once the stream has reached the call. It only touches host state:
+// a host function must not call CUDA.
+void CUDART_CB releaseWhenDone(void* arg) {
+  auto* holder = static_cast<std::shared_ptr<CudaProxy::Op>*>(arg);
+  CudaProxy::Op& op = **holder;
+  {
+    std::unique_lock<std::mutex> g(op.mu);
+    op.ready = true;
+    op.cv.notify_all();
+    if (!op.cv.wait_for(g, std::chrono::duration<double>(op.holdSec), [&] { return op.done; })) op.abandoned = true;
+  }
+  delete holder;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<CudaProxy>> CudaProxy::start(Comm& comm, int device) {
+  std::shared_ptr<CudaProxy> p(new CudaProxy(comm, device));
+  int previous = 0;
+  cudaError_t e = cudaGetDevice(&previous);
+  if (e != cudaSuccess) return cudaFailed("cudaGetDevice", e);
+  if ((e = cudaSetDevice(device)) != cudaSuccess) return cudaFailed("cudaSetDevice", e);
+  cudaStream_t s = nullptr;
+  e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e != cudaSuccess) {
+    cudaSetDevice(previous);
+    return cudaFailed("cudaStreamCreateWithFlags", e);
+  }
+  p->stream_ = s;
+  const std::string& mode = comm.config().cudaWait;
+  if (mode != "hostfn") {
+    void* fn = nullptr;
+    void* word = nullptr;
+    void* wordDev = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    std::string why;
+    e = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault, &found);
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn) {
+      why = "cuStreamWaitValue32 not found in the driver";
+    } else if ((e = cudaHostAlloc(&word, 64, cudaHostAllocMapped | cudaHostAllocPortable)) != cudaSuccess ||
+               (e = cudaHostGetDevicePointer(&wordDev, word, 0)) != cudaSuccess) {
+      why = cudaFailed("mapped pinned memory for the done word", e).message();
+    } else {
+      p->waitValue_ = fn;
+      p->doneWord_ = static_cast<unsigned*>(word);
+      *p->doneWord_ = 0;
+      p->doneWordDev_ = reinterpret_cast<unsigned long long>(wordDev);
+    }
+    if (!why.empty()) {
+      cudaSetDevice(previous);
+      if (mode == "value") return Status::CudaError("BRAID_CUDA_WAIT=value: " + why);
+      BRAID_LOG(kInfo, kInit, "rank %d: %s: holding streams with host functions instead", comm.rank(), why.c_str());
+    }
+  }
+  cudaSetDevice(previous);
+  p->pinned_ = std::make_shared<Pinned>();
+  p->thread_ = std::thread([raw = p.get()] { raw->loop(); });
+  BRAID_LOG(kInfo, kInit, "rank %d: CUDA proxy started on device %d (streams held by %s)", comm.rank(), device,
+            p->waitValue_ ? "cuStreamWaitValue32" : "host functions");
+  return p;
+}
+
+CudaProxy::~CudaProxy() {
+  stop(true);
+  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkState> work) {
+  const int n = comm_.nranks(), me = comm_.rank();
+  const std::size_t es = dataTypeSize(a.dtype);
+  std::size_t sendBytes = a.count * es, recvBytes = a.count * es;
+  if (a.kind == CollKind::kAllGather) recvBytes *= static_cast<std::size_t>(n);
+  if (a.kind == CollKind::kReduceScatter) sendBytes *= static_cast<std::size_t>(n);
+  bool needSend = a.kind != CollKind::kSendRecv || a.isSend;
+  bool needRecv = a.kind == CollKind::kSendRecv ? !a.isSend : (a.kind != CollKind::kReduce || a.root == me);
+  if (a.kind == CollKind::kBroadcast) needSend = a.root == me;
+  if (!a.send) needSend = false;
+  if (!a.recv) needRecv = false;
+
+  auto op = std::make_shared<Op>();
+  op->work = std::move(work);
+  op->host = a;
+  op->holdSec = 3 * comm_.timeoutSec() + 60;  // the proxy gives up after ~2 timeouts; this is the backstop
+  const auto* s = static_cast<const std::byte*>(a.send);
+  auto* r = static_cast<std::byte*>(a.recv);
+  // The pinned layout keeps in-place calls in place: a send range inside the recv range (all-gather,
+  // all-reduce with send == recv) or a recv range inside the send range (reduce-scatter) keeps its offset.
+  std::size_t total = 0, sendOff = 0, recvOff = 0;
+  if (needSend && needRecv && s >= r && s + sendBytes <= r + recvBytes) {
+    total = recvBytes;
+    sendOff = static_cast<std::size_t>(s - r);
+  } else if (needSend && needRecv && r >= s && r + recvBytes <= s + sendBytes) {
+    total = sendBytes;
+    recvOff = static_cast<std::size_t>(r - s);
+  } else {
+    recvOff = 0;
+    sendOff = needRecv ? (recvBytes + 255) / 256 * 256 : 0;
+    total = sendOff + (needSend ? sendBytes : 0);
+  }
+
+  std::unique_lock<std::mutex> g(mu_);
+  if (stopping_) return Status::InvalidUsage("the communicator was destroyed or aborted");
+  if (!busy_ && queue_.empty()) retired_.clear();  // no stream is held: outgrown buffers may go now
+  if (pinned_->size < total) {
+    auto bigger = std::make_shared<Pinned>();
+    std::size_t want = std::max(total, pinned_->size * 2);
+    void* p = nullptr;
+    cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocPortable);
+    if (e != cudaSuccess) return cudaFailed("cudaHostAlloc (staging for device buffers)", e);
+    bigger->data = static_cast<std::byte*>(p);
+    bigger->size = want;
+    retired_.push_back(std::move(pinned_));
+    pinned_ = std::move(bigger);
+  }
+  std::byte* base = pinned_->data;
+  const bool recvInSend = needSend && needRecv && r >= s && r + recvBytes <= s + sendBytes && !(s >= r && s + sendBytes <= r + recvBytes);
+  if (recvInSend) {
+    op->sendHost = base;
+    op->recvHost = base + recvOff;
+  } else {
+    op->recvHost = base;
+    op->sendHost = base + sendOff;
+  }
+  op->sendDev = needSend ? a.send : nullptr;
+  op->recvDev = needRecv ? a.recv : nullptr;
+  op->sendBytes = needSend ? sendBytes : 0;
+  op->recvBytes = needRecv ? recvBytes : 0;
+  op->host.send = a.send ? op->sendHost : nullptr;
+  op->host.recv = a.recv ? op->recvHost : nullptr;
+
+  op->seq = ++seq_;
+  bool held = false;
+  if (waitValue_) {
+    Status hs = holdWithValue(*op, stream, &held);
+    if (!hs.ok()) return hs;
+  }
+  if (!held) {
+    Status hs = holdWithHostFn(op, stream);
+    if (!hs.ok()) return hs;
+  }
+  queue_.push_back(op);
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Status CudaProxy::holdWithValue(Op& op, void* stream, bool* held) {
+  auto st = static_cast<cudaStream_t>(stream);
+  cudaEvent_t ev = nullptr;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e != cudaSuccess) return cudaFailed("cudaEventCreateWithFlags", e);
+  if ((e = cudaEventRecord(ev, st)) != cudaSuccess) {
+    cudaEventDestroy(ev);
+    return cudaFailed("cudaEventRecord (on the caller's stream)", e);
+  }
+  // CUresult cuStreamWaitValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned flags); flags 0 = GEQ:
+  // wait until (int32_t)(*word - seq) >= 0, which survives the counter wrapping.
+  using WaitValue32 = int (*)(void* stream, unsigned long long addr, unsigned value, unsigned flags);
+  const int rc = reinterpret_cast<WaitValue32>(waitValue_)(stream, doneWordDev_, op.seq, 0);
+  if (rc != 0) {
+    cudaEventDestroy(ev);
+    if (comm_.config().cudaWait == "value")
+      return Status::CudaError("cuStreamWaitValue32 (holding the caller's stream) failed with CUresult " + std::to_string(rc));
+    BRAID_LOG(kWarn, kColl, "rank %d: cuStreamWaitValue32 failed (CUresult %d): holding streams with host functions from now on",
+              comm_.rank(), rc);
+    waitValue_ = nullptr;
+    return Status::Ok();
+  }
+  op.readyEvent = ev;
+  op.doneWord = doneWord_;
+  *held = true;
+  return Status::Ok();
+}
+
+Status CudaProxy::holdWithHostFn(const std::shared_ptr<Op>& op, void* stream) {
+  auto* holder = new std::shared_ptr<Op>(op);
+  cudaError_t e = cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), releaseWhenDone, holder);
+  if (e != cudaSuccess) {
+    delete holder;
+    return cudaFailed("cudaLaunchHostFunc (ordering the call with the stream)", e);
+  }
+  return Status::Ok();
+}
+
+Status CudaProxy::drain(double seconds) {
+  std::unique_lock<std::mutex> g(mu_);
+  if (!cv_.wait_for(g, std::chrono::duration<double>(seconds), [&] { return queue_.empty() && !busy_; }))
+    return Status::Timeout("calls on CUDA streams did not finish within " + std::to_string(static_cast<long>(seconds)) +
+                           " s (a stream blocked before a Braid call?)");
+  return Status::Ok();
+}
+
+void CudaProxy::stop(bool abortive) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stopping_ = true;
+    abortive_ = abortive_ || abortive;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto& op : queue_) {
+    op->finish(Status::Aborted("the communicator was destroyed or aborted before this call ran"));
+    if (op->readyEvent) cudaEventDestroy(static_cast<cudaEvent_t>(op->readyEvent));
+    op->readyEvent = nullptr;
+  }
+  queue_.clear();
+}
+
+void CudaProxy::loop() {
+  if (cudaSetDevice(device_) != cudaSuccess) {
+    // Every call will fail in stage() with the error named.
+  }
+  for (;;) {
+    std::shared_ptr<Op> op;
+    {
+      std::unique_lock<std::mutex> g(mu_);
+      cv_.wait(g, [&] { return !queue_.empty() || stopping_; });
+      if (queue_.empty() || (stopping_ && abortive_)) return;
+      op = queue_.front();
+      queue_.pop_front();
+      busy_ = true;
+    }
+    process(*op);
+    std::lock_guard<std::mutex> g(mu_);
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
+
+Status CudaProxy::stage(Op& op, bool in) {
+  auto s = static_cast<cudaStream_t>(stream_);
+  cudaError_t e = cudaSuccess;
+  if (in && op.sendBytes) e = cudaMemcpyAsync(op.sendHost, op.sendDev, op.sendBytes, cudaMemcpyDefault, s);
+  if (!in && op.recvBytes) e = cudaMemcpyAsync(op.recvDev, op.recvHost, op.recvBytes, cudaMemcpyDefault, s);
+  if (e != cudaSuccess) return cudaFailed(in ? "cudaMemcpyAsync (device to pinned host)" : "cudaMemcpyAsync (pinned host to device)", e);
+  // Bounded wait: copies finish, but a wedged device must not hang the proxy.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(comm_.timeoutSec());
+  for (;;) {
+    e = cudaStreamQuery(s);
+    if (e == cudaSuccess) return Status::Ok();
+    if (e != cudaErrorNotReady) return cudaFailed("cudaStreamQuery (staging copy)", e);
+    if (std::chrono::steady_clock::now() > deadline)
+      return Status::Timeout("a staging copy did not finish within BRAID_TIMEOUT");
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+// Waits until the caller's stream has reached the call (or the communicator failed), at most
+// BRAID_TIMEOUT. A CUDA context that failed (a kernel hit an illegal address, say) never runs host
+// functions or completes events, but shows its error on any CUDA call: every slice asks.
+Status CudaProxy::waitReady(Op& op) {
+  const double wait = comm_.timeoutSec();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait);
+  for (unsigned polls = 0;; ++polls) {
+    if (op.readyEvent) {
+      cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(op.readyEvent));
+      if (e == cudaSuccess) return Status::Ok();
+      if (e != cudaErrorNotReady) return cudaFailed("cudaEventQuery (waiting for the caller's stream)", e);
+    } else {
+      std::unique_lock<std::mutex> g(op.mu);
+      if (op.ready || op.cv.wait_for(g, std::chrono::milliseconds(50), [&] { return op.ready; })) return Status::Ok();
+    }
+    if (comm_.failedFast()) return Status::Ok();  // the caller reports the failure
+    if (std::chrono::steady_clock::now() >= deadline)
+      return Status::Timeout("the stream did not reach the call within " + std::to_string(static_cast<long>(wait)) +
+                             " s (work queued before it on the stream is still running; raise BRAID_TIMEOUT if it is only slow)");
+    if (op.readyEvent) {
+      // Spin briefly (the stream is usually just behind), then sleep in short steps.
+      if (polls < 64) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 20 : 500));
+    }
+    if (op.readyEvent ? polls % 256 == 255 : true) {
+      cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(stream_));
+      if (e != cudaSuccess && e != cudaErrorNotReady) return cudaFailed("waiting for the caller's stream: the CUDA context failed", e);
+    }
+  }
+}
+
+void CudaProxy::process(Op& op) {
+  const std::string what = std::string(collName(op.host.kind)) + " on CUDA buffers (rank " + std::to_string(comm_.rank()) + ")";
+  Status ready = waitReady(op);
+  if (op.readyEvent) cudaEventDestroy(static_cast<cudaEvent_t>(op.readyEvent));
+  op.readyEvent = nullptr;
+  if (!ready.ok()) {
+    ready = ready.withContext(what);
+    comm_.fail(ready, true);
+    op.finish(ready);
+    return;
+  }
+  Status s = comm_.failure();
+  if (!s.ok()) {
+    op.finish(s.withContext(what + " on a failed communicator"));
+    return;
+  }
+  s = stage(op, true);
+  if (s.ok()) s = comm_.runBlocking(op.host);
+  if (s.ok()) {
+    std::lock_guard<std::mutex> g(op.mu);
+    if (op.abandoned) s = Status::Timeout(what + ": the stream stopped waiting for the result");
+  }
+  if (s.ok()) s = stage(op, false);
+  if (!s.ok()) {
+    s = s.withContext(what);
+    if (s.code() == Code::kCudaError || s.code() == Code::kTimeout) comm_.fail(s, true);
+    comm_.setLastError(s);
+  }
+  op.finish(s);
+}
+
+}  // namespace braid

@@ -1,0 +1,84 @@
+// The CUDA proxy of one communicator: a thread that moves calls with device buffers through pinned
+// host memory and the host collectives, in call order, ordered with the callers' streams.
+//
+// For each call, enqueue() (on the caller's thread) puts two things on the caller's stream and queues
+// the call: a "ready" signal (the stream has finished everything before the call) and a hold (the
+// stream waits until the proxy says "done"). The proxy waits for "ready", copies device -> pinned,
+// runs the host collective (Comm::runBlocking), copies pinned -> device and says "done"; the stream
+// resumes and later work sees the result. Two mechanisms (BRAID_CUDA_WAIT):
+//   value   ready = an event recorded on the stream; hold = cuStreamWaitValue32 on a word of mapped
+//           pinned memory that the proxy sets to the call's sequence number when it is done.
+//   hostfn  one host function (cudaLaunchHostFunc): it signals ready, then blocks until done.
+// Every wait is bounded (BRAID_TIMEOUT). Only built with CUDA.
+#pragma once
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "braid/status.hpp"
+#include "comm/algorithms/algorithms.h"
+
+namespace braid {
+
+class Comm;
+struct WorkState;
+
+class CudaProxy {
+ public:
+  struct Op;
+  struct Pinned;
+
+  // Starts the proxy thread for `device` (its copies run on a non-blocking stream of that device).
+  static Result<std::shared_ptr<CudaProxy>> start(Comm& comm, int device);
+  ~CudaProxy();
+
+  int device() const { return device_; }
+  // Queues `a` (device buffers, already validated) behind the work on `stream`. Returns at once; an
+  // error here means nothing was queued. `work`, if given, finishes with the call's status.
+  Status enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkState> work);
+  // Waits until every queued call has finished, at most `seconds`.
+  Status drain(double seconds);
+  // Ends the thread. abortive: queued calls fail at once (their streams are released); otherwise
+  // they finish first (bounded by BRAID_TIMEOUT each).
+  void stop(bool abortive);
+
+ private:
+  CudaProxy(Comm& comm, int device) : comm_(comm), device_(device) {}
+  void loop();
+  void process(Op& op);
+  Status stage(Op& op, bool in);
+  Status waitReady(Op& op);
+  // Holds `stream` until op is done; false (nothing queued) if the mechanism is not available.
+  Status holdWithValue(Op& op, void* stream, bool* held);
+  Status holdWithHostFn(const std::shared_ptr<Op>& op, void* stream);
+
+  Comm& comm_;
+  const int device_;
+  void* stream_ = nullptr;  // cudaStream_t, non-blocking: never waits on the callers' streams
+  // The value mechanism: cuStreamWaitValue32 from the driver (null: not available or not wanted),
+  // the word the callers' streams wait on (mapped pinned memory, never freed: a stream may still
+  // read it after the communicator is gone), and the sequence number of the last call queued.
+  void* waitValue_ = nullptr;
+  unsigned* doneWord_ = nullptr;
+  unsigned long long doneWordDev_ = 0;
+  unsigned seq_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Op>> queue_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  bool abortive_ = false;
+  std::thread thread_;
+  // Staging memory: the proxy runs one call at a time, so one buffer (grown by enqueue(), on the
+  // caller's thread) serves them all. Buffers outgrown are kept until the proxy is idle: freeing
+  // pinned memory may synchronize the device, which must never happen while a stream is held.
+  std::shared_ptr<Pinned> pinned_;
+  std::vector<std::shared_ptr<Pinned>> retired_;
+};
+
+}  // namespace braid

@@ -1,0 +1,268 @@
+// Braid: the CUDA reduction kernels behind kernels/reduce_cuda.h.
+//
+// One kernel template per (type, op) pair: 10 types x 4 ops (kAvg is kSum), plus one byte-wise kernel and
+// one divide kernel per type, 60 kernels in all, which keeps nvcc's time for this file modest.
+//
+// Layout of one launch over n elements whose three pointers share their offset modulo 16:
+//   [0, head)                        element-wise, until the 16-byte boundary
+//   [head, head + nvec * kPerVec)    16-byte vector loads and stores (uint4)
+//   [head + nvec * kPerVec, n)       element-wise tail
+// When the offsets differ, head = n and everything is element-wise (still coalesced); when a pointer is
+// not even aligned to the element size, a byte-wise kernel assembles each element from bytes.
+// The element arithmetic is the CPU engine's (kernels/half.h is shared), so results match bit for bit.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "kernels/half.h"
+#include "kernels/reduce_cuda.h"
+
+namespace braid::kernels::gpu {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kBlocksPerSm = 4;  // 4 x 512 threads fill an SM of sm_80/sm_90
+
+template <class S>
+struct Plain {
+  using Storage = S;
+  using Value = S;
+  __device__ static Value load(S s) { return s; }
+  __device__ static S store(Value v) { return v; }
+};
+struct Half {
+  using Storage = std::uint16_t;
+  using Value = float;
+  __device__ static float load(std::uint16_t s) { return halfToFloat(s); }
+  __device__ static std::uint16_t store(float v) { return floatToHalf(v); }
+};
+struct Bf16 {
+  using Storage = std::uint16_t;
+  using Value = float;
+  __device__ static float load(std::uint16_t s) { return bf16ToFloat(s); }
+  __device__ static std::uint16_t store(float v) { return floatToBf16(v); }
+};
+
+// Signed integers wrap like the CPU engine: the arithmetic runs in the unsigned type of the same width.
+template <class T, bool kSignedInt = std::is_integral_v<T> && std::is_signed_v<T>>
+struct WrapOf { using Type = T; };
+template <class T>
+struct WrapOf<T, true> { using Type = std::make_unsigned_t<T>; };
+template <class T>
+using Wrap = typename WrapOf<T>::Type;
+
+struct Sum {
+  template <class T>
+  __device__ static T apply(T x, T y) { return static_cast<T>(static_cast<Wrap<T>>(x) + static_cast<Wrap<T>>(y)); }
+};
+struct Prod {
+  template <class T>
+  __device__ static T apply(T x, T y) { return static_cast<T>(static_cast<Wrap<T>>(x) * static_cast<Wrap<T>>(y)); }
+};
+struct Max {  // x86 maxps(y, x): a NaN in y yields x, a NaN in x propagates
+  template <class T>
+  __device__ static T apply(T x, T y) { return y > x ? y : x; }
+};
+struct Min {
+  template <class T>
+  __device__ static T apply(T x, T y) { return y < x ? y : x; }
+};
+
+template <class C, class Op>
+__device__ __forceinline__ typename C::Storage combine(typename C::Storage x, typename C::Storage y) {
+  return C::store(Op::apply(C::load(x), C::load(y)));
+}
+
+template <class C, class Op>
+__global__ void __launch_bounds__(kThreads) reduceKernel(unsigned char* d, const unsigned char* a, const unsigned char* b,
+                                                         std::size_t n, std::size_t head, std::size_t nvec) {
+  using S = typename C::Storage;
+  constexpr std::size_t kPerVec = 16 / sizeof(S);
+  const std::size_t tid = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t off = head * sizeof(S);
+  const auto* av = reinterpret_cast<const uint4*>(a + off);
+  const auto* bv = reinterpret_cast<const uint4*>(b + off);
+  auto* dv = reinterpret_cast<uint4*>(d + off);
+  for (std::size_t v = tid; v < nvec; v += stride) {
+    union { uint4 u; S s[kPerVec]; } x, y, r;
+    x.u = av[v];
+    y.u = bv[v];
+#pragma unroll
+    for (std::size_t k = 0; k < kPerVec; ++k) r.s[k] = combine<C, Op>(x.s[k], y.s[k]);
+    dv[v] = r.u;
+  }
+  const std::size_t tailStart = head + nvec * kPerVec;
+  const std::size_t scalar = head + (n - tailStart);
+  const auto* as = reinterpret_cast<const S*>(a);
+  const auto* bs = reinterpret_cast<const S*>(b);
+  auto* ds = reinterpret_cast<S*>(d);
+  for (std::size_t k = tid; k < scalar; k += stride) {
+    const std::size_t i = k < head ? k : tailStart + (k - head);
+    ds[i] = combine<C, Op>(as[i], bs[i]);
+  }
+}
+
+template <class S>
+__device__ __forceinline__ S loadBytes(const unsigned char* p) {
+  S v;
+  unsigned char* o = reinterpret_cast<unsigned char*>(&v);
+#pragma unroll
+  for (std::size_t k = 0; k < sizeof(S); ++k) o[k] = p[k];
+  return v;
+}
+template <class S>
+__device__ __forceinline__ void storeBytes(unsigned char* p, S v) {
+  const unsigned char* i = reinterpret_cast<const unsigned char*>(&v);
+#pragma unroll
+  for (std::size_t k = 0; k < sizeof(S); ++k) p[k] = i[k];
+}
+
+// Pointers not aligned to the element size (legal in Braid's API, rare in practice): the op is a
+// run-time argument here so that this slow path costs one kernel per type, not one per (type, op).
+template <class C>
+__global__ void __launch_bounds__(kThreads) reduceBytesKernel(unsigned char* d, const unsigned char* a,
+                                                              const unsigned char* b, std::size_t n, int op) {
+  using S = typename C::Storage;
+  const std::size_t tid = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = tid; i < n; i += stride) {
+    const S x = loadBytes<S>(a + i * sizeof(S));
+    const S y = loadBytes<S>(b + i * sizeof(S));
+    S r;
+    switch (op) {
+      case 1: r = combine<C, Prod>(x, y); break;
+      case 2: r = combine<C, Max>(x, y); break;
+      case 3: r = combine<C, Min>(x, y); break;
+      default: r = combine<C, Sum>(x, y); break;
+    }
+    storeBytes<S>(d + i * sizeof(S), r);
+  }
+}
+
+template <class V>
+using DivisorType = std::conditional_t<std::is_integral_v<V>, std::common_type_t<V, int>, V>;
+
+template <class C>
+__global__ void __launch_bounds__(kThreads) divideKernel(unsigned char* x, std::size_t n, int divisor, bool aligned) {
+  using S = typename C::Storage;
+  using V = typename C::Value;
+  const auto dv = static_cast<DivisorType<V>>(divisor);
+  const std::size_t tid = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = tid; i < n; i += stride) {
+    unsigned char* p = x + i * sizeof(S);
+    const S s = aligned ? *reinterpret_cast<const S*>(p) : loadBytes<S>(p);
+    const S r = C::store(static_cast<V>(C::load(s) / dv));
+    if (aligned) *reinterpret_cast<S*>(p) = r;
+    else storeBytes<S>(p, r);
+  }
+}
+
+int multiprocessors() {
+  static int cached[64] = {};  // by device; 0 = not asked yet (a benign race: every writer stores the same value)
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 1;
+  if (dev < 64 && cached[dev]) return cached[dev];
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1) sms = 1;
+  if (dev < 64) cached[dev] = sms;
+  return sms;
+}
+
+unsigned gridFor(std::size_t work) {
+  const std::size_t want = (work + kThreads - 1) / kThreads;
+  const std::size_t cap = static_cast<std::size_t>(multiprocessors()) * kBlocksPerSm;
+  return static_cast<unsigned>(want < 1 ? 1 : (want < cap ? want : cap));
+}
+
+Status launched(const char* what, DataType t, ReduceOp op) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return Status::Ok();
+  return Status::CudaError(std::string("launching the ") + what + " kernel (" + dataTypeName(t) + " " + reduceOpName(op) +
+                           "): " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+template <class C, class Op>
+Status launchReduce(void* dst, const void* a, const void* b, std::size_t n, DataType t, ReduceOp op, cudaStream_t s) {
+  using S = typename C::Storage;
+  constexpr std::size_t kPerVec = 16 / sizeof(S);
+  const auto ud = reinterpret_cast<std::uintptr_t>(dst), ua = reinterpret_cast<std::uintptr_t>(a),
+             ub = reinterpret_cast<std::uintptr_t>(b);
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* pa = static_cast<const unsigned char*>(a);
+  const auto* pb = static_cast<const unsigned char*>(b);
+  if ((ud | ua | ub) % sizeof(S) != 0) {
+    reduceBytesKernel<C><<<gridFor(n), kThreads, 0, s>>>(d, pa, pb, n, static_cast<int>(op));
+    return launched("byte-wise reduce", t, op);
+  }
+  std::size_t head = n, nvec = 0;
+  if (ud % 16 == ua % 16 && ud % 16 == ub % 16) {
+    const std::size_t toBoundary = ((16 - ud % 16) % 16) / sizeof(S);
+    head = toBoundary < n ? toBoundary : n;
+    nvec = (n - head) / kPerVec;
+  }
+  const std::size_t work = nvec + head + (n - head - nvec * kPerVec);
+  reduceKernel<C, Op><<<gridFor(work), kThreads, 0, s>>>(d, pa, pb, n, head, nvec);
+  return launched("reduce", t, op);
+}
+
+template <class C>
+Status reduceFor(void* dst, const void* a, const void* b, std::size_t n, DataType t, ReduceOp op, cudaStream_t s) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return launchReduce<C, Sum>(dst, a, b, n, t, op, s);
+    case ReduceOp::kProd: return launchReduce<C, Prod>(dst, a, b, n, t, op, s);
+    case ReduceOp::kMax: return launchReduce<C, Max>(dst, a, b, n, t, op, s);
+    case ReduceOp::kMin: return launchReduce<C, Min>(dst, a, b, n, t, op, s);
+  }
+  return Status::InvalidArgument("unknown reduction op " + std::to_string(static_cast<int>(op)));
+}
+
+template <class C>
+Status divideFor(void* x, std::size_t n, DataType t, int divisor, cudaStream_t s) {
+  const bool aligned = reinterpret_cast<std::uintptr_t>(x) % sizeof(typename C::Storage) == 0;
+  divideKernel<C><<<gridFor(n), kThreads, 0, s>>>(static_cast<unsigned char*>(x), n, divisor, aligned);
+  return launched("divide", t, ReduceOp::kAvg);
+}
+
+// Calls f.template operator()<Codec>() for the codec of t.
+template <class F>
+Status withCodec(DataType t, F&& f) {
+  switch (t) {
+    case DataType::kInt8: return f.template operator()<Plain<std::int8_t>>();
+    case DataType::kUint8: return f.template operator()<Plain<std::uint8_t>>();
+    case DataType::kInt32: return f.template operator()<Plain<std::int32_t>>();
+    case DataType::kUint32: return f.template operator()<Plain<std::uint32_t>>();
+    case DataType::kInt64: return f.template operator()<Plain<std::int64_t>>();
+    case DataType::kUint64: return f.template operator()<Plain<std::uint64_t>>();
+    case DataType::kFloat16: return f.template operator()<Half>();
+    case DataType::kFloat32: return f.template operator()<Plain<float>>();
+    case DataType::kFloat64: return f.template operator()<Plain<double>>();
+    case DataType::kBfloat16: return f.template operator()<Bf16>();
+  }
+  return Status::InvalidArgument("unknown data type " + std::to_string(static_cast<int>(t)));
+}
+
+}  // namespace
+
+Status reduce(void* dst, const void* a, const void* b, std::size_t count, DataType t, ReduceOp op, void* stream) {
+  if (!isValid(t)) return Status::InvalidArgument("unknown data type " + std::to_string(static_cast<int>(t)));
+  if (!isValid(op)) return Status::InvalidArgument("unknown reduction op " + std::to_string(static_cast<int>(op)));
+  if (count == 0) return Status::Ok();
+  auto s = static_cast<cudaStream_t>(stream);
+  return withCodec(t, [&]<class C>() { return reduceFor<C>(dst, a, b, count, t, op, s); });
+}
+
+Status divide(void* x, std::size_t count, DataType t, int divisor, void* stream) {
+  if (!isValid(t)) return Status::InvalidArgument("unknown data type " + std::to_string(static_cast<int>(t)));
+  if (divisor < 1) return Status::InvalidArgument("divisor must be positive");
+  if (count == 0) return Status::Ok();
+  auto s = static_cast<cudaStream_t>(stream);
+  return withCodec(t, [&]<class C>() { return divideFor<C>(x, count, t, divisor, s); });
+}
+
+}  // namespace braid::kernels::gpu

@@ -1,0 +1,24 @@
+// Braid: CUDA reduction kernels (kernels/reduce_cuda.cu), the GPU twin of kernels/reduce.h.
+// Compiled only when the build has CUDA (BRAID_HAVE_CUDA); this header needs no CUDA headers.
+#pragma once
+#include <cstddef>
+
+#include "braid/status.hpp"
+#include "braid/types.hpp"
+
+namespace braid::kernels::gpu {
+
+// dst[i] = a[i] (op) b[i] on `stream` (a cudaStream_t; nullptr is the legacy default stream) for device
+// memory (or any memory the current device can address). Asynchronous: returns after the launch.
+// Same results, bit for bit, as kernels::reduce: fp16/bf16 combine in float and round to nearest even,
+// integers wrap, max/min take x86's NaN rule (a NaN in `a` propagates, a NaN in `b` yields `a`), kAvg
+// reduces like kSum. dst may equal a or b exactly. No alignment requirement: 16-byte vector loads run
+// where the three pointers share their offset modulo 16, with element-wise heads and tails; pointers
+// not aligned to the element size take a byte-wise path. The grid is sized from the multiprocessor count
+// of the current device. Errors: invalid argument for a bad type/op; cuda error naming the call otherwise.
+Status reduce(void* dst, const void* a, const void* b, std::size_t count, DataType t, ReduceOp op, void* stream);
+
+// x[i] = x[i] / divisor, the final pass of kAvg, as kernels::divide.
+Status divide(void* x, std::size_t count, DataType t, int divisor, void* stream);
+
+}  // namespace braid::kernels::gpu

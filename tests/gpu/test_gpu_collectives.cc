@@ -1,0 +1,302 @@
+// Every collective on CUDA device buffers through the C API, ordered with a stream: ranks are real
+// processes sharing one GPU (tests/common/harness.h), over shm and tcp. Every dtype x op x
+// in-place/out-of-place x count (0, 1, 7, 4097 and, sampled, 1M+3), buffers shifted by 0 to 3 bytes,
+// each element checked exactly against the CPU reference (tools/pattern.h).
+// Stream ordering is what each case observes: the input is written by a kernel that first sleeps
+// (launchDelayedCopy) over a poisoned buffer just before the call, and the output is read by another
+// kernel (launchSnapshot) queued just after it; the host looks only at that snapshot. A call that ran
+// early would reduce poison; a stream that resumed early would snapshot stale memory.
+// Without a usable GPU the program prints why and exits 77 (SKIP).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "braid/braid.h"
+#include "braid/braid.hpp"
+#include "comm/c_handle.h"
+#include "tests/common/harness.h"
+#include "tests/gpu/gpu_util.h"
+#include "tools/pattern.h"
+
+namespace braid::test {
+namespace {
+
+const std::size_t kCounts[] = {0, 1, 7, 4097};
+constexpr std::size_t kBig = (1u << 20) + 3;
+constexpr unsigned kDelayUs = 300;
+
+std::string cudaText(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+
+// One rank's device memory: a (send side), b (receive side), src (staging for the delayed copy),
+// snap (the snapshot), each `cap` bytes plus slack for the shifts.
+struct Dev {
+  cudaStream_t stream = nullptr;
+  std::byte *a = nullptr, *b = nullptr, *src = nullptr, *snap = nullptr;
+  std::size_t cap = 0;
+  std::vector<std::byte> host, got;
+  std::string error;
+
+  bool ensure(std::size_t bytes) {
+    if (!stream && cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return fail("stream");
+    if (bytes <= cap) return true;
+    for (std::byte* p : {a, b, src, snap}) cudaFree(p);
+    cap = bytes;
+    for (std::byte** p : {&a, &b, &src, &snap})
+      if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(p), cap + 64); e != cudaSuccess) return fail("cudaMalloc: " + cudaText(e));
+    host.resize(cap + 64);
+    got.resize(cap + 64);
+    return true;
+  }
+  bool fail(const std::string& what) {
+    error = what;
+    return false;
+  }
+  // Poisons [dst, dst+bytes) and then writes pattern data there with a delayed kernel, all on the stream.
+  bool put(std::byte* dst, std::size_t count, DataType t, ReduceOp op, int rank, std::size_t first = 0) {
+    const std::size_t bytes = count * dataTypeSize(t);
+    if (!bytes) return true;
+    pattern::fill(host.data(), count, t, op, rank, first);
+    if (cudaMemcpy(src, host.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) return fail("upload");
+    if (cudaMemsetAsync(dst, 0xEE, bytes, stream) != cudaSuccess) return fail("poison");
+    launchDelayedCopy(dst, src, bytes, kDelayUs, stream);
+    return cudaGetLastError() == cudaSuccess || fail("delayed copy launch");
+  }
+  // Poisons an output region on the stream (so that a result that never arrives is seen).
+  bool poison(std::byte* dst, std::size_t bytes) { return !bytes || cudaMemsetAsync(dst, 0xEE, bytes, stream) == cudaSuccess || fail("poison"); }
+  // Snapshots [p, p+bytes) with a kernel right after the call, waits, and returns the host copy.
+  const std::byte* take(const std::byte* p, std::size_t bytes) {
+    if (bytes) launchSnapshot(snap, p, bytes, stream);
+    if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
+      fail("cudaStreamSynchronize: " + cudaText(e));
+      return nullptr;
+    }
+    if (bytes && cudaMemcpy(got.data(), snap, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      fail("download");
+      return nullptr;
+    }
+    return got.data();
+  }
+};
+
+std::string caseName(const char* coll, DataType t, ReduceOp op, std::size_t count, bool inPlace) {
+  return std::string(coll) + " " + dataTypeName(t) + " " + reduceOpName(op) + " count=" + std::to_string(count) +
+         (inPlace ? " in-place" : " out-of-place");
+}
+
+long runCase(int rank, int n, braidComm_t comm, Dev& d, DataType t, ReduceOp op, std::size_t count, bool inPlace,
+             std::size_t shift) {
+  const std::size_t es = dataTypeSize(t);
+  const auto ct = static_cast<braidDataType_t>(t);
+  const auto cop = static_cast<braidRedOp_t>(op);
+  const std::size_t nn = static_cast<std::size_t>(n), rr = static_cast<std::size_t>(rank);
+  if (!d.ensure(count * es * nn + 64)) {
+    report(rank, d.error);
+    return -1;
+  }
+  long wrong = 0;
+  bool ok = true;
+  // Checks the result code, then `count` elements of the snapshot of `out` with `verify`.
+  auto check = [&](const char* coll, braidResult_t res, const std::byte* out, std::size_t bytes, auto verify) {
+    if (res != braidSuccess) {
+      report(rank, caseName(coll, t, op, count, inPlace) + ": " + braidGetErrorString(res) + ": " + braidGetLastError(comm));
+      return ok = false;
+    }
+    const std::byte* h = d.take(out, bytes);
+    if (!h) {
+      report(rank, caseName(coll, t, op, count, inPlace) + ": " + d.error);
+      return ok = false;
+    }
+    std::size_t w = verify(h);
+    if (w) report(rank, caseName(coll, t, op, count, inPlace) + ": " + std::to_string(w) + " wrong elements");
+    wrong += static_cast<long>(w);
+    return true;
+  };
+
+  // all-reduce
+  std::byte* s = d.a + shift;
+  std::byte* r = inPlace ? s : d.b + shift + 1;
+  if (!d.put(s, count, t, op, rank) || (!inPlace && !d.poison(r, count * es))) return report(rank, d.error), -1;
+  braidResult_t res = braidAllReduce(s, r, count, ct, cop, comm, d.stream);
+  check("allreduce", res, r, count * es, [&](const std::byte* h) { return pattern::countWrong(h, count, t, op, n, 0); });
+  if (!ok) return -1;
+
+  // reduce-scatter
+  std::byte* out = inPlace ? s + rr * count * es : d.b + shift + 2;
+  if (!d.put(s, count * nn, t, op, rank) || (!inPlace && !d.poison(out, count * es))) return report(rank, d.error), -1;
+  res = braidReduceScatter(s, out, count, ct, cop, comm, d.stream);
+  check("reducescatter", res, out, count * es, [&](const std::byte* h) { return pattern::countWrong(h, count, t, op, n, rr * count); });
+  if (!ok) return -1;
+
+  // all-gather
+  std::byte* gathered = d.b + shift;
+  std::byte* mine = inPlace ? gathered + rr * count * es : d.a + shift + 3;
+  if (!d.poison(gathered, count * es * nn) || !d.put(mine, count, t, op, rank, rr * count)) return report(rank, d.error), -1;
+  res = braidAllGather(mine, gathered, count, ct, comm, d.stream);
+  check("allgather", res, gathered, count * es * nn, [&](const std::byte* h) {
+    std::size_t w = 0;
+    for (std::size_t q = 0; q < nn; ++q) w += pattern::countWrong(h + q * count * es, count, t, op, n, q * count, static_cast<int>(q));
+    return w;
+  });
+  if (!ok) return -1;
+
+  // broadcast and reduce, root cycling with the count
+  const int root = static_cast<int>(count % nn);
+  s = d.a + shift;
+  r = inPlace ? s : d.b + shift + 1;
+  if (rank == root ? !d.put(s, count, t, op, root) : !d.poison(r, count * es)) return report(rank, d.error), -1;
+  if (rank == root && !inPlace && !d.poison(r, count * es)) return report(rank, d.error), -1;
+  res = braidBroadcast(s, r, count, ct, root, comm, d.stream);
+  check("broadcast", res, r, count * es, [&](const std::byte* h) { return pattern::countWrong(h, count, t, op, n, 0, root); });
+  if (!ok) return -1;
+  if (!d.put(s, count, t, op, rank) || (!inPlace && !d.poison(r, count * es))) return report(rank, d.error), -1;
+  res = braidReduce(s, r, count, ct, cop, root, comm, d.stream);
+  check("reduce", res, r, rank == root ? count * es : 0,
+        [&](const std::byte* h) { return rank == root ? pattern::countWrong(h, count, t, op, n, 0) : 0; });
+  if (!ok) return -1;
+
+  // send/recv around the ring (out of place): even ranks send first
+  if (n > 1) {
+    const int to = (rank + 1) % n, from = (rank + n - 1) % n;
+    s = d.a + shift;
+    r = d.b + shift + 1;
+    if (!d.put(s, count, t, op, rank) || !d.poison(r, count * es)) return report(rank, d.error), -1;
+    auto doSend = [&] { return braidSend(s, count, ct, to, comm, d.stream); };
+    auto doRecv = [&] { return braidRecv(r, count, ct, from, comm, d.stream); };
+    braidResult_t x = rank % 2 == 0 ? doSend() : doRecv();
+    braidResult_t y = x == braidSuccess ? (rank % 2 == 0 ? doRecv() : doSend()) : x;
+    check("send/recv", y, r, count * es, [&](const std::byte* h) { return pattern::countWrong(h, count, t, op, n, 0, from); });
+    if (!ok) return -1;
+  }
+  return wrong;
+}
+
+class GpuCollectives : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(GpuCollectives, EveryTypeOpAndCountIsExactAndStreamOrdered) {
+  const std::string transport = std::get<0>(GetParam());
+  const int n = std::get<1>(GetParam());
+  Env env = transportEnv(transport);
+  env.push_back({"BRAID_TIMEOUT", "60"});
+  auto outcome = runRanks(
+      n,
+      [&](int rank, braidComm_t comm) {
+        Dev d;
+        long wrong = 0;
+        int cases = 0;
+        for (int ti = 0; ti < kNumDataTypes; ++ti)
+          for (int oi = 0; oi < kNumReduceOps; ++oi) {
+            const auto t = static_cast<DataType>(ti);
+            const auto op = static_cast<ReduceOp>(oi);
+            for (std::size_t count : kCounts)
+              for (int inPlace = 0; inPlace < 2; ++inPlace) {
+                long w = runCase(rank, n, comm, d, t, op, count, inPlace, (count + ti + oi) % 4);
+                if (w < 0) return 1;
+                wrong += w;
+                ++cases;
+              }
+            if ((ti + oi) % 5 == n % 5) {  // the large count, sampled so that every type and op gets one
+              long w = runCase(rank, n, comm, d, t, op, kBig, (ti + oi) % 2 == 1, 1 + ti % 3);
+              if (w < 0) return 1;
+              wrong += w;
+              ++cases;
+            }
+          }
+        if (rank == 0) std::fprintf(stderr, "rank 0: %d cases x 6 collectives on device buffers, %ld wrong elements\n", cases, wrong);
+        return wrong ? 2 : 0;
+      },
+      env, 600);
+  for (std::size_t r = 0; r < outcome.size(); ++r) {
+    EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;
+    EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, GpuCollectives,
+                         ::testing::Values(std::tuple{"shm", 1}, std::tuple{"shm", 2}, std::tuple{"shm", 3},
+                                           std::tuple{"shm", 4}, std::tuple{"tcp", 2}),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
+                         });
+
+// Host and device buffers in one call, and the checks that come before any data moves.
+TEST(GpuArguments, MixedMemoryTypesAreInvalidArguments) {
+  auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
+    void* dev = nullptr;
+    if (cudaMalloc(&dev, 4096) != cudaSuccess) return 10;
+    std::vector<float> host(1024, 1.0f);
+    if (braidAllReduce(host.data(), dev, 1024, braidFloat32, braidSum, comm, nullptr) != braidInvalidArgument) return 11;
+    if (braidAllReduce(dev, host.data(), 1024, braidFloat32, braidSum, comm, nullptr) != braidInvalidArgument) return 12;
+    // The communicator is still usable afterwards, on either kind of memory.
+    if (braidAllReduce(host.data(), host.data(), 1024, braidFloat32, braidSum, comm, nullptr) != braidSuccess) return 13;
+    if (host[5] != 2.0f) return 14;
+    if (braidAllReduce(dev, dev, 1024, braidFloat32, braidSum, comm, nullptr) != braidSuccess) return 15;
+    if (cudaDeviceSynchronize() != cudaSuccess) return 16;
+    (void)rank;
+    cudaFree(dev);
+    return 0;
+  });
+  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+}
+
+// The C++ API: device buffers with a stream, braid::Work finishing with the call; host work queued
+// after device work runs after it on every rank.
+TEST(GpuCpp, WorkOnDeviceBuffersAndHostCallsAfterThem) {
+  auto outcome = runRanks(3, [](int rank, braidComm_t comm) {
+    braid::Communicator c(comm->impl);
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreate(&s) != cudaSuccess) return 10;
+    const std::size_t n = 100003;
+    void* dev = nullptr;
+    if (cudaMalloc(&dev, n * 4) != cudaSuccess) return 11;
+    std::vector<int> h(n, rank + 1);
+    if (cudaMemcpy(dev, h.data(), n * 4, cudaMemcpyHostToDevice) != cudaSuccess) return 12;
+    braid::Work w = c.allReduce(dev, dev, n, DataType::kInt32, ReduceOp::kSum, s);
+    std::vector<int> hostIn(10, rank), hostOut(10, -1);
+    braid::Work hw = c.allReduce(hostIn.data(), hostOut.data(), 10, DataType::kInt32, ReduceOp::kMax);
+    if (!w.wait(60).ok() || !hw.wait(60).ok()) return 13;
+    if (cudaStreamSynchronize(s) != cudaSuccess) return 14;
+    if (cudaMemcpy(h.data(), dev, n * 4, cudaMemcpyDeviceToHost) != cudaSuccess) return 15;
+    for (std::size_t i = 0; i < n; ++i)
+      if (h[i] != 6) return 16;
+    if (hostOut[3] != 2) return 17;
+    cudaFree(dev);
+    return 0;
+  });
+  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+}
+
+// A stream that does not reach the call within BRAID_TIMEOUT: the call itself returned success, the
+// failure shows in braidCommGetAsyncError and in the next call, on every rank.
+TEST(GpuErrors, AsynchronousFailureIsReportedLater) {
+  auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return 10;
+    void *dev = nullptr, *src = nullptr;
+    if (cudaMalloc(&dev, 4096) != cudaSuccess || cudaMalloc(&src, 4096) != cudaSuccess) return 11;
+    if (rank == 0) launchDelayedCopy(dev, src, 4096, 4000000, s);  // holds the stream for ~4 s
+    if (braidAllReduce(dev, dev, 1024, braidFloat32, braidSum, comm, s) != braidSuccess) return 12;
+    if (cudaStreamSynchronize(s) != cudaSuccess) return 13;
+    braidResult_t async = braidSuccess;
+    if (braidCommGetAsyncError(comm, &async) != braidSuccess) return 14;
+    if (async == braidSuccess) {
+      report(rank, "no asynchronous error after the stream missed BRAID_TIMEOUT");
+      return 15;
+    }
+    if (braidAllReduce(dev, dev, 1024, braidFloat32, braidSum, comm, s) == braidSuccess) return 16;
+    report(rank, std::string("as expected: ") + braidGetErrorString(async) + ": " + braidGetLastError(comm));
+    return 0;
+  }, {{"BRAID_TIMEOUT", "1"}}, 60);
+  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+}
+
+}  // namespace
+}  // namespace braid::test
+
+int main(int argc, char** argv) {
+  braid::test::skipWithoutGpu("gpu-collectives");
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

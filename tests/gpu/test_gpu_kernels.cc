@@ -1,0 +1,155 @@
+// The CUDA reduction kernels against the CPU engine (kernels/reduce.h, the oracle): every dtype x op,
+// sizes around the 16-byte vector width, co-aligned, differently aligned and byte-misaligned
+// pointers, in place (dst == a, dst == b) and out of place. Inputs are random bit patterns
+// (NaN, infinities and subnormals included); results must match bit for bit, except that two NaNs
+// match whatever their payloads (the CPU's and the GPU's NaN propagation differ by design).
+// Without a usable GPU the program prints why and exits 77 (SKIP).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/half.h"
+#include "kernels/reduce.h"
+#include "kernels/reduce_cuda.h"
+#include "tests/gpu/gpu_util.h"
+
+namespace braid::test {
+namespace {
+
+const std::size_t kSizes[] = {0, 1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 127, 1000, 4099, (1u << 20) + 7};
+struct Offsets { std::size_t d, a, b; bool inBytes; };
+const Offsets kOffsets[] = {{0, 0, 0, false}, {1, 1, 1, false}, {0, 1, 2, false}, {3, 3, 3, false},
+                            {1, 1, 1, true},  {1, 0, 3, true}};
+
+bool isNan(const std::byte* p, DataType t) {
+  switch (t) {
+    case DataType::kFloat16: { std::uint16_t h; std::memcpy(&h, p, 2); return (h & 0x7fff) > 0x7c00; }
+    case DataType::kBfloat16: { std::uint16_t h; std::memcpy(&h, p, 2); return (h & 0x7fff) > 0x7f80; }
+    case DataType::kFloat32: { float f; std::memcpy(&f, p, 4); return std::isnan(f); }
+    case DataType::kFloat64: { double f; std::memcpy(&f, p, 8); return std::isnan(f); }
+    default: return false;
+  }
+}
+
+std::size_t countDifferent(const std::byte* got, const std::byte* want, std::size_t n, DataType t) {
+  const std::size_t es = dataTypeSize(t);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::byte* g = got + i * es;
+    const std::byte* w = want + i * es;
+    if (std::memcmp(g, w, es) == 0) continue;
+    if (isNan(g, t) && isNan(w, t)) continue;
+    ++bad;
+  }
+  return bad;
+}
+
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) { EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess); }
+  ~DeviceBuffer() { cudaFree(p); }
+  std::byte* at(std::size_t off) const { return static_cast<std::byte*>(p) + off; }
+};
+
+enum class Alias { kNone, kDstIsA, kDstIsB };
+
+TEST(GpuKernels, MatchCpuEngineForEveryTypeOpSizeAndAlignment) {
+  const std::size_t maxBytes = ((1u << 20) + 7 + 8) * 8 + 64;
+  DeviceBuffer dA(maxBytes), dB(maxBytes), dD(maxBytes);
+  std::vector<std::byte> hA(maxBytes), hB(maxBytes), hD(maxBytes), want(maxBytes), got(maxBytes);
+  std::mt19937_64 rng(12345);
+  for (auto& x : hA) x = static_cast<std::byte>(rng());
+  for (auto& x : hB) x = static_cast<std::byte>(rng());
+  ASSERT_EQ(cudaMemcpy(dA.p, hA.data(), maxBytes, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dB.p, hB.data(), maxBytes, cudaMemcpyHostToDevice), cudaSuccess);
+  int cases = 0;
+  for (int ti = 0; ti < kNumDataTypes; ++ti) {
+    const auto t = static_cast<DataType>(ti);
+    const std::size_t es = dataTypeSize(t);
+    for (int oi = 0; oi < kNumReduceOps; ++oi) {
+      const auto op = static_cast<ReduceOp>(oi);
+      for (std::size_t n : kSizes) {
+        for (const Offsets& o : kOffsets) {
+          if (o.inBytes && es == 1) continue;  // the same as element offsets
+          for (Alias alias : {Alias::kNone, Alias::kDstIsA, Alias::kDstIsB}) {
+            const std::size_t unit = o.inBytes ? 1 : es;
+            const std::size_t offA = o.a * unit, offB = o.b * unit;
+            std::size_t offD = o.d * unit;
+            if (alias == Alias::kDstIsA) offD = offA;
+            if (alias == Alias::kDstIsB) offD = offB;
+            const std::size_t bytes = n * es;
+            // Puts back the bytes of whichever input dst aliases.
+            auto restore = [&] {
+              if (alias == Alias::kDstIsA) return cudaMemcpy(dA.at(offD), hA.data() + offD, bytes, cudaMemcpyHostToDevice);
+              if (alias == Alias::kDstIsB) return cudaMemcpy(dB.at(offD), hB.data() + offD, bytes, cudaMemcpyHostToDevice);
+              return cudaSuccess;
+            };
+            // Reference on the CPU: dst starts as a copy of whichever input it aliases.
+            std::memcpy(want.data(), (alias == Alias::kDstIsB ? hB : hA).data() + offD, bytes);
+            const std::byte* ra = alias == Alias::kDstIsA ? want.data() : hA.data() + offA;
+            const std::byte* rb = alias == Alias::kDstIsB ? want.data() : hB.data() + offB;
+            std::vector<std::byte> ca(ra, ra + bytes), cb(rb, rb + bytes);
+            kernels::reduce(want.data(), ca.data(), cb.data(), n, t, op);
+            // GPU: restore the aliased input first.
+            std::byte* dst = alias == Alias::kDstIsA ? dA.at(offD) : alias == Alias::kDstIsB ? dB.at(offD) : dD.at(offD);
+            ASSERT_EQ(restore(), cudaSuccess);
+            const std::byte* ga = alias == Alias::kDstIsA ? dst : dA.at(offA);
+            const std::byte* gb = alias == Alias::kDstIsB ? dst : dB.at(offB);
+            Status s = kernels::gpu::reduce(dst, ga, gb, n, t, op, nullptr);
+            ASSERT_TRUE(s.ok()) << s.toString();
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            ASSERT_EQ(cudaMemcpy(got.data(), dst, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+            const std::size_t bad = countDifferent(got.data(), want.data(), n, t);
+            ASSERT_EQ(bad, 0u) << dataTypeName(t) << " " << reduceOpName(op) << " n=" << n << " offsets d/a/b " << offD
+                               << "/" << offA << "/" << offB << " bytes, alias " << static_cast<int>(alias);
+            ++cases;
+            // Leave the aliased input as it was for the next case.
+            ASSERT_EQ(restore(), cudaSuccess);
+          }
+        }
+      }
+    }
+  }
+  std::printf("%d cases matched the CPU engine\n", cases);
+}
+
+TEST(GpuKernels, DivideMatchesCpuEngine) {
+  const std::size_t n = 4099;
+  for (int ti = 0; ti < kNumDataTypes; ++ti) {
+    const auto t = static_cast<DataType>(ti);
+    const std::size_t es = dataTypeSize(t);
+    for (std::size_t shift : {std::size_t{0}, std::size_t{1}}) {
+      std::vector<std::byte> h(n * es + 8), want, got(n * es + 8);
+      for (std::size_t i = 0; i < n; ++i) kernels::storeFromDouble(h.data() + shift, i, t, static_cast<double>(i % 200) - 50);
+      want = h;
+      kernels::divide(want.data() + shift, n, t, 3);
+      DeviceBuffer d(h.size());
+      ASSERT_EQ(cudaMemcpy(d.p, h.data(), h.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      Status s = kernels::gpu::divide(d.at(shift), n, t, 3, nullptr);
+      ASSERT_TRUE(s.ok()) << s.toString();
+      ASSERT_EQ(cudaMemcpy(got.data(), d.p, h.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(countDifferent(got.data() + shift, want.data() + shift, n, t), 0u) << dataTypeName(t) << " shift " << shift;
+    }
+  }
+}
+
+TEST(GpuKernels, RejectsBadArguments) {
+  EXPECT_EQ(kernels::gpu::reduce(nullptr, nullptr, nullptr, 1, static_cast<DataType>(99), ReduceOp::kSum, nullptr).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(kernels::gpu::reduce(nullptr, nullptr, nullptr, 1, DataType::kFloat32, static_cast<ReduceOp>(9), nullptr).code(),
+            Code::kInvalidArgument);
+  EXPECT_TRUE(kernels::gpu::reduce(nullptr, nullptr, nullptr, 0, DataType::kFloat32, ReduceOp::kSum, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace braid::test
+
+int main(int argc, char** argv) {
+  braid::test::skipWithoutGpu("gpu-kernels");
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

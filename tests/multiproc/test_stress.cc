@@ -16,13 +16,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <random>
-#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -253,13 +253,44 @@ std::vector<Call> callsOf(const MismatchTrial& t, int rank) {
 // Checks "rank A called X as #i but rank B called Y as #j": both are calls those ranks really made
 // as their i-th and j-th, and they differ. Which two calls meet first depends on timing (a rank that
 // only sends may finish its call and meet the mismatch one call later), so any true pair counts.
+// Finds "rank A called X as #i but rank B called Y as #j: every rank" in msg (X and Y end at the
+// first " as #" after them). A hand-written matcher: GCC 12's std::regex trips -Wmaybe-uninitialized
+// in sanitizer builds.
+bool findPair(const std::string& msg, int ranks[2], std::string calls[2], int seqs[2]) {
+  auto number = [&](std::size_t& at, int* out) {
+    std::size_t end = at;
+    while (end < msg.size() && std::isdigit(static_cast<unsigned char>(msg[end]))) ++end;
+    if (end == at || end - at > 9) return false;
+    *out = std::stoi(msg.substr(at, end - at));
+    at = end;
+    return true;
+  };
+  auto literal = [&](std::size_t& at, const char* text) {
+    if (msg.compare(at, std::strlen(text), text) != 0) return false;
+    at += std::strlen(text);
+    return true;
+  };
+  auto call = [&](std::size_t& at, std::string* out) {
+    std::size_t end = msg.find(" as #", at);
+    if (end == std::string::npos || end == at) return false;
+    *out = msg.substr(at, end - at);
+    at = end + 5;
+    return true;
+  };
+  for (std::size_t start = msg.find("rank "); start != std::string::npos; start = msg.find("rank ", start + 1)) {
+    std::size_t at = start + 5;
+    if (number(at, &ranks[0]) && literal(at, " called ") && call(at, &calls[0]) && number(at, &seqs[0]) &&
+        literal(at, " but rank ") && number(at, &ranks[1]) && literal(at, " called ") && call(at, &calls[1]) &&
+        number(at, &seqs[1]) && literal(at, ": every rank"))
+      return true;
+  }
+  return false;
+}
+
 std::string checkNamesBothCalls(const MismatchTrial& t, const std::string& msg) {
-  static const std::regex pair(R"(rank (\d+) called (.+?) as #(\d+) but rank (\d+) called (.+?) as #(\d+): every rank)");
-  std::smatch m;
-  if (!std::regex_search(msg, m, pair)) return "the error does not name two calls";
-  int ranks[2] = {std::stoi(m[1]), std::stoi(m[4])};
-  std::string calls[2] = {m[2], m[5]};
-  int seqs[2] = {std::stoi(m[3]), std::stoi(m[6])};
+  int ranks[2], seqs[2];
+  std::string calls[2];
+  if (!findPair(msg, ranks, calls, seqs)) return "the error does not name two calls";
   for (int k = 0; k < 2; ++k) {
     if (ranks[k] < 0 || ranks[k] >= t.n) return "names a rank that does not exist";
     std::vector<Call> theirs = callsOf(t, ranks[k]);

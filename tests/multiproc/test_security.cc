@@ -7,11 +7,13 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -35,6 +37,58 @@ namespace braid {
 namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// The jobs' ranks are this very binary, started with posix_spawn rather than fork: the test process
+// has threads (the rendezvous store, the attacker) whose locks a forked child would inherit held (a
+// child once hung in the sanitizer's allocator that way). A rank finds its rank and the job's id in
+// SECURITY_TEST_RANK ("RANK ID") and runs before main: init, one all-reduce, destroy.
+const bool kRankChild = [] {
+  const char* spec = std::getenv("SECURITY_TEST_RANK");
+  if (!spec) return false;
+  const char* space = std::strchr(spec, ' ');
+  auto id = space ? uniqueIdFromString(space + 1) : Result<braidUniqueId>(Status::InvalidArgument("no id"));
+  if (!id.ok()) _exit(4);
+  braidComm_t comm;
+  if (braidCommInitRank(&comm, 4, *id, std::atoi(spec)) != braidSuccess) _exit(1);
+  float x = 1, y = 0;
+  if (braidAllReduce(&x, &y, 1, braidFloat32, braidSum, comm, nullptr) != braidSuccess || y != 4) _exit(2);
+  _exit(braidCommDestroy(comm) == braidSuccess ? 0 : 3);
+}();
+
+pid_t startRank(const braidUniqueId& id, int rank) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  env.push_back("SECURITY_TEST_RANK=" + std::to_string(rank) + " " + uniqueIdToString(id));
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  char name[] = "test_security";
+  char* argv[] = {name, nullptr};
+  pid_t pid = -1;
+  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) return -1;
+  return pid;
+}
+
+// Waits for every rank, at most `seconds` in all (then kills the rest); counts the ranks that did
+// not exit with 0.
+void waitRanks(const std::vector<pid_t>& pids, int* failures, double seconds = 120) {
+  const double until = now() + seconds;
+  for (pid_t p : pids) {
+    if (p < 0) {
+      ++*failures;
+      continue;
+    }
+    int st = 0;
+    pid_t r = 0;
+    while ((r = waitpid(p, &st, WNOHANG)) == 0 && now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (r == 0) {
+      kill(p, SIGKILL);
+      waitpid(p, &st, 0);
+      ADD_FAILURE() << "rank pid " << p << " did not finish within " << seconds << " s";
+    }
+    *failures += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+}
 
 // One bad client of the store at ip:port; `kind` picks the flavour.
 void badClient(const std::string& ip, int port, int kind) {
@@ -61,22 +115,8 @@ void badClient(const std::string& ip, int port, int kind) {
 double runJob(const braidUniqueId& id, int* failures) {
   double t0 = now();
   std::vector<pid_t> pids;
-  for (int r = 0; r < 4; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      braidComm_t comm;
-      if (braidCommInitRank(&comm, 4, id, r) != braidSuccess) _exit(1);
-      float x = 1, y = 0;
-      if (braidAllReduce(&x, &y, 1, braidFloat32, braidSum, comm, nullptr) != braidSuccess || y != 4) _exit(2);
-      _exit(braidCommDestroy(comm) == braidSuccess ? 0 : 3);
-    }
-    pids.push_back(pid);
-  }
-  for (pid_t p : pids) {
-    int st = 0;
-    waitpid(p, &st, 0);
-    *failures += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
+  for (int r = 0; r < 4; ++r) pids.push_back(startRank(id, r));
+  waitRanks(pids, failures);
   return now() - t0;
 }
 
@@ -256,18 +296,6 @@ std::vector<std::pair<std::string, int>> rankListeners(const std::vector<pid_t>&
   return ports;
 }
 
-pid_t startRank(const braidUniqueId& id, int rank) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    braidComm_t comm;
-    if (braidCommInitRank(&comm, 4, id, rank) != braidSuccess) _exit(1);
-    float x = 1, y = 0;
-    if (braidAllReduce(&x, &y, 1, braidFloat32, braidSum, comm, nullptr) != braidSuccess || y != 4) _exit(2);
-    _exit(braidCommDestroy(comm) == braidSuccess ? 0 : 3);
-  }
-  return pid;
-}
-
 // A 4-rank tcp job whose rank 3 starts late: ranks 0..2 are already listening (and waiting for rank 3
 // in the store) while `attack` runs against their listeners; once it says go, rank 3 starts. Returns
 // the seconds from rank 3's start until every rank finished init + all-reduce + destroy.
@@ -285,11 +313,7 @@ double stagedJob(const std::function<void(const std::vector<pid_t>&, int, const 
   while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   double t0 = now();
   pids.push_back(startRank(id, 3));
-  for (pid_t p : pids) {
-    int st = 0;
-    waitpid(p, &st, 0);
-    *failures += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
+  waitRanks(pids, failures);
   double took = now() - t0;
   attacker.join();
   return took;

@@ -1,6 +1,7 @@
 #include "tests/common/harness.h"
 
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -118,6 +119,20 @@ std::vector<RankOutcome> runRanks(int n, const std::function<int(int, braidComm_
   for (int fd : readEnds) if (fd >= 0) close(fd);
   for (int fd : writeEnds) if (fd >= 0) close(fd);
   return outcome;
+}
+
+pid_t spawnSelf(const std::string& variable) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  env.push_back(variable);
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  char name[] = "braid-test-child";
+  char* argv[] = {name, nullptr};
+  pid_t pid = -1;
+  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) return -1;
+  return pid;
 }
 
 }  // namespace braid::test

@@ -1,6 +1,7 @@
 // Runs a test body in N real processes that form one communicator (shm or tcp between them), the
 // way users run Braid. Rank 0 creates a unique id and hands it to the others through pipes.
 #pragma once
+#include <sys/types.h>
 #include <functional>
 #include <string>
 #include <utility>
@@ -28,6 +29,11 @@ std::vector<RankOutcome> forkRanks(int n, const std::function<int(int)>& body, d
 
 // The transport under test as environment: {"shm"} -> nothing, {"tcp"} -> BRAID_SHM_DISABLE=1.
 Env transportEnv(const std::string& transport);
+
+// Starts this test binary again with `variable` (NAME=VALUE) added to the environment, through
+// posix_spawn: for a child process of a test whose process has threads (a fork could inherit a lock
+// that another thread held). The child recognises the variable before main. -1 if spawning failed.
+pid_t spawnSelf(const std::string& variable);
 
 // Prints "rank R: message" to stderr (children report what went wrong this way).
 void report(int rank, const std::string& message);

@@ -7,7 +7,6 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -56,17 +55,7 @@ const bool kRankChild = [] {
 }();
 
 pid_t startRank(const braidUniqueId& id, int rank) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.emplace_back(*e);
-  env.push_back("SECURITY_TEST_RANK=" + std::to_string(rank) + " " + uniqueIdToString(id));
-  std::vector<char*> envp;
-  for (std::string& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  char name[] = "test_security";
-  char* argv[] = {name, nullptr};
-  pid_t pid = -1;
-  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) return -1;
-  return pid;
+  return test::spawnSelf("SECURITY_TEST_RANK=" + std::to_string(rank) + " " + uniqueIdToString(id));
 }
 
 // Waits for every rank, at most `seconds` in all (then kills the rest); counts the ranks that did

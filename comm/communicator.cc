@@ -302,12 +302,8 @@ Status Comm::explainTimeout(const std::string& what, const std::string& detail) 
   // collectives. (With a silent rank, others may legitimately be one call apart: name the silent one.)
   if (other >= 0 && silent.empty()) {  // "desc #seq" -> "desc as #seq", as the header check words it
     auto as = [](const std::string& w) { std::size_t h = w.rfind(" #"); return h == std::string::npos ? w : w.substr(0, h) + " as" + w.substr(h); };
-    int a = std::min(rank_, other), b = std::max(rank_, other);
-    const std::string& wa = a == rank_ ? what : otherWhat;
-    const std::string& wb = a == rank_ ? otherWhat : what;
     return Status::InvalidUsage(what + " timed out after " + std::to_string(static_cast<long>(config_.timeoutSec)) +
-                                " s: rank " + std::to_string(a) + " called " + as(wa) + " but rank " + std::to_string(b) +
-                                " called " + as(wb) + ": every rank must issue the same collectives in the same order");
+                                " s: " + mismatchText(rank_, as(what), other, as(otherWhat)));
   }
   std::string who;
   for (int r : silent) who += (who.empty() ? "rank " : ", rank ") + std::to_string(r);
@@ -553,17 +549,11 @@ Status Comm::checkLeftovers(std::uint64_t finished) {
       const std::string when = " (rank " + std::to_string(p) + "'s message for it was never read by rank " +
                                std::to_string(rank_) + ")";
       if (mine.seq != theirs.seq)  // too long ago to name this rank's own call
-        return Status::InvalidUsage("rank " + std::to_string(p) + " called " + theirs.describe() + " as #" +
-                                    std::to_string(theirs.seq) + ", but rank " + std::to_string(rank_) +
+        return Status::InvalidUsage("rank " + std::to_string(p) + " called " + callAs(theirs) + ", but rank " +
+                                    std::to_string(rank_) +
                                     "'s call #" + std::to_string(theirs.seq) +
                                     " never read it: every rank must issue the same collectives in the same order");
-      int a = std::min(rank_, p), b = std::max(rank_, p);
-      const Fingerprint& fa = a == rank_ ? mine : theirs;
-      const Fingerprint& fb = a == rank_ ? theirs : mine;
-      return Status::InvalidUsage("rank " + std::to_string(a) + " called " + fa.describe() + " as #" +
-                                  std::to_string(fa.seq) + " but rank " + std::to_string(b) + " called " +
-                                  fb.describe() + " as #" + std::to_string(fb.seq) +
-                                  ": every rank must issue the same collectives in the same order" + when);
+      return Status::InvalidUsage(mismatchText(rank_, callAs(mine), p, callAs(theirs)) + when);
     }
   }
   return Status::Ok();

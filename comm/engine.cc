@@ -193,15 +193,8 @@ struct PlanRunner {
     if (h.magic != kWireMagic || h.commTag != plan.commTag_)
       return Status::Internal("corrupt or foreign message from " + where(op) + " during " + fp.describe() + " #" +
                               std::to_string(fp.seq));
-    if (!theirs.sameCall(fp) || h.sender != op.peer) {
-      int a = std::min(plan.rank_, op.peer), b = std::max(plan.rank_, op.peer);
-      const Fingerprint& fa = a == plan.rank_ ? fp : theirs;
-      const Fingerprint& fb = a == plan.rank_ ? theirs : fp;
-      return Status::InvalidUsage("rank " + std::to_string(a) + " called " + fa.describe() + " as #" +
-                                  std::to_string(fa.seq) + " but rank " + std::to_string(b) + " called " +
-                                  fb.describe() + " as #" + std::to_string(fb.seq) +
-                                  ": every rank must issue the same collectives in the same order");
-    }
+    if (!theirs.sameCall(fp) || h.sender != op.peer)
+      return Status::InvalidUsage(mismatchText(plan.rank_, callAs(fp), op.peer, callAs(theirs)));
     if (h.bytes != op.bytes || h.step != op.step)
       return Status::Internal("rank " + std::to_string(op.peer) + " sent message " + std::to_string(h.step) + " of " +
                               std::to_string(h.bytes) + " bytes where rank " + std::to_string(plan.rank_) +

@@ -15,6 +15,15 @@ const char* collName(CollKind k) {
   return "unknown";
 }
 
+std::string callAs(const Fingerprint& f) { return f.describe() + " as #" + std::to_string(f.seq); }
+
+std::string mismatchText(int rank1, const std::string& call1, int rank2, const std::string& call2) {
+  const bool firstIsLower = rank1 <= rank2;
+  return "rank " + std::to_string(firstIsLower ? rank1 : rank2) + " called " + (firstIsLower ? call1 : call2) +
+         " but rank " + std::to_string(firstIsLower ? rank2 : rank1) + " called " + (firstIsLower ? call2 : call1) +
+         ": every rank must issue the same collectives in the same order";
+}
+
 std::string Fingerprint::describe() const {
   std::string s;
   if (kind == CollKind::kSendRecv) {

@@ -31,6 +31,12 @@ struct Fingerprint {
   }
 };
 
+// The words every mismatch error uses, with the lower rank first: "rank A called CALL_A but rank B
+// called CALL_B: every rank must issue the same collectives in the same order", where a call reads
+// "allreduce(count=8, float32, sum) as #3" (callAs below).
+std::string callAs(const Fingerprint& f);
+std::string mismatchText(int rank1, const std::string& call1, int rank2, const std::string& call2);
+
 inline constexpr std::uint32_t kWireMagic = 0x31445242;  // "BRD1"
 
 // 64 bytes before every message on every channel.

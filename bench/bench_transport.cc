@@ -449,7 +449,10 @@ void rawPingPongBench(benchmark::State& state, bool tcp) {
   reportLatency(state, per, 0);
 }
 
-void pingPongBench(benchmark::State& state, bool tcp) {
+// One Braid channel benchmark: `measure` times the channel, `report` sets the counters beside the raw
+// limit stored under `rawKey` by the raw benchmark (or measured now with `rawNow` if it did not run).
+template <typename Measure, typename RawNow, typename Report>
+void channelBench(benchmark::State& state, bool tcp, const char* rawKey, Measure measure, RawNow rawNow, Report report) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   std::string err;
   auto pair = RankPair::create(tcp, &err);
@@ -458,13 +461,18 @@ void pingPongBench(benchmark::State& state, bool tcp) {
     return;
   }
   ChannelLink link(*pair);
-  double per = pingPong(link, &state, 0, bytes);
+  double per = measure(link, &state, 0, bytes);
   if (per < 0) {
     state.SkipWithError("channel failed");
     return;
   }
-  double raw = lookupRaw(tcp ? "rtt_tcp" : "rtt_shm", bytes);
-  reportLatency(state, per, raw > 0 ? raw : rawRoundTrip(tcp, bytes));
+  double raw = lookupRaw(rawKey, bytes);
+  report(state, bytes, per, raw > 0 ? raw : rawNow(tcp, bytes));
+}
+
+void pingPongBench(benchmark::State& state, bool tcp) {
+  channelBench(state, tcp, tcp ? "rtt_tcp" : "rtt_shm", pingPong<ChannelLink>, rawRoundTrip,
+               [](benchmark::State& s, std::size_t, double per, double raw) { reportLatency(s, per, raw); });
 }
 
 // ---- (b) one-way streaming bandwidth
@@ -545,21 +553,7 @@ void rawStreamBench(benchmark::State& state, bool tcp) {
 }
 
 void streamBench(benchmark::State& state, bool tcp) {
-  const auto bytes = static_cast<std::size_t>(state.range(0));
-  std::string err;
-  auto pair = RankPair::create(tcp, &err);
-  if (!pair) {
-    state.SkipWithError(err.c_str());
-    return;
-  }
-  ChannelLink link(*pair);
-  double per = stream(link, &state, 0, bytes);
-  if (per < 0) {
-    state.SkipWithError("channel failed");
-    return;
-  }
-  double raw = lookupRaw(tcp ? "stream_tcp" : "stream_shm", bytes);
-  reportStream(state, bytes, per, raw > 0 ? raw : rawStream(tcp, bytes));
+  channelBench(state, tcp, tcp ? "stream_tcp" : "stream_shm", stream<ChannelLink>, rawStream, reportStream);
 }
 
 // ---- (c) per-collective overhead of the engine

@@ -145,6 +145,28 @@ void FlightRecorder::tally(const Plan& plan) {
   e->stuckBytes = pick->bytes;
 }
 
+void FlightRecorder::mailboxBytes(int nranks, int self, std::uint64_t bytes) {
+  if (!current_) return;
+  for (int p = 0; p < nranks; ++p) {
+    if (p == self) continue;
+    addBytes(*current_, p, true, bytes);
+    addBytes(*current_, p, false, bytes);
+  }
+}
+
+void FlightRecorder::mailboxStuck(int peer, bool posting) {
+  TraceEntry* e = current_;
+  if (!e || peer < 0) return;
+  e->stuck = true;
+  e->stuckSending = posting;
+  e->stuckHeader = false;
+  e->stuckPeer = peer;
+  e->stuckChannel = 0;
+  e->stuckStep = 0;
+  e->stuckDone = 0;
+  e->stuckBytes = 0;
+}
+
 std::vector<TraceEntry> FlightRecorder::entries() const {
   std::vector<TraceEntry> out;
   const std::size_t cap = ring_.size();

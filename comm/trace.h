@@ -86,6 +86,10 @@ class FlightRecorder {
     current_->stuck = false;
   }
   void tally(const Plan& plan);
+  // The mailbox path (comm/algorithms/mailbox.cc): `bytes` to and from every peer; and, for a call
+  // that timed out, the peer it waited for (to read its message, or to free its slot when posting).
+  void mailboxBytes(int nranks, int self, std::uint64_t bytes);
+  void mailboxStuck(int peer, bool posting);
   void end(const Status& s) {
     if (current_) {
       current_->state = s.ok() ? TraceEntry::kDone : TraceEntry::kFailed;

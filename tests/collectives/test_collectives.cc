@@ -243,6 +243,53 @@ INSTANTIATE_TEST_SUITE_P(RanksAndAlgorithms, Barrier,
                            return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
                          });
 
+// The shared-memory mailbox (small one-shot all-reduce): sizes on both sides of a slot's capacity,
+// in place and out of place, average, and all-reduces between broadcasts whose root runs ahead, so
+// that a rank comes back to a slot its peers may not have read yet (the slot must wait for them).
+class Mailbox : public ::testing::TestWithParam<int> {};
+
+TEST_P(Mailbox, SlotBoundariesAndRanksRunningAheadStayExact) {
+  const int n = GetParam();
+  auto outcome = runRanks(n, [&](int rank, braidComm_t comm) {
+    for (std::size_t bytes : {std::size_t{4127}, std::size_t{4128}, std::size_t{4129}, std::size_t{4132}}) {
+      for (bool inPlace : {false, true}) {
+        std::vector<std::int8_t> a(bytes + 1), b(bytes + 1);
+        std::int8_t* s = a.data() + 1;  // unaligned
+        std::int8_t* r = inPlace ? s : b.data();
+        for (std::size_t i = 0; i < bytes; ++i) s[i] = static_cast<std::int8_t>((i * 7 + static_cast<std::size_t>(rank)) % 13);
+        if (braidAllReduce(s, r, bytes, braidInt8, braidSum, comm, nullptr) != braidSuccess) return 1;
+        for (std::size_t i = 0; i < bytes; ++i) {
+          long want = 0;
+          for (int q = 0; q < n; ++q) want += static_cast<long>((i * 7 + static_cast<std::size_t>(q)) % 13);
+          if (r[i] != static_cast<std::int8_t>(want)) {
+            report(rank, std::to_string(bytes) + " bytes: element " + std::to_string(i) + " wrong");
+            return 2;
+          }
+        }
+      }
+    }
+    for (int it = 0; it < 3000; ++it) {
+      float x[3] = {static_cast<float>(rank + it), 1.0f, static_cast<float>(rank)}, y[3];
+      if (braidAllReduce(x, y, 3, braidFloat32, it % 2 ? braidAvg : braidSum, comm, nullptr) != braidSuccess) return 3;
+      const float sumRanks = static_cast<float>(n * (n - 1) / 2);
+      const float want0 = sumRanks + static_cast<float>(n * it);
+      if (it % 2 ? (y[0] != want0 / static_cast<float>(n) || y[1] != 1.0f) : (y[0] != want0 || y[1] != static_cast<float>(n))) {
+        report(rank, "iteration " + std::to_string(it) + ": got " + std::to_string(y[0]) + ", " + std::to_string(y[1]));
+        return 4;
+      }
+      const int root = it % n;
+      int v = rank == root ? it : -1;
+      if (braidBroadcast(&v, &v, 1, braidInt32, root, comm, nullptr) != braidSuccess || v != it) return 5;
+      if (it % 100 == 0 && braidBarrier(comm) != braidSuccess) return 6;
+    }
+    return 0;
+  }, {}, 120);
+  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Mailbox, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
 // Counts past 2^31 elements: 2^31 + 5 int8 all-reduce over shm between 2 ranks (2 GiB buffers).
 TEST(CollectivesLarge, CountBeyondTwoToThe31) {
   const std::size_t count = (std::size_t{1} << 31) + 5;

@@ -12,6 +12,9 @@ namespace braid {
 namespace {
 std::size_t ctlBytes(int channels) { return (static_cast<std::size_t>(2 * channels) * sizeof(RingCtl) + 4095) & ~std::size_t{4095}; }
 std::size_t pairBytes(int channels, std::size_t cap) { return ctlBytes(channels) + 2 * static_cast<std::size_t>(channels) * cap; }
+MailboxArea* mailboxAreas(void* bells, int nranks) {
+  return reinterpret_cast<MailboxArea*>(static_cast<Doorbell*>(bells) + nranks);
+}
 
 // dir 0 carries lower -> higher rank, dir 1 the other way.
 RingView ring(void* base, int channels, std::size_t cap, int dir, int c) {
@@ -36,7 +39,8 @@ Result<std::vector<std::unique_ptr<Connection>>> ShmTransport::connect(const Set
   const int channels = ctx.config.nsocks;
   const std::size_t cap = ctx.config.buffSize;
   const std::string prefix = "/braid-" + ctx.nonce;
-  const std::size_t bellBytes = static_cast<std::size_t>(ctx.nranks) * sizeof(Doorbell);
+  // The host's segment: a doorbell per rank, then a mailbox area per rank (shm_mailbox.h).
+  const std::size_t bellBytes = static_cast<std::size_t>(ctx.nranks) * (sizeof(Doorbell) + sizeof(MailboxArea));
   const int leader = std::min(ctx.rank, *std::min_element(peers.begin(), peers.end()));
   const std::string bellName = prefix + "-db" + std::to_string(leader);
 
@@ -47,6 +51,7 @@ Result<std::vector<std::unique_ptr<Connection>>> ShmTransport::connect(const Set
     if (!seg.ok()) return seg.status();
     bells_ = *seg;
     for (int r = 0; r < ctx.nranks; ++r) new (static_cast<Doorbell*>(bells_->data()) + r) Doorbell();
+    for (int r = 0; r < ctx.nranks; ++r) new (mailboxAreas(bells_->data(), ctx.nranks) + r) MailboxArea();
     created_.push_back(bells_);
     Status s = ctx.store.set("shm/db/" + std::to_string(leader), "1", ctx.deadline);
     if (!s.ok()) return s;
@@ -74,6 +79,7 @@ Result<std::vector<std::unique_ptr<Connection>>> ShmTransport::connect(const Set
   }
   auto* bells = static_cast<Doorbell*>(bells_->data());
   myBell_ = bells + ctx.rank;
+  mailbox_ = std::make_unique<ShmMailbox>(mailboxAreas(bells_->data(), ctx.nranks), bells, ctx.rank, ctx.nranks);
   for (std::size_t i = 0; i < peers.size(); ++i) {
     int p = peers[i];
     if (p > ctx.rank) continue;

@@ -410,9 +410,11 @@ Status Comm::executeCall(const CollArgs& in) {
     }
   }
   const TunerChoice& t = tuner_.choose(a.kind, total);
-  BRAID_LOG(kInfo, kTune, "%s #%llu: %s, %d channel(s), chunk %zu (model: ring %.1f us, tree %.1f us, oneshot %.1f us)",
-            fp.describe().c_str(), static_cast<unsigned long long>(fp.seq), algoName(t.algo), t.channels, t.chunk,
-            t.ringUs, t.treeUs, t.oneShotUs);
+  const bool viaMailbox = (a.kind == CollKind::kAllReduce || a.kind == CollKind::kBarrier) && mailboxFits(t, total);
+  BRAID_LOG(kInfo, kTune, "%s #%llu: %s%s, %d channel(s), chunk %zu (model: ring %.1f us, tree %.1f us, oneshot %.1f us)",
+            fp.describe().c_str(), static_cast<unsigned long long>(fp.seq), algoName(t.algo),
+            viaMailbox ? " (shm mailbox)" : "", t.channels, t.chunk, t.ringUs, t.treeUs, t.oneShotUs);
+  if (viaMailbox) return mailboxAllReduce(a, fp);
   plan_.reset(fp, commTag_, rank_, nranks_, t.chunk);
   switch (a.kind) {
     case CollKind::kAllReduce:
@@ -443,31 +445,23 @@ Status Comm::runPlan() {
 }
 
 Status Comm::runBlocking(const CollArgs& a) {
-  Status v = validate(a);
-  if (!v.ok()) return v;
-  {
-    // Calls run in call order: wait for queued asynchronous work first.
+  if (asyncPending_.load(std::memory_order_acquire) > 0) {
+    // Calls run in call order: wait for queued asynchronous work first. (A thread's own earlier
+    // submit() is always seen here; without one, the common case, no lock is taken.)
     std::unique_lock<std::mutex> g(qMu_);
     qCv_.wait(g, [&] { return queue_.empty() && !workerBusy_; });
   }
-  inFlight_++;
   Status s;
   {
     std::lock_guard<std::mutex> g(execMu_);
     s = closed_ ? Status::Aborted("the communicator was aborted") : execute(a);
     trace_.end(s);
   }
-  inFlight_--;
   return s;
 }
 
 std::shared_ptr<WorkState> Comm::submit(const CollArgs& a) {
   auto w = std::make_shared<WorkState>();
-  Status v = validate(a);
-  if (!v.ok()) {
-    w->finish(v);
-    return w;
-  }
   std::lock_guard<std::mutex> g(qMu_);
   if (stopWorker_) {  // destroyed or aborted meanwhile: never restart the worker
     w->finish(Status::InvalidUsage("the communicator was destroyed or aborted"));
@@ -475,6 +469,7 @@ std::shared_ptr<WorkState> Comm::submit(const CollArgs& a) {
   }
   if (!worker_.joinable()) worker_ = std::thread([this] { workerLoop(); });
   queue_.emplace_back(a, w);
+  asyncPending_.fetch_add(1, std::memory_order_release);
   qCv_.notify_all();
   return w;
 }
@@ -490,18 +485,17 @@ void Comm::workerLoop() {
       queue_.pop_front();
       workerBusy_ = true;
     }
-    inFlight_++;
     Status s;
     {
       std::lock_guard<std::mutex> g(execMu_);
       s = closed_ ? Status::Aborted("the communicator was aborted") : execute(item.first);
       trace_.end(s);
     }
-    inFlight_--;
     setLastError(s);
     item.second->finish(s);
     std::lock_guard<std::mutex> g(qMu_);
     workerBusy_ = false;
+    asyncPending_.fetch_sub(1, std::memory_order_release);
     qCv_.notify_all();
   }
 }
@@ -571,6 +565,7 @@ void Comm::shutdown(bool abortive) {
     // Queued work that never started fails now; the running call sees the failure within a slice.
     std::lock_guard<std::mutex> g(qMu_);
     for (auto& item : queue_) item.second->finish(Status::Aborted("the communicator was aborted before this call ran"));
+    asyncPending_.fetch_sub(static_cast<int>(queue_.size()), std::memory_order_release);
     queue_.clear();
   }
   std::thread worker;

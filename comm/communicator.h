@@ -29,6 +29,7 @@ namespace braid {
 class ShmTransport;
 class TcpTransport;
 class CudaProxy;
+struct MailboxSlot;
 
 struct InitParams {
   int rank = -1;
@@ -56,9 +57,9 @@ class Comm final : public EngineHost, public Workspace {
 
   // Checks the arguments (invalid argument, nothing sent, communicator still usable).
   Status validate(const CollArgs& a) const;
-  // Runs one call to completion on this thread.
+  // Runs one call to completion on this thread. `a` has passed validate() (cuda::run does that).
   Status runBlocking(const CollArgs& a);
-  // Queues one call for the worker thread.
+  // Queues one call for the worker thread. `a` has passed validate() (cuda::submit does that).
   std::shared_ptr<WorkState> submit(const CollArgs& a);
 
   // Stops everything: pending and later calls fail with aborted; other ranks are told.
@@ -108,6 +109,13 @@ class Comm final : public EngineHost, public Workspace {
   Status barrier(const Fingerprint& fp);
   // comm/algorithms/direct.cc: true if done, false if some rank's buffers are not braidMemAlloc memory.
   Result<bool> tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp);
+  // comm/algorithms/mailbox.cc: small one-shot all-reduce and barrier through the shm mailbox.
+  bool mailboxFits(const TunerChoice& t, std::size_t bytes) const;
+  Status mailboxAllReduce(const CollArgs& a, const Fingerprint& fp);
+  template <typename Ready>
+  Status mailboxWait(const Fingerprint& fp, Ready ready, bool posting);
+  Status ringMessageFor(const Fingerprint& fp);
+  std::vector<const MailboxSlot*> mailboxIn_;  // per peer: its slot of the current call
   void fail(const Status& s, bool tellOthers);
   void onNotice(const Notice& n);
   void workerLoop();
@@ -155,19 +163,20 @@ class Comm final : public EngineHost, public Workspace {
   std::string lastError_;
 
   std::mutex execMu_;  // one collective at a time
-  std::atomic<int> inFlight_{0};
   std::atomic<bool> closed_{false};
 
   std::mutex qMu_;
   std::condition_variable qCv_;
   std::deque<std::pair<CollArgs, std::shared_ptr<WorkState>>> queue_;
   bool workerBusy_ = false;
+  std::atomic<int> asyncPending_{0};  // submitted calls not yet finished (queued or running)
   bool stopWorker_ = false;
   std::thread worker_;
 
   std::mutex cudaMu_;
   int cudaDevice_ = -1;
   std::shared_ptr<CudaProxy> cudaProxy_;
+  std::atomic<bool> haveCudaProxy_{false};  // cudaProxy_ is set: host calls skip cudaMu_ without one
 };
 
 }  // namespace braid

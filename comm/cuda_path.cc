@@ -6,6 +6,9 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 #include <atomic>
 #include <cstddef>
@@ -47,19 +50,43 @@ int readLoadCount(struct dl_phdr_info* info, std::size_t size, void* out) {
   return 1;  // the first object is enough: the counter is global
 }
 
+// A clock for "at most once a millisecond": the TSC where there is one (a few ns to read; 10^6
+// ticks are at most 1 ms at any TSC rate of 1 GHz or more), else steady_clock in nanoseconds.
+constexpr std::int64_t kOneMillisecond = 1000000;
+#if defined(__x86_64__)
+std::int64_t coarseNow() { return static_cast<std::int64_t>(__rdtsc()); }
+#else
+std::int64_t coarseNow() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+#endif
+
 // Once libcuda is loaded it stays loaded (Braid keeps its own reference), so a positive answer is
 // cached. A negative one stays valid until the process loads another shared object: the loader's
-// load counter (10 ns to read) guards it, because dlopen(RTLD_NOLOAD) itself costs ~18 us.
+// load counter guards it, because dlopen(RTLD_NOLOAD) itself costs ~18 us. Reading the counter
+// (dl_iterate_phdr) takes the loader's lock, about a third of a small collective's bookkeeping, so
+// it is read at most once a millisecond: a device pointer needs the driver loaded and a context
+// created, which takes far longer than that, so a "no driver" seen less than 1 ms ago still holds
+// for every pointer that exists now.
 const Driver* driver() {
   static std::atomic<const Driver*> cached{nullptr};
   static std::atomic<unsigned long long> checkedAt{~0ull};
+  static std::atomic<std::int64_t> validUntilNs{0};  // in coarseNow() units
   if (const Driver* d = cached.load(std::memory_order_acquire)) return d;
+  const std::int64_t now = coarseNow();
+  if (now < validUntilNs.load(std::memory_order_relaxed)) return nullptr;
   unsigned long long loads = 0;
   dl_iterate_phdr(readLoadCount, &loads);
-  if (loads != 0 && checkedAt.load(std::memory_order_relaxed) == loads) return nullptr;
+  if (loads != 0 && checkedAt.load(std::memory_order_relaxed) == loads) {
+    validUntilNs.store(now + kOneMillisecond, std::memory_order_relaxed);
+    return nullptr;
+  }
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (!h) checkedAt.store(loads, std::memory_order_relaxed);
-  if (!h) return nullptr;
+  if (!h) {
+    checkedAt.store(loads, std::memory_order_relaxed);
+    validUntilNs.store(now + kOneMillisecond, std::memory_order_relaxed);
+    return nullptr;
+  }
   auto* d = new Driver;  // lives for the process, like the driver itself
   d->pointerGetAttribute = reinterpret_cast<PointerGetAttributeFn>(dlsym(h, "cuPointerGetAttribute"));
   d->ctxGetCurrent = reinterpret_cast<CtxGetCurrentFn>(dlsym(h, "cuCtxGetCurrent"));
@@ -262,6 +289,7 @@ std::shared_ptr<WorkState> submit(Comm& comm, const CollArgs& a, void* stream) {
 void Comm::noteCudaDevice() { cudaDevice_ = cuda::chosenDevice(); }
 
 std::shared_ptr<CudaProxy> Comm::cudaProxy(bool create) {
+  if (!create && !haveCudaProxy_.load(std::memory_order_acquire)) return nullptr;  // every host call asks
   std::lock_guard<std::mutex> g(cudaMu_);
 #if BRAID_HAVE_CUDA
   if (cudaProxy_ || !create || closed_) return cudaProxy_;
@@ -285,6 +313,7 @@ std::shared_ptr<CudaProxy> Comm::cudaProxy(bool create) {
     return nullptr;
   }
   cudaProxy_ = *p;
+  haveCudaProxy_.store(true, std::memory_order_release);
   return cudaProxy_;
 #else
   (void)create;
@@ -301,6 +330,7 @@ void Comm::stopCudaProxy(bool abortive) {
   }
   if (p) p->stop(abortive);
   std::lock_guard<std::mutex> g(cudaMu_);
+  haveCudaProxy_.store(false, std::memory_order_release);
   cudaProxy_.reset();  // its stream and pinned memory go now, not with the last handle
 #else
   (void)abortive;

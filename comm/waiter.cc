@@ -46,7 +46,7 @@ void Waiter::idle() {
   if (idleRounds_++ == 0) idleSince_ = now;
   std::int64_t idleFor = now - idleSince_;
   if (idleFor < spinUs_) {
-    for (int i = 0; i < 16; ++i) __builtin_ia32_pause();
+    __builtin_ia32_pause();
     return;
   }
   if (idleFor < spinUs_ + yieldUs_) {

@@ -115,7 +115,8 @@ Status Comm::setup(InitParams& p) {
   // Settings that shape the messages on the wire: ranks that differ would misread each other.
   self.settings = "BRAID_NSOCKS=" + std::to_string(config_.nsocks) + " BRAID_BUFFSIZE=" +
                   std::to_string(config_.buffSize) + " BRAID_ALGO=" + config_.algo +
-                  " BRAID_ZERO_COPY=" + (config_.zeroCopy ? "1" : "0");
+                  " BRAID_ZERO_COPY=" + (config_.zeroCopy ? "1" : "0") + " BRAID_CMA=" + (config_.cma ? "1" : "0");
+  self.cmaProbe = cmaProbeAddress();
   if (nranks_ > 1) {
     Status s = tcp_->listen(config_, p.storeIp);
     if (!s.ok()) return s.withContext(me + " tcp listener");
@@ -182,20 +183,40 @@ Status Comm::setup(InitParams& p) {
   // Every rank must agree on the tuner's inputs: tcp anywhere makes the whole communicator "tcp".
   auto tcpCount = store_->add("setup/tcp", anyTcp_ ? 1 : 0, deadline);
   if (!tcpCount.ok()) return tcpCount.status();
+  // And on cross-memory attach: only if every rank can read every other.
+  const bool cmaHere = config_.cma && !anyTcp_ && probeCma(infos);
+  auto cmaCount = store_->add("setup/cma", cmaHere ? 1 : 0, deadline);
+  if (!cmaCount.ok()) return cmaCount.status();
   s = store_->barrier("setup/done", nranks_, deadline);
   if (!s.ok()) return s;
   auto total = store_->add("setup/tcp", 0, deadline);
   if (!total.ok()) return total.status();
   anyTcp_ = *total > 0;
+  auto cmaTotal = store_->add("setup/cma", 0, deadline);
+  if (!cmaTotal.ok()) return cmaTotal.status();
+  cmaUsable_ = !anyTcp_ && *cmaTotal == nranks_;
   maxChannels_ = config_.nsocks;
   tuner_ = Tuner(config_, nranks_, maxChannels_, anyTcp_);
   shm_->unlinkAll();  // everyone has mapped everything: nothing stays in /dev/shm
   store_->startWatching([this](const Notice& n) { onNotice(n); });
   trace_.init(config_.traceBuffer, config_.traceDir, {rank_, nranks_, static_cast<long>(getpid()), self.host, commTag_});
-  BRAID_LOG(kInfo, kInit, "rank %d of %d ready: %zu shm peers, %zu tcp peers, %d local ranks on %d cpus%s, reduce isa %s",
-            rank_, nranks_, shmPeers.size(), tcpPeers.size(), localRanks, topo.pus,
-            oversubscribed ? " (oversubscribed: spinning less)" : "", kernels::isaName());
+  BRAID_LOG(kInfo, kInit, "rank %d of %d ready: %zu shm peers, %zu tcp peers, %d local ranks on %d cpus%s, reduce isa %s, "
+            "cross-memory attach %s", rank_, nranks_, shmPeers.size(), tcpPeers.size(), localRanks, topo.pus,
+            oversubscribed ? " (oversubscribed: spinning less)" : "", kernels::isaName(), cmaUsable_ ? "on" : "off");
   return Status::Ok();
+}
+
+bool Comm::probeCma(const std::vector<PeerInfo>& infos) const {
+  for (const PeerInfo& info : infos) {
+    if (info.rank == rank_) continue;
+    std::uint8_t byte = 0;
+    Status s = info.cmaProbe ? cmaRead(info.pid, info.cmaProbe, &byte, 1) : Status::Internal("no probe address");
+    if (!s.ok() || byte != 0x5a) {
+      BRAID_LOG(kInfo, kInit, "cross-memory attach to rank %d: %s", info.rank, s.ok() ? "wrong byte" : s.message().c_str());
+      return false;
+    }
+  }
+  return true;
 }
 
 Comm::~Comm() {
@@ -409,6 +430,7 @@ Status Comm::executeCall(const CollArgs& in) {
       return Status::Ok();
     }
   }
+  if (cmaFits(a, total)) return cmaCollective(a, fp);
   const TunerChoice& t = tuner_.choose(a.kind, total);
   const bool viaMailbox = (a.kind == CollKind::kAllReduce || a.kind == CollKind::kBarrier) && mailboxFits(t, total);
   BRAID_LOG(kInfo, kTune, "%s #%llu: %s%s, %d channel(s), chunk %zu (model: ring %.1f us, tree %.1f us, oneshot %.1f us)",

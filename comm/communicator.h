@@ -31,6 +31,10 @@ class TcpTransport;
 class CudaProxy;
 struct MailboxSlot;
 
+// comm/algorithms/cma.cc: the address peers read to probe cross-memory attach, and one read.
+std::uint64_t cmaProbeAddress();
+Status cmaRead(int pid, std::uint64_t remote, void* local, std::size_t n);
+
 struct InitParams {
   int rank = -1;
   int nranks = -1;
@@ -78,6 +82,9 @@ class Comm final : public EngineHost, public Workspace {
   const Config& config() const { return config_; }
   // How many all-reduces took the zero-copy path (for tests and `braid perf`).
   std::uint64_t zeroCopyCalls() const { return zeroCopyCalls_; }
+  // How many all-gathers and broadcasts took the cross-memory-attach path (for tests).
+  std::uint64_t cmaCalls() const { return cmaCalls_; }
+  bool cmaUsable() const { return cmaUsable_; }
   // Per peer: "shm", "tcp" or "self", and why the others were skipped.
   std::string transportOf(int peer) const;
 
@@ -109,6 +116,16 @@ class Comm final : public EngineHost, public Workspace {
   Status barrier(const Fingerprint& fp);
   // comm/algorithms/direct.cc: true if done, false if some rank's buffers are not braidMemAlloc memory.
   Result<bool> tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp);
+  // comm/algorithms/cma.cc: single-copy all-gather and broadcast (process_vm_readv).
+  bool cmaFits(const CollArgs& a, std::size_t total) const;
+  Status cmaCollective(const CollArgs& a, const Fingerprint& fp);
+  Status cmaAllGather(const CollArgs& a, const Fingerprint& fp);
+  Status cmaBroadcast(const CollArgs& a, const Fingerprint& fp);
+  // Setup: can this rank read every other rank's memory (all on this host)?
+  bool probeCma(const std::vector<PeerInfo>& infos) const;
+  bool cmaUsable_ = false;  // agreed by every rank at setup
+  std::uint64_t cmaCalls_ = 0;
+  std::vector<std::uint64_t> cmaAddrs_;
   // comm/algorithms/mailbox.cc: small one-shot all-reduce and barrier through the shm mailbox.
   bool mailboxFits(const TunerChoice& t, std::size_t bytes) const;
   Status mailboxAllReduce(const CollArgs& a, const Fingerprint& fp);

@@ -25,6 +25,7 @@ struct Config {
   std::string commId;                // BRAID_COMM_ID
   int spinUs = -1;                   // BRAID_SPIN_US (-1: auto)
   bool zeroCopy = true;              // BRAID_ZERO_COPY
+  bool cma = true;                   // BRAID_CMA
   std::string secret;                // BRAID_SECRET
   std::size_t traceBuffer = 1000;    // BRAID_TRACE_BUFFER (0: no flight recorder)
   std::string traceDir;              // BRAID_TRACE_DIR ("": the recorder is never written)

@@ -26,6 +26,7 @@ void Plan::reset(const Fingerprint& f, std::uint64_t commTag, int rank, int nran
   nranks_ = nranks;
   chunk_ = std::max<std::size_t>(chunk, 64);
   ops_.clear();
+  copies_.clear();
   for (std::size_t i = 0; i < numQueues_; ++i) queues_[i].ops.clear();
   numQueues_ = 0;
 }
@@ -51,6 +52,22 @@ std::vector<Plan::Queue>::iterator Plan::findQueue(int peer, int channel, bool s
   pos->ops.clear();
   pos->head = 0;
   return pos;
+}
+
+void Plan::localCopy(void* dst, const void* src, std::size_t bytes) {
+  if (bytes && dst != src) copies_.push_back({static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes, 0});
+}
+
+bool Plan::copyPiece() {
+  constexpr std::size_t kPiece = 64u << 10;  // a few microseconds: arriving messages wait no longer
+  for (LocalCopy& c : copies_) {
+    if (c.done == c.bytes) continue;
+    const std::size_t n = std::min(kPiece, c.bytes - c.done);
+    std::memcpy(c.dst + c.done, c.src + c.done, n);
+    c.done += n;
+    return true;
+  }
+  return false;
 }
 
 int Plan::add(Op op) {
@@ -322,12 +339,16 @@ Status Engine::run(Plan& plan, EngineHost& host) {
       moved |= *r;
       all &= q.head == q.ops.size();
     }
-    if (all) return Status::Ok();
+    if (all) {
+      while (plan.copyPiece()) {}
+      return Status::Ok();
+    }
     if (host.failedFast()) return host.failure().withContext(what() + " failed on rank " + std::to_string(plan.rank_));
     if (moved) {
       waiter.progressed();
       continue;
     }
+    if (plan.copyPiece()) continue;  // nothing arrived: do local work instead of waiting
     waiter.idle();
     if (!deadline) deadline = Deadline::after(host.timeoutSec());
     if (deadline->expired()) {

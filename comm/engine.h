@@ -46,6 +46,10 @@ class Plan {
   int recvCopy(int peer, int channel, void* dst, std::size_t bytes, int dep = -1);
   int recvReduce(int peer, int channel, void* dst, const void* local, std::size_t bytes, int dep = -1,
                  bool finalDivide = false);
+  // A copy between this rank's own buffers that no message waits for (the all-gather's own block,
+  // the broadcast root's output): the engine does it in pieces while it would otherwise wait, so it
+  // overlaps the transfers instead of delaying the first send.
+  void localCopy(void* dst, const void* src, std::size_t bytes);
   const Fingerprint& fingerprint() const { return fp_; }
   bool empty() const { return ops_.empty(); }
   int numOps() const { return static_cast<int>(ops_.size()); }
@@ -72,7 +76,16 @@ class Plan {
   int rank_ = 0;
   int nranks_ = 1;
   std::size_t chunk_ = 1 << 18;
+  struct LocalCopy {
+    std::byte* dst;
+    const std::byte* src;
+    std::size_t bytes;
+    std::size_t done;
+  };
+  // Copies one piece of the first unfinished local copy; false when none is left.
+  bool copyPiece();
   std::vector<Op> ops_;
+  std::vector<LocalCopy> copies_;
   std::vector<Queue> queues_;
   std::size_t numQueues_ = 0;
 };

@@ -145,13 +145,10 @@ void FlightRecorder::tally(const Plan& plan) {
   e->stuckBytes = pick->bytes;
 }
 
-void FlightRecorder::mailboxBytes(int nranks, int self, std::uint64_t bytes) {
+void FlightRecorder::peerBytes(int peer, std::uint64_t sent, std::uint64_t recv) {
   if (!current_) return;
-  for (int p = 0; p < nranks; ++p) {
-    if (p == self) continue;
-    addBytes(*current_, p, true, bytes);
-    addBytes(*current_, p, false, bytes);
-  }
+  if (sent) addBytes(*current_, peer, true, sent);
+  if (recv) addBytes(*current_, peer, false, recv);
 }
 
 void FlightRecorder::mailboxStuck(int peer, bool posting) {

@@ -86,9 +86,10 @@ class FlightRecorder {
     current_->stuck = false;
   }
   void tally(const Plan& plan);
-  // The mailbox path (comm/algorithms/mailbox.cc): `bytes` to and from every peer; and, for a call
-  // that timed out, the peer it waited for (to read its message, or to free its slot when posting).
-  void mailboxBytes(int nranks, int self, std::uint64_t bytes);
+  // Paths without a plan (comm/algorithms/mailbox.cc, cma.cc): bytes moved to and from a peer;
+  // and, for a mailbox call that failed waiting, the peer it waited for (to read its message, or
+  // to free its slot when posting).
+  void peerBytes(int peer, std::uint64_t sent, std::uint64_t recv);
   void mailboxStuck(int peer, bool posting);
   void end(const Status& s) {
     if (current_) {

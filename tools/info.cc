@@ -26,8 +26,8 @@ int runInfo(int, char**) {
   std::printf("build: cuda %s, ibverbs headers %s, hwloc %s\n",
               BRAID_HAVE_CUDA ? "yes (device buffers staged through pinned memory; kernels for sm " BRAID_GPU_ARCHS ")" : "no",
               BRAID_HAVE_IBVERBS ? "found" : "no", BRAID_HAVE_HWLOC ? "yes" : "no (cores from the affinity mask)");
-  std::printf("host: %d cores, %d hardware threads, %d NUMA nodes, %s\n", t.cores, t.pus, t.numaNodes,
-              t.cpuModel.empty() ? "unknown CPU" : t.cpuModel.c_str());
+  std::printf("host: %d cores, %d hardware threads, %d NUMA nodes, L3 %zu MiB, %s\n", t.cores, t.pus, t.numaNodes,
+              t.l3Bytes >> 20, t.cpuModel.empty() ? "unknown CPU" : t.cpuModel.c_str());
   std::printf("reduce kernels: %s\n", kernels::isaName());
   auto cfg = Config::fromEnvironment();
   if (!cfg.ok()) {

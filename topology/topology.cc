@@ -5,6 +5,7 @@
 #include <hwloc.h>
 #else
 #include <sched.h>
+#include <unistd.h>
 
 #include <fstream>
 #endif
@@ -28,6 +29,8 @@ const Summary& summary() {
         out->cpuModel = line.substr(line.find(':') + 2);
         break;
       }
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    out->l3Bytes = l3 > 0 ? static_cast<std::size_t>(l3) : 0;
     return out;
   }();
   return *s;
@@ -48,6 +51,8 @@ const Summary& summary() {
         const char* model = hwloc_obj_get_info_by_name(pkg, "CPUModel");
         if (model) out->cpuModel = model;
       }
+      hwloc_obj_t l3 = hwloc_get_obj_by_type(topo, HWLOC_OBJ_L3CACHE, 0);
+      if (l3 && l3->attr) out->l3Bytes = static_cast<std::size_t>(l3->attr->cache.size);
     }
     hwloc_topology_destroy(topo);
     return out;

@@ -48,6 +48,7 @@ struct PeerInfo {
   std::string tcpAddr;    // "ip:port" of this rank's tcp listener
   bool shmUsable = true;  // this rank can create and map shared memory
   std::string settings;   // the BRAID_* values every rank must share, e.g. "BRAID_NSOCKS=2 ..."
+  std::uint64_t cmaProbe = 0;  // an address in this process that peers may read to probe process_vm_readv
 
   bool sameHostAs(const PeerInfo& o) const { return host == o.host && bootId == o.bootId; }
   std::string serialize() const;

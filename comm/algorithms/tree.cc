@@ -90,9 +90,7 @@ void buildRooted(const CollArgs& a, Workspace& ws, Algo shape, int channels, Pla
   Node node = treeNode((r - a.root + n) % n, n, shape, toRank);
   const bool isRoot = r == a.root;
   const std::size_t total = a.count * es;
-  if (a.kind == CollKind::kBroadcast) {
-    if (isRoot && send != recv && total) std::memcpy(recv, send, total);
-  }
+  if (a.kind == CollKind::kBroadcast && isRoot) plan.localCopy(recv, send, total);  // the root sends from `send`
   std::byte* acc = recv;
   if (a.kind == CollKind::kReduce && !isRoot && node.nchildren) acc = ws.scratch(total);
   for (int c = 0; c < channels; ++c) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "braid/braid.h"
+#include "comm/c_handle.h"
 #include "tests/common/harness.h"
 #include "tools/pattern.h"
 
@@ -289,6 +290,75 @@ TEST_P(Mailbox, SlotBoundariesAndRanksRunningAheadStayExact) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Mailbox, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+// All-gather and broadcast that read the peers' buffers with process_vm_readv (comm/algorithms/cma.cc):
+// sizes past the thresholds with odd element counts and unaligned buffers, in place and out of place,
+// every root; every element checked. Each rank also counts that the path was taken, and with
+// BRAID_CMA=0 that it was not.
+class CrossMemoryAttach : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(CrossMemoryAttach, AllGatherAndBroadcastAreExact) {
+  const int n = std::get<0>(GetParam());
+  const bool enabled = std::get<1>(GetParam());
+  // 2 ranks switch at a quarter of the L3 cache (at most 64 MiB here); more ranks at 512K / 128K.
+  const std::size_t blockFloats = n == 2 ? (std::size_t{32} << 20) / 4 + 3 : (std::size_t{512} << 10) / 4 / static_cast<std::size_t>(n) + 5;
+  auto outcome = runRanks(n, [&](int rank, braidComm_t comm) {
+    const std::size_t nn = static_cast<std::size_t>(n), rr = static_cast<std::size_t>(rank);
+    for (bool inPlace : {false, true}) {
+      std::vector<float> all(blockFloats * nn + 1), mine(blockFloats + 1);
+      float* out = all.data() + 1;  // unaligned by 4 bytes
+      float* in = inPlace ? out + rr * blockFloats : mine.data() + 1;
+      for (std::size_t i = 0; i < blockFloats; ++i) in[i] = static_cast<float>((rr * 7919 + i) % 100003);
+      if (braidAllGather(in, out, blockFloats, braidFloat32, comm, nullptr) != braidSuccess) {
+        report(rank, braidGetLastError(comm));
+        return 1;
+      }
+      for (std::size_t q = 0; q < nn; ++q)
+        for (std::size_t i = 0; i < blockFloats; ++i)
+          if (out[q * blockFloats + i] != static_cast<float>((q * 7919 + i) % 100003)) {
+            report(rank, "all-gather: block " + std::to_string(q) + " element " + std::to_string(i) + " wrong");
+            return 2;
+          }
+      const std::size_t count = blockFloats * nn;
+      for (int root = 0; root < n; ++root) {
+        std::vector<float> s(count + 1), r(count + 1, -1.0f);
+        float* sp = s.data() + 1;
+        float* rp = inPlace ? sp : r.data() + 1;
+        for (std::size_t i = 0; i < count; ++i) sp[i] = rank == root ? static_cast<float>((i * 31 + static_cast<std::size_t>(root)) % 65521) : -2.0f;
+        if (braidBroadcast(sp, rp, count, braidFloat32, root, comm, nullptr) != braidSuccess) {
+          report(rank, braidGetLastError(comm));
+          return 3;
+        }
+        for (std::size_t i = 0; i < count; ++i)
+          if (rp[i] != static_cast<float>((i * 31 + static_cast<std::size_t>(root)) % 65521)) {
+            report(rank, "broadcast from " + std::to_string(root) + ": element " + std::to_string(i) + " wrong");
+            return 4;
+          }
+      }
+    }
+    if (enabled && !comm->impl->cmaUsable()) return 77;  // not permitted here: the staged path was checked
+    const std::uint64_t expected = enabled ? 2 * (1 + static_cast<std::uint64_t>(n)) : 0;
+    if (comm->impl->cmaCalls() != expected) {
+      report(rank, "took the cross-memory-attach path " + std::to_string(comm->impl->cmaCalls()) + " times, expected " +
+                       std::to_string(expected));
+      return 5;
+    }
+    return 0;
+  }, {{"BRAID_CMA", enabled ? "1" : "0"}}, 300);
+  if (outcome[0].exitStatus == 77) {
+    for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 77) << "rank " << r;
+    GTEST_SKIP() << "process_vm_readv between the ranks is not permitted here (ptrace rules or seccomp): the results "
+                    "were exact, but on the staged path";
+  }
+  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksOnOff, CrossMemoryAttach,
+                         ::testing::Values(std::make_tuple(2, true), std::make_tuple(3, true), std::make_tuple(4, true),
+                                           std::make_tuple(3, false)),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" + (std::get<1>(info.param) ? "on" : "off");
+                         });
 
 // Counts past 2^31 elements: 2^31 + 5 int8 all-reduce over shm between 2 ranks (2 GiB buffers).
 TEST(CollectivesLarge, CountBeyondTwoToThe31) {

@@ -149,7 +149,8 @@ void StoreServer::detach() {
   }
   // The server thread owns itself from now on; it exits when every rank has left.
   thread_.detach();
-  listen_.release();  // closed by the thread
+  const int fd = listen_.release();
+  if (listener_.exchange(kDetached) == kThreadDone) ::close(fd);  // the thread is gone: close it here
 }
 
 void StoreServer::serve(int listenFd) {
@@ -336,7 +337,7 @@ void StoreServer::serve(int listenFd) {
       if (clients[waits[w].client].left) { waits[w] = waits.back(); waits.pop_back(); } else ++w;
   }
   finished_ = true;
-  if (!listen_.valid()) ::close(listenFd);  // detached: the thread owns the listener
+  if (listener_.exchange(kThreadDone) == kDetached) ::close(listenFd);  // detached: the thread owns the listener
 }
 
 // ---------------------------------------------------------------- client

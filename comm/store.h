@@ -55,6 +55,11 @@ class StoreServer {
   std::string nonce_;  // the job's secret
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
+  // Who closes the listener: the object (listen_, kOwned), the detached thread (kDetached), or
+  // nobody yet because the thread ended first (kThreadDone: detach() closes it). Changed only by
+  // exchange, so the thread never reads listen_ while detach() releases it.
+  enum : int { kOwned, kDetached, kThreadDone };
+  std::atomic<int> listener_{kOwned};
   std::thread thread_;
 };
 

@@ -168,9 +168,15 @@ struct PlanRunner {
         }
       }
       if (!op.started) {
-        auto k = ch.trySend(reinterpret_cast<const std::byte*>(&op.hdr) + op.hdrDone, kHeaderBytes - op.hdrDone);
+        // The header, and with it the payload's first piece when one is ready: one write (one
+        // system call and one segment on tcp).
+        const std::size_t first = std::min(limit(op), plan.chunk_);
+        auto k = ch.trySend2(reinterpret_cast<const std::byte*>(&op.hdr) + op.hdrDone, kHeaderBytes - op.hdrDone,
+                             op.src, first);
         if (!k.ok()) return k.status();
-        op.hdrDone += *k;
+        const std::size_t toHeader = std::min(*k, kHeaderBytes - op.hdrDone);
+        op.hdrDone += toHeader;
+        op.done += *k - toHeader;
         moved |= *k > 0;
         if (op.hdrDone < kHeaderBytes) return moved;
         op.started = true;

@@ -22,6 +22,15 @@ class Channel {
   virtual ~Channel() = default;
   // Appends up to n bytes to the outgoing stream; returns how many were taken (0 when full).
   virtual Result<std::size_t> trySend(const void* data, std::size_t n) = 0;
+  // Appends up to na + nb bytes, a's first, as trySend(a) then trySend(b) would; a transport with
+  // a gather write (tcp: one sendmsg, one segment) does it in one call. Returns how many were taken.
+  virtual Result<std::size_t> trySend2(const void* a, std::size_t na, const void* b, std::size_t nb) {
+    auto k = trySend(a, na);
+    if (!k.ok() || *k < na) return k;
+    auto m = trySend(b, nb);
+    if (!m.ok()) return m;
+    return na + *m;
+  }
   // The received bytes that are contiguous and ready to read; may be empty. Reading a span and
   // then calling consume() lets a collective reduce straight out of the transport's buffer.
   virtual Result<std::span<const std::byte>> peek() = 0;

@@ -1,6 +1,7 @@
 #include "transport/tcp/tcp_channel.h"
 
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -24,6 +25,17 @@ Status TcpChannel::closedError(int err) const {
 Result<std::size_t> TcpChannel::trySend(const void* data, std::size_t n) {
   if (n == 0) return std::size_t{0};
   ssize_t k = ::send(fd_.get(), data, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (k >= 0) return static_cast<std::size_t>(k);
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return std::size_t{0};
+  return closedError(errno);
+}
+
+Result<std::size_t> TcpChannel::trySend2(const void* a, std::size_t na, const void* b, std::size_t nb) {
+  iovec iov[2] = {{const_cast<void*>(a), na}, {const_cast<void*>(b), nb}};
+  msghdr m{};
+  m.msg_iov = iov;
+  m.msg_iovlen = 2;
+  ssize_t k = ::sendmsg(fd_.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (k >= 0) return static_cast<std::size_t>(k);
   if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return std::size_t{0};
   return closedError(errno);

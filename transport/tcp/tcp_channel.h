@@ -16,6 +16,7 @@ class TcpChannel : public Channel {
  public:
   TcpChannel(net::Fd fd, int peer, std::size_t cap);
   Result<std::size_t> trySend(const void* data, std::size_t n) override;
+  Result<std::size_t> trySend2(const void* a, std::size_t na, const void* b, std::size_t nb) override;
   Result<std::span<const std::byte>> peek() override;
   void consume(std::size_t n) override;
   Result<std::size_t> tryRecv(void* dst, std::size_t n) override;

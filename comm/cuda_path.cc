@@ -174,9 +174,10 @@ Status enqueueDevice(Comm& comm, const CollArgs& a, void* stream, std::shared_pt
 
 }  // namespace
 
-Memory memoryOf(const void* p) {
+namespace {
+// memoryOf with the driver already looked up (classify asks once for both buffers).
+Memory memoryWith(const Driver* d, const void* p) {
   if (!p) return Memory::kNone;
-  const Driver* d = driver();
   if (!d) return Memory::kHost;
   unsigned type = 0;
   const int rc = d->pointerGetAttribute(&type, kPointerAttributeMemoryType, reinterpret_cast<unsigned long long>(p));
@@ -195,6 +196,9 @@ Memory memoryOf(const void* p) {
   return Memory::kHost;
 #endif
 }
+}  // namespace
+
+Memory memoryOf(const void* p) { return p ? memoryWith(driver(), p) : Memory::kNone; }
 
 int chosenDevice() {
   const Driver* d = driver();
@@ -212,8 +216,9 @@ Result<Memory> classify(const Comm& comm, const CollArgs& a) {
   bool needSend = a.kind != CollKind::kSendRecv || a.isSend;
   bool needRecv = a.kind == CollKind::kSendRecv ? !a.isSend : (a.kind != CollKind::kReduce || a.root == me);
   if (a.kind == CollKind::kBroadcast) needSend = a.root == me;
-  const Memory s = needSend ? memoryOf(a.send) : Memory::kNone;
-  const Memory r = needRecv ? memoryOf(a.recv) : Memory::kNone;
+  const Driver* d = needSend || needRecv ? driver() : nullptr;
+  const Memory s = needSend ? memoryWith(d, a.send) : Memory::kNone;
+  const Memory r = needRecv ? memoryWith(d, a.recv) : Memory::kNone;
   if (s != Memory::kNone && r != Memory::kNone && s != r)
     return Status::InvalidArgument(std::string(collName(a.kind)) + ": the send buffer is " +
                                    (s == Memory::kDevice ? "CUDA device" : "host") + " memory but the receive buffer is " +

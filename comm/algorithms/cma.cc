@@ -17,7 +17,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "comm/communicator.h"
 #include "topology/topology.h"
@@ -64,15 +66,22 @@ bool Comm::cmaFits(const CollArgs& a, std::size_t total) const {
   return total >= std::max<std::size_t>(1u << 20, l3 / 4);
 }
 
-// Runs the call on the CMA path. A failed plan has ended the communicator already; a failed read
-// (the peer is gone) ends it here, naming the call, unless a notice named the cause meanwhile.
 Status Comm::cmaCollective(const CollArgs& a, const Fingerprint& fp) {
   Status s = a.kind == CollKind::kAllGather ? cmaAllGather(a, fp) : cmaBroadcast(a, fp);
   cmaCalls_ += s.ok();
-  if (s.ok() || failed_) return s;
-  s = s.withContext(fp.describe() + " #" + std::to_string(fp.seq) + " failed on rank " + std::to_string(rank_));
-  fail(s, true);
   return s;
+}
+
+// A read from `peer` failed (usually: the peer is gone). As the engine does for a closed connection,
+// give the store's notice a moment so that the error names the root cause (the rank that died),
+// then end the communicator; either way the error names the call and this rank.
+Status Comm::cmaReadFailed(const Fingerprint& fp, int peer, const Status& s) {
+  for (int i = 0; i < 500 && !failedFast(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const std::string call = fp.describe() + " #" + std::to_string(fp.seq) + " failed on rank " + std::to_string(rank_);
+  if (failed_) return failure().withContext(call);
+  Status mine = s.withContext("rank " + std::to_string(peer) + " (shm, cross-memory attach)");
+  fail(mine, true);
+  return mine.withContext(call);
 }
 
 Status Comm::cmaAllGather(const CollArgs& a, const Fingerprint& fp) {
@@ -94,7 +103,7 @@ Status Comm::cmaAllGather(const CollArgs& a, const Fingerprint& fp) {
   for (std::size_t i = 1; i < n; ++i) {
     const std::size_t q = (me + i) % n;
     s = cmaRead(pids_[q], addr[q], recv + q * block, block);
-    if (!s.ok()) return s.withContext("rank " + std::to_string(q) + " (shm, cross-memory attach)");
+    if (!s.ok()) return cmaReadFailed(fp, static_cast<int>(q), s);
     trace_.peerBytes(static_cast<int>(q), block, block);
   }
   if (recv + me * block != a.send) std::memcpy(recv + me * block, a.send, block);
@@ -123,7 +132,7 @@ Status Comm::cmaBroadcast(const CollArgs& a, const Fingerprint& fp) {
       if (p != rank_) trace_.peerBytes(p, bytes, 0);
   } else {
     s = cmaRead(pids_[static_cast<std::size_t>(root)], rootAddr, a.recv, bytes);
-    if (!s.ok()) return s.withContext("rank " + std::to_string(root) + " (shm, cross-memory attach)");
+    if (!s.ok()) return cmaReadFailed(fp, root, s);
     trace_.peerBytes(root, 0, bytes);
     plan_.send(root, 0, nullptr, 0);
   }

@@ -246,12 +246,13 @@ void Comm::setLastError(const Status& s) {
   lastError_ = s.toString();
 }
 
-void Comm::fail(const Status& s, bool tellOthers) {
+void Comm::fail(const Status& s, bool tellOthers, bool peerGone) {
   if (s.ok()) return;  // not a failure (and never let one be recorded as "ok")
   {
     std::lock_guard<std::mutex> g(failMu_);
     if (!failure_.ok()) return;  // the first failure is the root cause
     failure_ = s;
+    failureIsPeerGone_ = peerGone;
     failed_.store(true);
   }
   if (waiter_) waiter_->wake();
@@ -267,7 +268,8 @@ void Comm::onNotice(const Notice& n) {
   }
   if (n.kind == Notice::kPeerGone) {
     std::string t = n.rank >= 0 && n.rank < nranks_ ? transportOf(n.rank) : "?";
-    fail(Status::RemoteError("rank " + std::to_string(n.rank) + " (" + t + ") exited or closed its connection"), false);
+    fail(Status::RemoteError("rank " + std::to_string(n.rank) + " (" + t + ") exited or closed its connection"), false,
+         true);
   } else if (n.rank < 0) {
     // The store's connection broke: its host process is gone. If that was a rank of this host, name it.
     fail(Status(n.code, deadLocalRanks() + n.message), false);
@@ -538,7 +540,8 @@ Status Comm::destroy() {
   if (!failed_ && !closed_) {
     std::lock_guard<std::mutex> g(execMu_);
     left = checkLeftovers(collSeq_);
-    if (!left.ok()) fail(left, true);
+    if (left.ok()) left = farewell();
+    if (!left.ok() && !failed_) fail(left, true);
   }
   if (closed_.exchange(true)) return Status::Ok();
   shutdown(false);
@@ -559,17 +562,103 @@ Status Comm::checkLeftovers(std::uint64_t finished) {
       WireHeader h;
       std::memcpy(&h, view->data(), sizeof(h));
       if (h.magic != kWireMagic || h.commTag != commTag_) continue;
+      if (h.step == kFarewellStep && h.bytes == 0) continue;  // the peer is in destroy: farewell() reads it
       Fingerprint theirs = fingerprintOf(h);
       if (theirs.kind == CollKind::kSendRecv || theirs.seq == 0 || theirs.seq > finished) continue;
-      const Fingerprint& mine = history_[theirs.seq % kHistory];
-      const std::string when = " (rank " + std::to_string(p) + "'s message for it was never read by rank " +
-                               std::to_string(rank_) + ")";
-      if (mine.seq != theirs.seq)  // too long ago to name this rank's own call
-        return Status::InvalidUsage("rank " + std::to_string(p) + " called " + callAs(theirs) + ", but rank " +
-                                    std::to_string(rank_) +
-                                    "'s call #" + std::to_string(theirs.seq) +
-                                    " never read it: every rank must issue the same collectives in the same order");
-      return Status::InvalidUsage(mismatchText(rank_, callAs(mine), p, callAs(theirs)) + when);
+      return unreadMessageError(p, theirs);
+    }
+  }
+  return Status::Ok();
+}
+
+// Peer p's message of call theirs.seq, which this rank finished without reading it.
+Status Comm::unreadMessageError(int p, const Fingerprint& theirs) const {
+  const Fingerprint& mine = history_[theirs.seq % kHistory];
+  const std::string when = " (rank " + std::to_string(p) + "'s message for it was never read by rank " +
+                           std::to_string(rank_) + ")";
+  if (mine.seq != theirs.seq)  // too long ago to name this rank's own call
+    return Status::InvalidUsage("rank " + std::to_string(p) + " called " + callAs(theirs) + ", but rank " +
+                                std::to_string(rank_) + "'s call #" + std::to_string(theirs.seq) +
+                                " never read it: every rank must issue the same collectives in the same order");
+  return Status::InvalidUsage(mismatchText(rank_, callAs(mine), p, callAs(theirs)) + when);
+}
+
+// Destroy's farewell: every rank sends each peer, on channel 0 after all its messages, a header
+// carrying its last collective (kFarewellStep, no payload), then reads each peer's channel 0 up to
+// that peer's farewell. So a rank whose calls all went through learns of a mismatch that another
+// rank found (that rank reports it to the store instead of saying farewell), a peer that made a
+// different number of calls or a different last call is named with both calls, and a message
+// still waiting before a farewell is a call this rank never read. A peer that left without destroy
+// (its connection closed, or the store announced it gone) counts as said farewell: nothing is
+// wrong with this rank's calls. Bounded by BRAID_TIMEOUT; a peer that stays silent that long is
+// only logged.
+Status Comm::farewell() {
+  if (nranks_ < 2) return Status::Ok();
+  const Fingerprint mine = collSeq_ ? history_[collSeq_ % kHistory] : Fingerprint{};
+  const WireHeader bye = makeHeader(mine, commTag_, rank_, 0, kFarewellStep);
+  const std::string myLast = collSeq_ ? callAs(mine) : "no collective";
+  const Deadline deadline = Deadline::after(config_.timeoutSec);
+  std::vector<std::size_t> sent(static_cast<std::size_t>(nranks_), 0);
+  std::vector<bool> done(static_cast<std::size_t>(nranks_), false);
+  done[static_cast<std::size_t>(rank_)] = true;
+  int left = nranks_ - 1;
+  waiter_->progressed();
+  while (left > 0) {
+    bool moved = false;
+    for (int p = 0; p < nranks_; ++p) {
+      const auto pi = static_cast<std::size_t>(p);
+      if (p == rank_) continue;
+      Channel& ch = conns_[pi]->channel(0);
+      if (sent[pi] < sizeof(bye)) {
+        auto k = ch.trySend(reinterpret_cast<const std::byte*>(&bye) + sent[pi], sizeof(bye) - sent[pi]);
+        if (k.ok()) sent[pi] += *k, moved |= *k > 0;
+        else sent[pi] = sizeof(bye);  // the peer is gone: nothing to tell it
+      }
+      if (done[pi]) continue;
+      auto view = ch.peek();
+      if (!view.ok()) {
+        // Closed without a farewell: the peer left, or it failed (a mismatch it found in its own
+        // destroy) and is reporting that now. Give the store's notice a moment, as the engine does.
+        for (int i = 0; i < 500 && !failedFast(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (failedFast()) break;
+        done[pi] = true, --left, moved = true;
+        continue;
+      }
+      if (view->size() < sizeof(WireHeader)) continue;
+      WireHeader h;
+      std::memcpy(&h, view->data(), sizeof(h));
+      if (h.magic != kWireMagic || h.commTag != commTag_)
+        return Status::Internal("corrupt or foreign message from rank " + std::to_string(p) + " at destroy");
+      const Fingerprint theirs = fingerprintOf(h);
+      const std::string theirLast = theirs.seq ? callAs(theirs) : "no collective";
+      if (h.step != kFarewellStep || h.bytes != 0) {  // a message before the farewell
+        if (theirs.kind != CollKind::kSendRecv && theirs.seq > 0 && theirs.seq <= collSeq_)
+          return unreadMessageError(p, theirs);  // of a call this rank finished without reading it
+        return Status::InvalidUsage(mismatchText(rank_, myLast, p, callAs(theirs)) + " (rank " +
+                                    std::to_string(rank_) + " has called destroy)");
+      }
+      if (theirs.seq != collSeq_ || (collSeq_ && !theirs.sameCall(mine)))
+        return Status::InvalidUsage(
+            collSeq_ && theirs.seq
+                ? mismatchText(rank_, myLast, p, theirLast) + " (the last calls before destroy)"
+                : "rank " + std::to_string(collSeq_ ? p : rank_) + " made no collective call but rank " +
+                      std::to_string(collSeq_ ? rank_ : p) + " called " + (collSeq_ ? myLast : theirLast) +
+                      ": every rank must issue the same collectives in the same order");
+      ch.consume(sizeof(WireHeader));
+      done[pi] = true, --left, moved = true;
+    }
+    if (failedFast()) {
+      std::lock_guard<std::mutex> g(failMu_);
+      return failureIsPeerGone_ ? Status::Ok() : failure_;
+    }
+    if (moved) {
+      waiter_->progressed();
+      continue;
+    }
+    waiter_->idle();
+    if (deadline.expired()) {
+      BRAID_LOG(kWarn, kInit, "destroy on rank %d: %d rank(s) did not call destroy within BRAID_TIMEOUT", rank_, left);
+      return Status::Ok();
     }
   }
   return Status::Ok();

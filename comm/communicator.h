@@ -134,7 +134,10 @@ class Comm final : public EngineHost, public Workspace {
   Status mailboxWait(const Fingerprint& fp, Ready ready, bool posting);
   Status ringMessageFor(const Fingerprint& fp);
   std::vector<const MailboxSlot*> mailboxIn_;  // per peer: its slot of the current call
-  void fail(const Status& s, bool tellOthers);
+  // peerGone: the failure is a rank that left without destroy (its store connection closed).
+  void fail(const Status& s, bool tellOthers, bool peerGone = false);
+  // destroy: every rank tells every peer its last collective and waits for theirs (see destroy()).
+  Status farewell();
   void onNotice(const Notice& n);
   void workerLoop();
   void shutdown(bool abortive);
@@ -165,6 +168,7 @@ class Comm final : public EngineHost, public Workspace {
   static constexpr std::uint64_t kHistory = 64;
   Fingerprint history_[kHistory];
   Status checkLeftovers(std::uint64_t finished);  // finished: the last collective this rank completed
+  Status unreadMessageError(int peer, const Fingerprint& theirs) const;
   std::uint64_t zeroCopyCalls_ = 0;
   std::map<int, std::uint64_t> sendSeq_, recvSeq_;
   Plan plan_;
@@ -174,6 +178,7 @@ class Comm final : public EngineHost, public Workspace {
   std::mutex failMu_;
   std::atomic<bool> failed_{false};
   Status failure_;
+  bool failureIsPeerGone_ = false;  // under failMu_: the first failure was a peer that left
   std::mutex timeoutMu_;
   std::condition_variable timeoutCv_;
   std::map<int, std::string> timedOut_;  // rank -> what it waited for, from kTimedOut notices

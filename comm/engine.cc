@@ -216,6 +216,9 @@ struct PlanRunner {
     if (h.magic != kWireMagic || h.commTag != plan.commTag_)
       return Status::Internal("corrupt or foreign message from " + where(op) + " during " + fp.describe() + " #" +
                               std::to_string(fp.seq));
+    if (h.step == kFarewellStep && h.bytes == 0)  // the peer made its last call and destroys
+      return Status::InvalidUsage(mismatchText(plan.rank_, callAs(fp), op.peer, callAs(theirs)) + " (rank " +
+                                  std::to_string(op.peer) + " has finished its calls and called destroy)");
     if (!theirs.sameCall(fp) || h.sender != op.peer)
       return Status::InvalidUsage(mismatchText(plan.rank_, callAs(fp), op.peer, callAs(theirs)));
     if (h.bytes != op.bytes || h.step != op.step)

@@ -56,6 +56,10 @@ struct WireHeader {
 };
 static_assert(sizeof(WireHeader) == 64);
 
+// A header with this step and no payload is a farewell (Comm::destroy): the sender's last
+// collective, sent once on channel 0 of every connection after its last call.
+inline constexpr std::uint32_t kFarewellStep = 0xffffffffu;
+
 WireHeader makeHeader(const Fingerprint& f, std::uint64_t commTag, int sender, std::uint64_t bytes, std::uint32_t step);
 Fingerprint fingerprintOf(const WireHeader& h);
 

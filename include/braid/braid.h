@@ -86,9 +86,12 @@ braidResult_t braidCommInitRank(braidComm_t* comm, int nranks, braidUniqueId com
 /* Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun, braid run), else Open MPI's or
  * Slurm's variables; rank 0 hosts the rendezvous store on MASTER_PORT. */
 braidResult_t braidCommInitFromEnv(braidComm_t* comm);
-/* Releases the communicator after its last collective. Rank 0 (env mode) waits for the others to
- * leave, so that the store outlives their last use of it. The handle itself stays valid: any later
- * call on it returns braidInvalidUsage ("destroyed or aborted"). */
+/* Releases the communicator after its last collective. Collective: each rank waits (at most
+ * BRAID_TIMEOUT) until every other rank has called destroy or left, and returns braidInvalidUsage,
+ * naming both calls, if any rank's calls did not match (e.g. a message nobody read). Rank 0 (env
+ * mode) then waits for the others to leave, so that the store outlives their last use of it. The
+ * handle itself stays valid: any later call on it returns braidInvalidUsage ("destroyed or
+ * aborted"). */
 braidResult_t braidCommDestroy(braidComm_t comm);
 /* Stops at once: calls in flight on other threads return braidAborted within a few milliseconds,
  * other ranks get an error naming this rank, and everything the communicator held (sockets, shared

@@ -110,6 +110,73 @@ TEST_P(Failures, MismatchThatNoPlanReadsIsFoundWithinSixtyFourCalls) {
   for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 0);
 }
 
+TEST_P(Failures, MismatchFoundAtDestroyReachesEveryRank) {
+  // The reduce of the test above, followed at once by destroy: ranks 0 and 1 send to rank 2, and
+  // rank 2 sends to rank 0, which does not read it. The calls may all succeed (then destroy must
+  // fail, on every rank: rank 0 finds rank 2's message, and the others learn it during destroy's
+  // farewell exchange instead of returning success), or a rank still waiting in the reduce meets a
+  // peer's farewell. Either way every rank gets invalid usage naming both calls, within seconds.
+  Env env = transportEnv(GetParam());
+  env.push_back({"BRAID_TIMEOUT", "30"});
+  env.push_back({"BRAID_ALGO", "ring"});
+  auto outcome = runRanks(3, [](int rank, braidComm_t comm) {
+    float x = 1, y = 0;
+    double t0 = now();
+    braidResult_t r = braidReduce(&x, &y, 1, braidFloat32, braidSum, rank == 2 ? 0 : 2, comm, nullptr);
+    const bool inCall = r != braidSuccess;
+    if (!inCall) r = braidCommDestroy(comm);
+    std::string msg = braidGetLastError(comm);
+    const std::string where = inCall ? "reduce" : "destroy";
+    if (r != braidInvalidUsage) {
+      report(rank, where + ": expected invalid usage, got " + braidGetErrorString(r) + ": " + msg);
+      return inCall ? 2 : -2;
+    }
+    if (!contains(msg, "called reduce(count=1, float32, sum, root=2) as #1") ||
+        !contains(msg, "called reduce(count=1, float32, sum, root=0) as #1")) {
+      report(rank, where + " does not name both calls: " + msg);
+      return inCall ? 3 : -3;
+    }
+    if (now() - t0 > 10) { report(rank, where + " took " + std::to_string(now() - t0) + " s"); return inCall ? 4 : -4; }
+    return -100;  // failed or destroyed already: exit without destroying
+  }, env, 60);
+  for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 100);
+}
+
+TEST_P(Failures, CallThatThePeerNeverMakesEndsWhenThePeerDestroys) {
+  // Rank 1 skips the last all-reduce and destroys. Rank 0 must not wait for BRAID_TIMEOUT: rank 1's
+  // farewell arrives where rank 0 waits (a ring, or beside the shm mailbox) and names both calls.
+  Env env = transportEnv(GetParam());
+  env.push_back({"BRAID_TIMEOUT", "60"});
+  auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
+    std::vector<float> a(4096, 1.0f), b(4096);
+    for (int call = 1; call <= 3; ++call) {
+      const std::size_t count = call == 1 ? 4096 : 2;  // #2 and #3 are small (the mailbox on shm)
+      if (rank == 1 && call == 3) break;
+      double t0 = now();
+      braidResult_t r = braidAllReduce(a.data(), b.data(), count, braidFloat32, braidSum, comm, nullptr);
+      if (r == braidSuccess) continue;
+      std::string msg = braidGetLastError(comm);
+      if (rank != 0 || call != 3 || r != braidInvalidUsage) { report(rank, "call " + std::to_string(call) + ": " + msg); return 1; }
+      if (!contains(msg, "called allreduce(count=2, float32, sum) as #3") ||
+          !contains(msg, "called allreduce(count=2, float32, sum) as #2")) {
+        report(rank, "does not name both calls: " + msg);
+        return 2;
+      }
+      if (now() - t0 > 20) { report(rank, "found after " + std::to_string(now() - t0) + " s"); return 3; }
+      return -100;  // the communicator failed: exit without destroying it
+    }
+    // Rank 1's destroy learns of the mismatch from rank 0, unless rank 0 (which hosts the store
+    // here and exits as soon as its call failed) takes the store with it first: remote error.
+    braidResult_t d = braidCommDestroy(comm);
+    if (rank == 1 && d != braidSuccess && d != braidInvalidUsage && d != braidRemoteError) {
+      report(rank, std::string("destroy: ") + braidGetLastError(comm));
+      return -4;
+    }
+    return rank == 1 ? -100 : 5;
+  }, env, 90);
+  for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 100);
+}
+
 TEST_P(Failures, KilledRankIsNamedBySurvivorsWithinTenSeconds) {
   Env env = transportEnv(GetParam());
   env.push_back({"BRAID_TIMEOUT", "60"});

@@ -602,8 +602,13 @@ Status Comm::farewell() {
   std::vector<bool> done(static_cast<std::size_t>(nranks_), false);
   done[static_cast<std::size_t>(rank_)] = true;
   int left = nranks_ - 1;
+  auto unsent = [&] {
+    for (int p = 0; p < nranks_; ++p)
+      if (p != rank_ && sent[static_cast<std::size_t>(p)] < sizeof(bye)) return true;
+    return false;
+  };
   waiter_->progressed();
-  while (left > 0) {
+  while (left > 0 || unsent()) {  // a peer may still wait for this rank's farewell
     bool moved = false;
     for (int p = 0; p < nranks_; ++p) {
       const auto pi = static_cast<std::size_t>(p);

@@ -80,33 +80,42 @@ TEST_P(Failures, SkippedCallIsDetectedBySequenceNumber) {
   for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 0);
 }
 
+// Ranks 0 and 1 reduce to root 2 while rank 2 reduces to root 0 (the chain: BRAID_ALGO=ring).
+Env rootMismatchEnv(const std::string& transport) {
+  Env env = transportEnv(transport);
+  env.push_back({"BRAID_TIMEOUT", "30"});
+  env.push_back({"BRAID_ALGO", "ring"});
+  return env;
+}
+braidResult_t mismatchedReduce(int rank, braidComm_t comm) {
+  float x = 1, y = 0;
+  return braidReduce(&x, &y, 1, braidFloat32, braidSum, rank == 2 ? 0 : 2, comm, nullptr);
+}
+bool namesBothReduces(const std::string& msg) {
+  return contains(msg, "called reduce(count=1, float32, sum, root=2) as #1") &&
+         contains(msg, "called reduce(count=1, float32, sum, root=0) as #1");
+}
+
 TEST_P(Failures, MismatchThatNoPlanReadsIsFoundWithinSixtyFourCalls) {
   // Ranks 0 and 1 reduce to root 2 while rank 2 reduces to root 0: with the chain, every rank only
   // sends or sends to a rank that does not read it, so all three calls succeed and two messages stay
   // unread in channels that the ring all-reduces after it never read. The periodic check of
   // unread messages (every 64th collective) must end it on every rank, naming both calls.
-  Env env = transportEnv(GetParam());
-  env.push_back({"BRAID_TIMEOUT", "30"});
-  env.push_back({"BRAID_ALGO", "ring"});
   auto outcome = runRanks(3, [](int rank, braidComm_t comm) {
-    float x = 1, y = 0;
-    braidResult_t r = braidReduce(&x, &y, 1, braidFloat32, braidSum, rank == 2 ? 0 : 2, comm, nullptr);
+    braidResult_t r = mismatchedReduce(rank, comm);
     if (r != braidSuccess) { report(rank, "the reduce itself failed; this test needs it to pass unnoticed"); return 1; }
+    float x = 1, y = 0;
     for (int call = 2; call <= 70; ++call) {
       r = braidAllReduce(&x, &y, 1, braidFloat32, braidSum, comm, nullptr);
       if (r == braidSuccess) continue;
       std::string msg = braidGetLastError(comm);
       if (r != braidInvalidUsage || call != 64) { report(rank, "call " + std::to_string(call) + ": " + msg); return 2; }
-      if (!contains(msg, "called reduce(count=1, float32, sum, root=2) as #1") ||
-          !contains(msg, "called reduce(count=1, float32, sum, root=0) as #1")) {
-        report(rank, "does not name both calls: " + msg);
-        return 3;
-      }
+      if (!namesBothReduces(msg)) { report(rank, "does not name both calls: " + msg); return 3; }
       return 0;
     }
     report(rank, "70 calls succeeded after the mismatch");
     return 4;
-  }, env, 60);
+  }, rootMismatchEnv(GetParam()), 60);
   for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 0);
 }
 
@@ -116,13 +125,9 @@ TEST_P(Failures, MismatchFoundAtDestroyReachesEveryRank) {
   // fail, on every rank: rank 0 finds rank 2's message, and the others learn it during destroy's
   // farewell exchange instead of returning success), or a rank still waiting in the reduce meets a
   // peer's farewell. Either way every rank gets invalid usage naming both calls, within seconds.
-  Env env = transportEnv(GetParam());
-  env.push_back({"BRAID_TIMEOUT", "30"});
-  env.push_back({"BRAID_ALGO", "ring"});
   auto outcome = runRanks(3, [](int rank, braidComm_t comm) {
-    float x = 1, y = 0;
     double t0 = now();
-    braidResult_t r = braidReduce(&x, &y, 1, braidFloat32, braidSum, rank == 2 ? 0 : 2, comm, nullptr);
+    braidResult_t r = mismatchedReduce(rank, comm);
     const bool inCall = r != braidSuccess;
     if (!inCall) r = braidCommDestroy(comm);
     std::string msg = braidGetLastError(comm);
@@ -131,14 +136,13 @@ TEST_P(Failures, MismatchFoundAtDestroyReachesEveryRank) {
       report(rank, where + ": expected invalid usage, got " + braidGetErrorString(r) + ": " + msg);
       return inCall ? 2 : -2;
     }
-    if (!contains(msg, "called reduce(count=1, float32, sum, root=2) as #1") ||
-        !contains(msg, "called reduce(count=1, float32, sum, root=0) as #1")) {
+    if (!namesBothReduces(msg)) {
       report(rank, where + " does not name both calls: " + msg);
       return inCall ? 3 : -3;
     }
     if (now() - t0 > 10) { report(rank, where + " took " + std::to_string(now() - t0) + " s"); return inCall ? 4 : -4; }
     return -100;  // failed or destroyed already: exit without destroying
-  }, env, 60);
+  }, rootMismatchEnv(GetParam()), 60);
   for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 100);
 }
 

@@ -209,10 +209,9 @@ Status Comm::setup(InitParams& p) {
 bool Comm::probeCma(const std::vector<PeerInfo>& infos) const {
   for (const PeerInfo& info : infos) {
     if (info.rank == rank_) continue;
-    std::uint8_t byte = 0;
-    Status s = info.cmaProbe ? cmaRead(info.pid, info.cmaProbe, &byte, 1) : Status::Internal("no probe address");
-    if (!s.ok() || byte != 0x5a) {
-      BRAID_LOG(kInfo, kInit, "cross-memory attach to rank %d: %s", info.rank, s.ok() ? "wrong byte" : s.message().c_str());
+    Status s = cmaProbe(info.pid, info.cmaProbe);
+    if (!s.ok()) {
+      BRAID_LOG(kInfo, kInit, "cross-memory attach to rank %d: %s", info.rank, s.message().c_str());
       return false;
     }
   }
@@ -406,7 +405,7 @@ Status Comm::executeCall(const CollArgs& in) {
       Status left = checkLeftovers(fp.seq - 1);
       if (!left.ok()) {
         fail(left, true);
-        return failure().withContext(fp.describe() + " #" + std::to_string(fp.seq) + " failed on rank " + std::to_string(rank_));
+        return failure().withContext(failedOn(fp, rank_));
       }
     }
   }
@@ -423,7 +422,7 @@ Status Comm::executeCall(const CollArgs& in) {
     auto done = tryZeroCopyAllReduce(a, fp);
     if (!done.ok()) {
       if (!failed_) fail(done.status().withContext("zero-copy all-reduce (BRAID_ZERO_COPY=0 turns it off)"), true);
-      return failure().withContext(fp.describe() + " #" + std::to_string(fp.seq) + " failed on rank " + std::to_string(rank_));
+      return failure().withContext(failedOn(fp, rank_));
     }
     if (*done) {
       ++zeroCopyCalls_;
@@ -553,19 +552,25 @@ Status Comm::destroy() {
 // channel, so the header check never saw it (e.g. two ranks that disagree on a reduce's root and
 // both only send). Every correct plan reads every message sent to it within its call.
 Status Comm::checkLeftovers(std::uint64_t finished) {
+  return forEachWaitingHeader([&](int p, const WireHeader& h) {
+    if (isFarewell(h)) return Status::Ok();  // the peer is in destroy: farewell() reads it
+    Fingerprint theirs = fingerprintOf(h);
+    if (theirs.kind == CollKind::kSendRecv || theirs.seq == 0 || theirs.seq > finished) return Status::Ok();
+    return unreadMessageError(p, theirs);
+  });
+}
+
+Status Comm::forEachWaitingHeader(const std::function<Status(int, const WireHeader&)>& f) {
   for (int p = 0; p < nranks_; ++p) {
     Connection* c = p == rank_ ? nullptr : conns_[static_cast<std::size_t>(p)].get();
-    if (!c) continue;
-    for (int ch = 0; ch < c->numChannels(); ++ch) {
+    for (int ch = 0; c && ch < c->numChannels(); ++ch) {
       auto view = c->channel(ch).peek();
       if (!view.ok() || view->size() < sizeof(WireHeader)) continue;
       WireHeader h;
       std::memcpy(&h, view->data(), sizeof(h));
       if (h.magic != kWireMagic || h.commTag != commTag_) continue;
-      if (h.step == kFarewellStep && h.bytes == 0) continue;  // the peer is in destroy: farewell() reads it
-      Fingerprint theirs = fingerprintOf(h);
-      if (theirs.kind == CollKind::kSendRecv || theirs.seq == 0 || theirs.seq > finished) continue;
-      return unreadMessageError(p, theirs);
+      Status s = f(p, h);
+      if (!s.ok()) return s;
     }
   }
   return Status::Ok();
@@ -596,7 +601,7 @@ Status Comm::farewell() {
   if (nranks_ < 2) return Status::Ok();
   const Fingerprint mine = collSeq_ ? history_[collSeq_ % kHistory] : Fingerprint{};
   const WireHeader bye = makeHeader(mine, commTag_, rank_, 0, kFarewellStep);
-  const std::string myLast = collSeq_ ? callAs(mine) : "no collective";
+  const std::string myLast = lastCallAs(mine);
   const Deadline deadline = Deadline::after(config_.timeoutSec);
   std::vector<std::size_t> sent(static_cast<std::size_t>(nranks_), 0);
   std::vector<bool> done(static_cast<std::size_t>(nranks_), false);
@@ -624,7 +629,7 @@ Status Comm::farewell() {
       if (!view.ok()) {
         // Closed without a farewell: the peer left, or it failed (a mismatch it found in its own
         // destroy) and is reporting that now. Give the store's notice a moment, as the engine does.
-        for (int i = 0; i < 500 && !failedFast(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        waitForNotice(*this);
         if (failedFast()) break;
         done[pi] = true, --left, moved = true;
         continue;
@@ -635,8 +640,8 @@ Status Comm::farewell() {
       if (h.magic != kWireMagic || h.commTag != commTag_)
         return Status::Internal("corrupt or foreign message from rank " + std::to_string(p) + " at destroy");
       const Fingerprint theirs = fingerprintOf(h);
-      const std::string theirLast = theirs.seq ? callAs(theirs) : "no collective";
-      if (h.step != kFarewellStep || h.bytes != 0) {  // a message before the farewell
+      const std::string theirLast = lastCallAs(theirs);
+      if (!isFarewell(h)) {  // a message before the farewell
         if (theirs.kind != CollKind::kSendRecv && theirs.seq > 0 && theirs.seq <= collSeq_)
           return unreadMessageError(p, theirs);  // of a call this rank finished without reading it
         return Status::InvalidUsage(mismatchText(rank_, myLast, p, callAs(theirs)) + " (rank " +

@@ -31,8 +31,10 @@ class TcpTransport;
 class CudaProxy;
 struct MailboxSlot;
 
-// comm/algorithms/cma.cc: the address peers read to probe cross-memory attach, and one read.
+// comm/algorithms/cma.cc: the address peers read to probe cross-memory attach, the probe of a
+// peer's (ok: this process can read that one), and one read.
 std::uint64_t cmaProbeAddress();
+Status cmaProbe(int pid, std::uint64_t probeAddress);
 Status cmaRead(int pid, std::uint64_t remote, void* local, std::size_t n);
 
 struct InitParams {
@@ -169,6 +171,9 @@ class Comm final : public EngineHost, public Workspace {
   Fingerprint history_[kHistory];
   Status checkLeftovers(std::uint64_t finished);  // finished: the last collective this rank completed
   Status unreadMessageError(int peer, const Fingerprint& theirs) const;
+  // Calls f(peer, header) for each header of this communicator waiting whole at the head of an
+  // incoming channel; returns the first error f returns.
+  Status forEachWaitingHeader(const std::function<Status(int, const WireHeader&)>& f);
   std::uint64_t zeroCopyCalls_ = 0;
   std::map<int, std::uint64_t> sendSeq_, recvSeq_;
   Plan plan_;

@@ -216,9 +216,8 @@ struct PlanRunner {
     if (h.magic != kWireMagic || h.commTag != plan.commTag_)
       return Status::Internal("corrupt or foreign message from " + where(op) + " during " + fp.describe() + " #" +
                               std::to_string(fp.seq));
-    if (h.step == kFarewellStep && h.bytes == 0)  // the peer made its last call and destroys
-      return Status::InvalidUsage(mismatchText(plan.rank_, callAs(fp), op.peer, callAs(theirs)) + " (rank " +
-                                  std::to_string(op.peer) + " has finished its calls and called destroy)");
+    if (isFarewell(h))  // the peer made its last call and destroys
+      return Status::InvalidUsage(farewellMismatch(plan.rank_, fp, op.peer, theirs));
     if (!theirs.sameCall(fp) || h.sender != op.peer)
       return Status::InvalidUsage(mismatchText(plan.rank_, callAs(fp), op.peer, callAs(theirs)));
     if (h.bytes != op.bytes || h.step != op.step)
@@ -319,6 +318,10 @@ struct PlanRunner {
   }
 };
 
+void waitForNotice(EngineHost& host) {
+  for (int i = 0; i < 500 && !host.failedFast(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 Status Engine::run(Plan& plan, EngineHost& host) {
   const Fingerprint& fp = plan.fp_;
   PlanRunner runner{plan, host, plan.ops_, fp, std::max<std::size_t>(dataTypeSize(fp.dtype), 1)};
@@ -336,14 +339,9 @@ Status Engine::run(Plan& plan, EngineHost& host) {
       if (q.head == q.ops.size()) continue;
       auto r = runner.advance(q);
       if (!r.ok()) {
-        // A peer that closed its connection may only be reacting to a failure elsewhere, which
-        // the store is announcing right now: give the notice a moment, so that the error names
-        // the root cause (the rank that died, the mismatched call) rather than the messenger.
-        if (r.status().code() == Code::kRemoteError)
-          for (int i = 0; i < 500 && !host.failedFast(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (r.status().code() == Code::kRemoteError) waitForNotice(host);
         Status fail = host.failure();
-        if (!fail.ok()) return fail.withContext(what() + " failed on rank " + std::to_string(plan.rank_));
-        return r.status().withContext(what() + " failed on rank " + std::to_string(plan.rank_));
+        return (fail.ok() ? r.status() : fail).withContext(failedOn(fp, plan.rank_));
       }
       moved |= *r;
       all &= q.head == q.ops.size();
@@ -352,7 +350,7 @@ Status Engine::run(Plan& plan, EngineHost& host) {
       while (plan.copyPiece()) {}
       return Status::Ok();
     }
-    if (host.failedFast()) return host.failure().withContext(what() + " failed on rank " + std::to_string(plan.rank_));
+    if (host.failedFast()) return host.failure().withContext(failedOn(fp, plan.rank_));
     if (moved) {
       waiter.progressed();
       continue;

@@ -105,6 +105,11 @@ class EngineHost {
   virtual Status explainTimeout(const std::string& what, const std::string& detail) = 0;
 };
 
+// A peer's connection broke: that may only be the peer reacting to a failure elsewhere, which the
+// store is announcing right now. Waits up to 0.5 s for the communicator to learn of it, so that the
+// error names the root cause (the rank that died, the mismatched call) rather than the messenger.
+void waitForNotice(EngineHost& host);
+
 class Engine {
  public:
   // Runs the plan to completion; on failure returns a Status naming the collective, its sequence

@@ -17,6 +17,19 @@ const char* collName(CollKind k) {
 
 std::string callAs(const Fingerprint& f) { return f.describe() + " as #" + std::to_string(f.seq); }
 
+std::string lastCallAs(const Fingerprint& f) { return f.seq ? callAs(f) : "no collective"; }
+
+std::string failedOn(const Fingerprint& f, int rank) {
+  return f.describe() + " #" + std::to_string(f.seq) + " failed on rank " + std::to_string(rank);
+}
+
+bool isFarewell(const WireHeader& h) { return h.step == kFarewellStep && h.bytes == 0; }
+
+std::string farewellMismatch(int rank, const Fingerprint& mine, int peer, const Fingerprint& theirs) {
+  return mismatchText(rank, callAs(mine), peer, lastCallAs(theirs)) + " (rank " + std::to_string(peer) +
+         " has finished its calls and called destroy)";
+}
+
 std::string mismatchText(int rank1, const std::string& call1, int rank2, const std::string& call2) {
   const bool firstIsLower = rank1 <= rank2;
   return "rank " + std::to_string(firstIsLower ? rank1 : rank2) + " called " + (firstIsLower ? call1 : call2) +

@@ -56,9 +56,18 @@ struct WireHeader {
 };
 static_assert(sizeof(WireHeader) == 64);
 
+// "allreduce(count=8, float32, sum) #3 failed on rank 1": the context every failed call's error gets.
+std::string failedOn(const Fingerprint& f, int rank);
+
 // A header with this step and no payload is a farewell (Comm::destroy): the sender's last
 // collective, sent once on channel 0 of every connection after its last call.
 inline constexpr std::uint32_t kFarewellStep = 0xffffffffu;
+struct WireHeader;
+bool isFarewell(const WireHeader& h);
+// A call of this rank (`mine`) that peer's farewell (its last call: `theirs`) says it never made.
+std::string farewellMismatch(int rank, const Fingerprint& mine, int peer, const Fingerprint& theirs);
+// callAs(f), or "no collective" for the empty fingerprint of a rank that made none.
+std::string lastCallAs(const Fingerprint& f);
 
 WireHeader makeHeader(const Fingerprint& f, std::uint64_t commTag, int sender, std::uint64_t bytes, std::uint32_t step);
 Fingerprint fingerprintOf(const WireHeader& h);

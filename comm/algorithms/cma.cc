@@ -17,9 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
-#include <thread>
 
 #include "comm/communicator.h"
 #include "topology/topology.h"
@@ -34,6 +32,14 @@ const volatile std::uint8_t kCmaProbeByte = 0x5a;
 }  // namespace
 
 std::uint64_t cmaProbeAddress() { return reinterpret_cast<std::uint64_t>(&kCmaProbeByte); }
+
+Status cmaProbe(int pid, std::uint64_t probeAddress) {
+  if (!probeAddress) return Status::Internal("no probe address");
+  std::uint8_t byte = 0;
+  Status s = cmaRead(pid, probeAddress, &byte, 1);
+  if (s.ok() && byte != kCmaProbeByte) return Status::Internal("read the wrong byte");
+  return s;
+}
 
 Status cmaRead(int pid, std::uint64_t remote, void* local, std::size_t n) {
   auto* out = static_cast<std::byte*>(local);
@@ -76,12 +82,11 @@ Status Comm::cmaCollective(const CollArgs& a, const Fingerprint& fp) {
 // give the store's notice a moment so that the error names the root cause (the rank that died),
 // then end the communicator; either way the error names the call and this rank.
 Status Comm::cmaReadFailed(const Fingerprint& fp, int peer, const Status& s) {
-  for (int i = 0; i < 500 && !failedFast(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  const std::string call = fp.describe() + " #" + std::to_string(fp.seq) + " failed on rank " + std::to_string(rank_);
-  if (failed_) return failure().withContext(call);
+  waitForNotice(*this);
+  if (failed_) return failure().withContext(failedOn(fp, rank_));
   Status mine = s.withContext("rank " + std::to_string(peer) + " (shm, cross-memory attach)");
   fail(mine, true);
-  return mine.withContext(call);
+  return mine.withContext(failedOn(fp, rank_));
 }
 
 Status Comm::cmaAllGather(const CollArgs& a, const Fingerprint& fp) {

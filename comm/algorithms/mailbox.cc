@@ -62,7 +62,7 @@ Status Comm::mailboxWait(const Fingerprint& fp, Ready ready, bool posting) {
     if (ready()) return Status::Ok();
     if (failedFast()) {
       stuckOn();
-      return failure().withContext(what() + " failed on rank " + std::to_string(rank_));
+      return failure().withContext(failedOn(fp, rank_));
     }
     if (round % 256 == 0) {
       Status s = ringMessageFor(fp);
@@ -81,23 +81,12 @@ Status Comm::mailboxWait(const Fingerprint& fp, Ready ready, bool posting) {
 // A header of call `fp` waiting in a ring from some peer: that peer ran the call as a plan, so it
 // called something other than this rank's mailbox call. Or a peer's farewell: it made no such call.
 Status Comm::ringMessageFor(const Fingerprint& fp) {
-  for (int p = 0; p < nranks_; ++p) {
-    Connection* c = p == rank_ ? nullptr : conns_[static_cast<std::size_t>(p)].get();
-    for (int ch = 0; c && ch < c->numChannels(); ++ch) {
-      auto view = c->channel(ch).peek();
-      if (!view.ok() || view->size() < sizeof(WireHeader)) continue;
-      WireHeader h;
-      std::memcpy(&h, view->data(), sizeof(h));
-      if (h.magic != kWireMagic || h.commTag != commTag_) continue;
-      Fingerprint theirs = fingerprintOf(h);
-      if (h.step == kFarewellStep && h.bytes == 0)  // the peer finished its calls and destroys
-        return Status::InvalidUsage(mismatchText(rank_, callAs(fp), p, theirs.seq ? callAs(theirs) : "no collective") +
-                                    " (rank " + std::to_string(p) + " has finished its calls and called destroy)");
-      if (h.seq != fp.seq) continue;
-      if (theirs.kind != CollKind::kSendRecv) return Status::InvalidUsage(mismatchText(rank_, callAs(fp), p, callAs(theirs)));
-    }
-  }
-  return Status::Ok();
+  return forEachWaitingHeader([&](int p, const WireHeader& h) {
+    Fingerprint theirs = fingerprintOf(h);
+    if (isFarewell(h)) return Status::InvalidUsage(farewellMismatch(rank_, fp, p, theirs));
+    if (h.seq != fp.seq || theirs.kind == CollKind::kSendRecv) return Status::Ok();
+    return Status::InvalidUsage(mismatchText(rank_, callAs(fp), p, callAs(theirs)));
+  });
 }
 
 Status Comm::mailboxAllReduce(const CollArgs& a, const Fingerprint& fp) {

@@ -38,12 +38,12 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 int trialsOr(int fallback) {
-  const char* v = std::getenv("STRESS_TRIALS");
+  const char* v = testVariable("STRESS_TRIALS");
   return v && std::atoi(v) > 0 ? std::atoi(v) : fallback;
 }
 
 std::uint64_t seedFor(const char* test) {
-  const char* v = std::getenv("STRESS_SEED");
+  const char* v = testVariable("STRESS_SEED");
   std::uint64_t seed = v ? std::strtoull(v, nullptr, 10) : static_cast<std::uint64_t>(std::random_device{}()) ^
                                                                static_cast<std::uint64_t>(now() * 1e6);
   std::fprintf(stderr, "%s: seed %llu (STRESS_SEED=%llu repeats this run)\n", test,

@@ -640,7 +640,6 @@ Status Comm::farewell() {
       if (h.magic != kWireMagic || h.commTag != commTag_)
         return Status::Internal("corrupt or foreign message from rank " + std::to_string(p) + " at destroy");
       const Fingerprint theirs = fingerprintOf(h);
-      const std::string theirLast = lastCallAs(theirs);
       if (!isFarewell(h)) {  // a message before the farewell
         if (theirs.kind != CollKind::kSendRecv && theirs.seq > 0 && theirs.seq <= collSeq_)
           return unreadMessageError(p, theirs);  // of a call this rank finished without reading it
@@ -648,12 +647,7 @@ Status Comm::farewell() {
                                     std::to_string(rank_) + " has called destroy)");
       }
       if (theirs.seq != collSeq_ || (collSeq_ && !theirs.sameCall(mine)))
-        return Status::InvalidUsage(
-            collSeq_ && theirs.seq
-                ? mismatchText(rank_, myLast, p, theirLast) + " (the last calls before destroy)"
-                : "rank " + std::to_string(collSeq_ ? p : rank_) + " made no collective call but rank " +
-                      std::to_string(collSeq_ ? rank_ : p) + " called " + (collSeq_ ? myLast : theirLast) +
-                      ": every rank must issue the same collectives in the same order");
+        return Status::InvalidUsage(mismatchText(rank_, myLast, p, lastCallAs(theirs)) + " (the last calls before destroy)");
       ch.consume(sizeof(WireHeader));
       done[pi] = true, --left, moved = true;
     }

@@ -170,7 +170,8 @@ Status Comm::setup(InitParams& p) {
     return tcpConns.status().withContext(me + " tcp setup");
   }
   const topology::Summary& topo = topology::summary();
-  bool oversubscribed = localRanks > topo.pus;
+  const bool oversubscribed = localRanks > topo.pus;
+  cmaShared_ = !oversubscribed;
   waiter_ = std::make_unique<Waiter>(config_.spinUs, oversubscribed);
   if (shm_->myDoorbell()) waiter_->setDoorbell(shm_->myDoorbell());
   for (auto& c : *shmConns) conns_[static_cast<std::size_t>(c->peer())] = std::move(c);

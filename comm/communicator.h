@@ -31,11 +31,12 @@ class TcpTransport;
 class CudaProxy;
 struct MailboxSlot;
 
-// comm/algorithms/cma.cc: the address peers read to probe cross-memory attach, the probe of a
-// peer's (ok: this process can read that one), and one read.
+// comm/algorithms/cma.cc: the address peers use to probe cross-memory attach, the probe of a
+// peer's (ok: this process can read and write that one), and one copy from or to a peer.
+enum class CmaDirection { kRead, kWrite };
 std::uint64_t cmaProbeAddress();
 Status cmaProbe(int pid, std::uint64_t probeAddress);
-Status cmaRead(int pid, std::uint64_t remote, void* local, std::size_t n);
+Status cmaCopy(int pid, std::uint64_t remote, void* local, std::size_t n, CmaDirection direction);
 
 struct InitParams {
   int rank = -1;
@@ -87,6 +88,9 @@ class Comm final : public EngineHost, public Workspace {
   // How many all-gathers and broadcasts took the cross-memory-attach path (for tests).
   std::uint64_t cmaCalls() const { return cmaCalls_; }
   bool cmaUsable() const { return cmaUsable_; }
+  // Whether a cross-memory-attach broadcast rooted here shares the copying with the other ranks
+  // (set at setup: unless ranks outnumber the cores). Tests force it to cover both ways anywhere.
+  void setCmaShared(bool shared) { cmaShared_ = shared; }
   // Per peer: "shm", "tcp" or "self", and why the others were skipped.
   std::string transportOf(int peer) const;
 
@@ -118,15 +122,16 @@ class Comm final : public EngineHost, public Workspace {
   Status barrier(const Fingerprint& fp);
   // comm/algorithms/direct.cc: true if done, false if some rank's buffers are not braidMemAlloc memory.
   Result<bool> tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp);
-  // comm/algorithms/cma.cc: single-copy all-gather and broadcast (process_vm_readv).
+  // comm/algorithms/cma.cc: single-copy all-gather and broadcast (process_vm_readv, process_vm_writev).
   bool cmaFits(const CollArgs& a, std::size_t total) const;
   Status cmaCollective(const CollArgs& a, const Fingerprint& fp);
   Status cmaAllGather(const CollArgs& a, const Fingerprint& fp);
   Status cmaBroadcast(const CollArgs& a, const Fingerprint& fp);
-  Status cmaReadFailed(const Fingerprint& fp, int peer, const Status& s);
+  Status cmaCopyFailed(const Fingerprint& fp, int peer, const Status& s);
   // Setup: can this rank read every other rank's memory (all on this host)?
   bool probeCma(const std::vector<PeerInfo>& infos) const;
   bool cmaUsable_ = false;  // agreed by every rank at setup
+  bool cmaShared_ = false;  // see setCmaShared
   std::uint64_t cmaCalls_ = 0;
   std::vector<std::uint64_t> cmaAddrs_;
   // comm/algorithms/mailbox.cc: small one-shot all-reduce and barrier through the shm mailbox.

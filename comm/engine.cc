@@ -8,7 +8,9 @@
 #include <thread>
 
 #include "comm/waiter.h"
+#include "kernels/copy.h"
 #include "kernels/reduce.h"
+#include "topology/topology.h"
 #include "transport/transport.h"
 
 namespace braid {
@@ -18,6 +20,21 @@ constexpr std::size_t kInlineBytes = 4096;  // messages up to this size leave in
 std::size_t padOf(std::size_t bytes) { return (8 - bytes % 8) % 8; }
 const std::byte kZeros[8] = {};
 }  // namespace
+
+std::size_t largeCopyBytes() {
+  static const std::size_t bytes = [] {
+    const std::size_t l3 = topology::summary().l3Bytes ? topology::summary().l3Bytes : std::size_t{32} << 20;
+    return std::max<std::size_t>(std::size_t{1} << 20, l3 / 4);
+  }();
+  return bytes;
+}
+
+void copyLocal(void* dst, const void* src, std::size_t bytes) {
+  if (bytes >= largeCopyBytes())
+    kernels::streamingCopy(dst, src, bytes);
+  else if (bytes)
+    std::memcpy(dst, src, bytes);
+}
 
 void Plan::reset(const Fingerprint& f, std::uint64_t commTag, int rank, int nranks, std::size_t chunk) {
   fp_ = f;
@@ -55,7 +72,8 @@ std::vector<Plan::Queue>::iterator Plan::findQueue(int peer, int channel, bool s
 }
 
 void Plan::localCopy(void* dst, const void* src, std::size_t bytes) {
-  if (bytes && dst != src) copies_.push_back({static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes, 0});
+  if (bytes && dst != src)
+    copies_.push_back({static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes, 0, bytes >= largeCopyBytes()});
 }
 
 bool Plan::copyPiece() {
@@ -63,7 +81,10 @@ bool Plan::copyPiece() {
   for (LocalCopy& c : copies_) {
     if (c.done == c.bytes) continue;
     const std::size_t n = std::min(kPiece, c.bytes - c.done);
-    std::memcpy(c.dst + c.done, c.src + c.done, n);
+    if (c.large)
+      kernels::streamingCopy(c.dst + c.done, c.src + c.done, n);
+    else
+      std::memcpy(c.dst + c.done, c.src + c.done, n);
     c.done += n;
     return true;
   }

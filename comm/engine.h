@@ -20,6 +20,12 @@ namespace braid {
 class Connection;
 class Waiter;
 
+// Copies between this rank's own buffers. Below largeCopyBytes() memcpy; from there on (a quarter of
+// the last-level cache, at least 1 MiB: source and destination together no longer fit beside the
+// peers' buffers) streaming stores that bypass the cache (kernels/copy.h).
+std::size_t largeCopyBytes();
+void copyLocal(void* dst, const void* src, std::size_t bytes);
+
 struct Op {
   enum Kind : std::uint8_t { kSend, kRecvCopy, kRecvReduce };
   Kind kind;
@@ -81,6 +87,7 @@ class Plan {
     const std::byte* src;
     std::size_t bytes;
     std::size_t done;
+    bool large;  // copied past the cache, piece by piece
   };
   // Copies one piece of the first unfinished local copy; false when none is left.
   bool copyPiece();

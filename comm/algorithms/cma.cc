@@ -10,9 +10,13 @@
 //                  fingerprint, so mismatches are still caught)
 //               2. read every peer's block into place; copy this rank's own block
 //               3. barrier: nobody returns, and reuses its send buffer, while a peer still reads it
-//   broadcast:  1. the root sends its buffer's address to every rank
-//               2. every other rank reads the root's buffer into its own
-//               3. every other rank tells the root it is done; the root returns after all have
+//   broadcast:  1. the root and every other rank exchange their buffers' addresses
+//               2. the copying is shared: the buffer is cut into pieces, and the root writes
+//                  piece r into rank r's buffer (process_vm_writev) while rank r reads the other
+//                  pieces from the root's; at 2 ranks both cores copy at once instead of one
+//                  copying while the other waits (not when ranks outnumber the cores)
+//               3. each rank tells the root it has read, and the root tells each rank it has
+//                  written: nobody returns while a peer still copies from or into its buffer
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -20,39 +24,42 @@
 #include <cstring>
 
 #include "comm/communicator.h"
-#include "topology/topology.h"
 #include "transport/socket.h"
 
 namespace braid {
 namespace {
 
-// What a peer reads at setup to learn whether process_vm_readv reaches this process.
-const volatile std::uint8_t kCmaProbeByte = 0x5a;
+// What a peer reads, and writes back unchanged, at setup to learn whether process_vm_readv and
+// process_vm_writev reach this process. Writable: a write into read-only pages fails.
+constexpr std::uint8_t kCmaProbeValue = 0x5a;
+volatile std::uint8_t cmaProbeByte = kCmaProbeValue;
 
 }  // namespace
 
-std::uint64_t cmaProbeAddress() { return reinterpret_cast<std::uint64_t>(&kCmaProbeByte); }
+std::uint64_t cmaProbeAddress() { return reinterpret_cast<std::uint64_t>(&cmaProbeByte); }
 
 Status cmaProbe(int pid, std::uint64_t probeAddress) {
   if (!probeAddress) return Status::Internal("no probe address");
   std::uint8_t byte = 0;
-  Status s = cmaRead(pid, probeAddress, &byte, 1);
-  if (s.ok() && byte != kCmaProbeByte) return Status::Internal("read the wrong byte");
+  Status s = cmaCopy(pid, probeAddress, &byte, 1, CmaDirection::kRead);
+  if (s.ok() && byte != kCmaProbeValue) return Status::Internal("read the wrong byte");
+  if (s.ok()) s = cmaCopy(pid, probeAddress, &byte, 1, CmaDirection::kWrite);
   return s;
 }
 
-Status cmaRead(int pid, std::uint64_t remote, void* local, std::size_t n) {
-  auto* out = static_cast<std::byte*>(local);
+Status cmaCopy(int pid, std::uint64_t remote, void* local, std::size_t n, CmaDirection direction) {
+  const bool reading = direction == CmaDirection::kRead;
+  auto* mine = static_cast<std::byte*>(local);
   while (n > 0) {
-    iovec l{out, n};
+    iovec l{mine, n};
     iovec r{reinterpret_cast<void*>(remote), n};
-    const ssize_t k = process_vm_readv(pid, &l, 1, &r, 1, 0);
+    const ssize_t k = reading ? process_vm_readv(pid, &l, 1, &r, 1, 0) : process_vm_writev(pid, &l, 1, &r, 1, 0);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0)
-      return Status::RemoteError("process_vm_readv from pid " + std::to_string(pid) + " failed: " +
-                                 (k < 0 ? net::errnoText(errno) : std::string("no bytes")) +
+      return Status::RemoteError(std::string(reading ? "process_vm_readv from" : "process_vm_writev to") + " pid " +
+                                 std::to_string(pid) + " failed: " + (k < 0 ? net::errnoText(errno) : std::string("no bytes")) +
                                  " (BRAID_CMA=0 copies through shared memory instead)");
-    out += k;
+    mine += k;
     remote += static_cast<std::uint64_t>(k);
     n -= static_cast<std::size_t>(k);
   }
@@ -63,13 +70,13 @@ Status cmaRead(int pid, std::uint64_t remote, void* local, std::size_t n) {
 // kernel pins every page it copies, which costs more than the ring's second copy while the ring
 // and both ranks' buffers stay in the last-level cache. With more than two ranks the ring's copies
 // multiply (all-gather: n - 1 hops; broadcast: a chain), and CMA wins early. At two ranks it wins
-// once the buffers (about four times the size, over both ranks) no longer fit in the L3 cache.
+// once the buffers (about four times the size, over both ranks) no longer fit in the L3 cache:
+// from largeCopyBytes(), a quarter of it.
 // Every rank computes the same thresholds: all of them run on this host.
 bool Comm::cmaFits(const CollArgs& a, std::size_t total) const {
   if (!cmaUsable_ || (a.kind != CollKind::kAllGather && a.kind != CollKind::kBroadcast)) return false;
   if (nranks_ > 2) return total >= (a.kind == CollKind::kAllGather ? 512u << 10 : 128u << 10);
-  const std::size_t l3 = topology::summary().l3Bytes ? topology::summary().l3Bytes : 32u << 20;
-  return total >= std::max<std::size_t>(1u << 20, l3 / 4);
+  return total >= largeCopyBytes();
 }
 
 Status Comm::cmaCollective(const CollArgs& a, const Fingerprint& fp) {
@@ -78,10 +85,10 @@ Status Comm::cmaCollective(const CollArgs& a, const Fingerprint& fp) {
   return s;
 }
 
-// A read from `peer` failed (usually: the peer is gone). As the engine does for a closed connection,
+// A read from or a write to `peer` failed (usually: the peer is gone). As the engine does for a closed connection,
 // give the store's notice a moment so that the error names the root cause (the rank that died),
 // then end the communicator; either way the error names the call and this rank.
-Status Comm::cmaReadFailed(const Fingerprint& fp, int peer, const Status& s) {
+Status Comm::cmaCopyFailed(const Fingerprint& fp, int peer, const Status& s) {
   waitForNotice(*this);
   if (failed_) return failure().withContext(failedOn(fp, rank_));
   Status mine = s.withContext("rank " + std::to_string(peer) + " (shm, cross-memory attach)");
@@ -107,39 +114,66 @@ Status Comm::cmaAllGather(const CollArgs& a, const Fingerprint& fp) {
   // Start with the next rank up, so that the ranks do not all read rank 0 first.
   for (std::size_t i = 1; i < n; ++i) {
     const std::size_t q = (me + i) % n;
-    s = cmaRead(pids_[q], addr[q], recv + q * block, block);
-    if (!s.ok()) return cmaReadFailed(fp, static_cast<int>(q), s);
+    s = cmaCopy(pids_[q], addr[q], recv + q * block, block, CmaDirection::kRead);
+    if (!s.ok()) return cmaCopyFailed(fp, static_cast<int>(q), s);
     trace_.peerBytes(static_cast<int>(q), block, block);
   }
-  if (recv + me * block != a.send) std::memcpy(recv + me * block, a.send, block);
+  if (recv + me * block != a.send) copyLocal(recv + me * block, a.send, block);
   return barrier(fp);
 }
 
 Status Comm::cmaBroadcast(const CollArgs& a, const Fingerprint& fp) {
   const std::size_t bytes = a.count * dataTypeSize(a.dtype);
+  const auto n = static_cast<std::size_t>(nranks_), me = static_cast<std::size_t>(rank_);
   const int root = a.root;
-  std::uint64_t rootAddr = reinterpret_cast<std::uint64_t>(a.send);
+  const auto rootIdx = static_cast<std::size_t>(root);
+  const bool isRoot = rank_ == root;
+  // Each rank sends {buffer address, parts}; the root's `parts` decides. The buffer is cut into
+  // `parts` pieces on 64-byte lines, and the root writes piece r into rank r. In place, parts = n:
+  // the root and every rank copy (n-1)/n of the bytes. Out of place the root also copies its own
+  // buffer, so it takes a smaller share: parts = n + 1 (the last piece, like the root's own, is read
+  // by every rank). Oversubscribed, parts = 0: the copies share the cores anyway, and the root only
+  // waits for the others to finish reading.
+  std::vector<std::uint64_t>& msg = cmaAddrs_;
+  msg.assign(2 * n, 0);
+  msg[2 * me] = reinterpret_cast<std::uint64_t>(isRoot ? a.send : a.recv);
+  msg[2 * me + 1] = !cmaShared_ ? 0 : a.send == a.recv ? n : n + 1;
   plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
-  if (rank_ == root) {
-    for (int p = 0; p < nranks_; ++p)
-      if (p != rank_) plan_.send(p, 0, &rootAddr, sizeof(rootAddr));
-  } else {
-    plan_.recvCopy(root, 0, &rootAddr, sizeof(rootAddr));
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_ || (!isRoot && p != root)) continue;
+    plan_.send(p, 0, &msg[2 * me], 2 * sizeof(std::uint64_t));
+    plan_.recvCopy(p, 0, &msg[2 * static_cast<std::size_t>(p)], 2 * sizeof(std::uint64_t));
   }
   Status s = runPlan();
   if (!s.ok()) return s;
-  plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
-  if (rank_ == root) {
-    if (a.recv != a.send) std::memcpy(a.recv, a.send, bytes);
-    for (int p = 0; p < nranks_; ++p)
-      if (p != rank_) plan_.recvCopy(p, 0, nullptr, 0);  // "done reading"
+  const std::size_t parts = msg[2 * rootIdx + 1];
+  // Piece r: [pieceStart(r), pieceStart(r + 1)); without parts every piece is empty.
+  auto pieceStart = [&](std::size_t r) { return parts == 0 ? 0 : r >= parts ? bytes : (bytes / parts * r) & ~std::size_t{63}; };
+  const auto* send = static_cast<const std::byte*>(a.send);
+  auto* recv = static_cast<std::byte*>(a.recv);
+  if (isRoot) {
+    for (std::size_t i = 1; i < n && parts; ++i) {
+      const std::size_t r = (me + i) % n, from = pieceStart(r), len = pieceStart(r + 1) - from;
+      s = cmaCopy(pids_[r], msg[2 * r] + from, const_cast<std::byte*>(send + from), len, CmaDirection::kWrite);
+      if (!s.ok()) return cmaCopyFailed(fp, static_cast<int>(r), s);
+    }
+    if (recv != send) copyLocal(recv, send, bytes);
     for (int p = 0; p < nranks_; ++p)
       if (p != rank_) trace_.peerBytes(p, bytes, 0);
   } else {
-    s = cmaRead(pids_[static_cast<std::size_t>(root)], rootAddr, a.recv, bytes);
-    if (!s.ok()) return cmaReadFailed(fp, root, s);
+    const std::size_t from = pieceStart(me), to = pieceStart(me + 1);
+    const int rootPid = pids_[rootIdx];
+    s = cmaCopy(rootPid, msg[2 * rootIdx] + to, recv + to, bytes - to, CmaDirection::kRead);
+    if (s.ok()) s = cmaCopy(rootPid, msg[2 * rootIdx], recv, from, CmaDirection::kRead);
+    if (!s.ok()) return cmaCopyFailed(fp, root, s);
     trace_.peerBytes(root, 0, bytes);
-    plan_.send(root, 0, nullptr, 0);
+  }
+  // Every rank tells the root it has read what it needs; the root, if it wrote, tells each rank so.
+  plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_ || (!isRoot && p != root)) continue;
+    if (!isRoot || parts) plan_.send(p, 0, nullptr, 0);
+    if (isRoot || parts) plan_.recvCopy(p, 0, nullptr, 0);
   }
   return runPlan();
 }

@@ -293,8 +293,8 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Mailbox, ::testing::Values(2, 3, 4),
 
 // All-gather and broadcast that read the peers' buffers with process_vm_readv (comm/algorithms/cma.cc):
 // sizes past the thresholds with odd element counts and unaligned buffers, in place and out of place,
-// every root; every element checked. Each rank also counts that the path was taken, and with
-// BRAID_CMA=0 that it was not.
+// every root; every element checked, with the broadcast's copying shared between root and readers
+// and not. Each rank also counts that the path was taken, and with BRAID_CMA=0 that it was not.
 class CrossMemoryAttach : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(CrossMemoryAttach, AllGatherAndBroadcastAreExact) {
@@ -304,7 +304,9 @@ TEST_P(CrossMemoryAttach, AllGatherAndBroadcastAreExact) {
   const std::size_t blockFloats = n == 2 ? (std::size_t{32} << 20) / 4 + 3 : (std::size_t{512} << 10) / 4 / static_cast<std::size_t>(n) + 5;
   auto outcome = runRanks(n, [&](int rank, braidComm_t comm) {
     const std::size_t nn = static_cast<std::size_t>(n), rr = static_cast<std::size_t>(rank);
-    for (bool inPlace : {false, true}) {
+    for (int pass = 0; pass < 4; ++pass) {
+      const bool inPlace = pass % 2 == 1;
+      comm->impl->setCmaShared(pass < 2);
       std::vector<float> all(blockFloats * nn + 1), mine(blockFloats + 1);
       float* out = all.data() + 1;  // unaligned by 4 bytes
       float* in = inPlace ? out + rr * blockFloats : mine.data() + 1;
@@ -337,7 +339,7 @@ TEST_P(CrossMemoryAttach, AllGatherAndBroadcastAreExact) {
       }
     }
     if (enabled && !comm->impl->cmaUsable()) return 77;  // not permitted here: the staged path was checked
-    const std::uint64_t expected = enabled ? 2 * (1 + static_cast<std::uint64_t>(n)) : 0;
+    const std::uint64_t expected = enabled ? 4 * (1 + static_cast<std::uint64_t>(n)) : 0;
     if (comm->impl->cmaCalls() != expected) {
       report(rank, "took the cross-memory-attach path " + std::to_string(comm->impl->cmaCalls()) + " times, expected " +
                        std::to_string(expected));

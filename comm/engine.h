@@ -20,9 +20,11 @@ namespace braid {
 class Connection;
 class Waiter;
 
-// Copies between this rank's own buffers. Below largeCopyBytes() memcpy; from there on (a quarter of
-// the last-level cache, at least 1 MiB: source and destination together no longer fit beside the
-// peers' buffers) streaming stores that bypass the cache (kernels/copy.h).
+// Copies between this rank's own buffers. Below largeCopyBytes() memcpy; from there on streaming
+// stores that bypass the cache (kernels/copy.h): 1 MiB, or 1/32 of the last-level cache if that is
+// more. A collective's copy shares the cache with its other buffers and the peers' (and, on shared
+// machines, other tenants'): on the 32 MiB L3 of the CI machine type the 2-rank all-gather's own
+// block was copied faster past the cache from 1 MiB up (docs/PERFORMANCE.md).
 std::size_t largeCopyBytes();
 void copyLocal(void* dst, const void* src, std::size_t bytes);
 

@@ -24,6 +24,7 @@
 #include <cstring>
 
 #include "comm/communicator.h"
+#include "topology/topology.h"
 #include "transport/socket.h"
 
 namespace braid {
@@ -70,13 +71,13 @@ Status cmaCopy(int pid, std::uint64_t remote, void* local, std::size_t n, CmaDir
 // kernel pins every page it copies, which costs more than the ring's second copy while the ring
 // and both ranks' buffers stay in the last-level cache. With more than two ranks the ring's copies
 // multiply (all-gather: n - 1 hops; broadcast: a chain), and CMA wins early. At two ranks it wins
-// once the buffers (about four times the size, over both ranks) no longer fit in the L3 cache:
-// from largeCopyBytes(), a quarter of it.
+// once the buffers (about four times the size, over both ranks) no longer fit in the L3 cache.
 // Every rank computes the same thresholds: all of them run on this host.
 bool Comm::cmaFits(const CollArgs& a, std::size_t total) const {
   if (!cmaUsable_ || (a.kind != CollKind::kAllGather && a.kind != CollKind::kBroadcast)) return false;
   if (nranks_ > 2) return total >= (a.kind == CollKind::kAllGather ? 512u << 10 : 128u << 10);
-  return total >= largeCopyBytes();
+  const std::size_t l3 = topology::summary().l3Bytes ? topology::summary().l3Bytes : std::size_t{32} << 20;
+  return total >= std::max<std::size_t>(std::size_t{1} << 20, l3 / 4);
 }
 
 Status Comm::cmaCollective(const CollArgs& a, const Fingerprint& fp) {

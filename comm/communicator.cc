@@ -171,7 +171,6 @@ Status Comm::setup(InitParams& p) {
   }
   const topology::Summary& topo = topology::summary();
   const bool oversubscribed = localRanks > topo.pus;
-  cmaShared_ = !oversubscribed;
   waiter_ = std::make_unique<Waiter>(config_.spinUs, oversubscribed);
   if (shm_->myDoorbell()) waiter_->setDoorbell(shm_->myDoorbell());
   for (auto& c : *shmConns) conns_[static_cast<std::size_t>(c->peer())] = std::move(c);
@@ -184,9 +183,12 @@ Status Comm::setup(InitParams& p) {
   // Every rank must agree on the tuner's inputs: tcp anywhere makes the whole communicator "tcp".
   auto tcpCount = store_->add("setup/tcp", anyTcp_ ? 1 : 0, deadline);
   if (!tcpCount.ok()) return tcpCount.status();
-  // And on cross-memory attach: only if every rank can read every other.
+  // And on cross-memory attach: only if every rank can read every other, and only where no rank is
+  // oversubscribed. One counter holds both: the low bits count the ranks that can attach,
+  // kCmaOversubscribed counts the oversubscribed ones.
+  constexpr std::int64_t kCmaOversubscribed = std::int64_t{1} << 32;
   const bool cmaHere = config_.cma && !anyTcp_ && probeCma(infos);
-  auto cmaCount = store_->add("setup/cma", cmaHere ? 1 : 0, deadline);
+  auto cmaCount = store_->add("setup/cma", (cmaHere ? 1 : 0) + (oversubscribed ? kCmaOversubscribed : 0), deadline);
   if (!cmaCount.ok()) return cmaCount.status();
   s = store_->barrier("setup/done", nranks_, deadline);
   if (!s.ok()) return s;
@@ -195,7 +197,8 @@ Status Comm::setup(InitParams& p) {
   anyTcp_ = *total > 0;
   auto cmaTotal = store_->add("setup/cma", 0, deadline);
   if (!cmaTotal.ok()) return cmaTotal.status();
-  cmaUsable_ = !anyTcp_ && *cmaTotal == nranks_;
+  cmaUsable_ = !anyTcp_ && *cmaTotal % kCmaOversubscribed == nranks_;
+  oversubscribed_ = *cmaTotal >= kCmaOversubscribed;
   maxChannels_ = config_.nsocks;
   tuner_ = Tuner(config_, nranks_, maxChannels_, anyTcp_);
   shm_->unlinkAll();  // everyone has mapped everything: nothing stays in /dev/shm

@@ -88,9 +88,9 @@ class Comm final : public EngineHost, public Workspace {
   // How many all-gathers and broadcasts took the cross-memory-attach path (for tests).
   std::uint64_t cmaCalls() const { return cmaCalls_; }
   bool cmaUsable() const { return cmaUsable_; }
-  // Whether a cross-memory-attach broadcast rooted here shares the copying with the other ranks
-  // (set at setup: unless ranks outnumber the cores). Tests force it to cover both ways anywhere.
-  void setCmaShared(bool shared) { cmaShared_ = shared; }
+  // Whether ranks outnumber the cores on some rank's host (agreed at setup). Cross-memory attach
+  // is then left to the rings (cmaFits). Tests set it, on every rank, to cover both ways anywhere.
+  void setOversubscribed(bool oversubscribed) { oversubscribed_ = oversubscribed; }
   // Per peer: "shm", "tcp" or "self", and why the others were skipped.
   std::string transportOf(int peer) const;
 
@@ -131,7 +131,7 @@ class Comm final : public EngineHost, public Workspace {
   // Setup: can this rank read every other rank's memory (all on this host)?
   bool probeCma(const std::vector<PeerInfo>& infos) const;
   bool cmaUsable_ = false;  // agreed by every rank at setup
-  bool cmaShared_ = false;  // see setCmaShared
+  bool oversubscribed_ = false;  // see setOversubscribed
   std::uint64_t cmaCalls_ = 0;
   std::vector<std::uint64_t> cmaAddrs_;
   // comm/algorithms/mailbox.cc: small one-shot all-reduce and barrier through the shm mailbox.

@@ -299,7 +299,7 @@ struct PlanRunner {
     while (op.done < op.bytes) {
       std::size_t want = std::min(op.bytes - op.done, plan.chunk_);
       if (op.kind == Op::kRecvCopy) {
-        auto k = ch.tryRecv(op.dst + op.done, want);
+        auto k = op.bytes >= largeCopyBytes() ? ch.tryRecvLarge(op.dst + op.done, want) : ch.tryRecv(op.dst + op.done, want);
         if (!k.ok()) return k.status();
         if (*k == 0) return moved;
         op.done += *k;

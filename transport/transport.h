@@ -37,6 +37,10 @@ class Channel {
   virtual void consume(std::size_t n) = 0;
   // Moves up to n received bytes into dst; returns how many.
   virtual Result<std::size_t> tryRecv(void* dst, std::size_t n) = 0;
+  // The same, for a piece of a message larger than the cache can hold beside everything else
+  // (the engine's choice, comm/engine.h largeCopyBytes): a transport that copies out of a buffer
+  // of its own may store past the cache (shm); one that receives straight into dst need not care.
+  virtual Result<std::size_t> tryRecvLarge(void* dst, std::size_t n) { return tryRecv(dst, n); }
 };
 
 class Connection {

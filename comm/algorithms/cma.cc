@@ -1,10 +1,11 @@
-// Single-copy all-gather and broadcast between the ranks of one host, on ordinary buffers: each
-// rank reads its peers' buffers with process_vm_readv (cross-memory attach: the kernel copies
-// straight from the peer's pages into this rank's buffer), so every byte is copied once instead of
-// twice through a shared-memory ring. Open MPI's shared-memory transport does the same for large
-// messages. Used when every rank is on this host and each could read every other at setup (same
-// user, ptrace rules permitting; nothing is loosened to make it so), and the call is large enough
-// (cmaFits below). BRAID_CMA=0 turns it off.
+// Single-copy all-gather and broadcast between the ranks of one host, on ordinary buffers: ranks
+// copy straight between each other's buffers with process_vm_readv and process_vm_writev
+// (cross-memory attach: the kernel copies from one process's pages into the other's), so every
+// byte is copied once instead of twice through a shared-memory ring. Open MPI's shared-memory
+// transport reads the same way for large messages. Used when every rank is on this host and each
+// could read and write every other at setup (same user, ptrace rules permitting; nothing is
+// loosened to make it so), no rank is oversubscribed, and the call is large enough (cmaFits
+// below). BRAID_CMA=0 turns it off.
 //
 //   all-gather: 1. exchange the send buffers' addresses (small messages that carry the call's
 //                  fingerprint, so mismatches are still caught)
@@ -14,7 +15,7 @@
 //               2. the copying is shared: the buffer is cut into pieces, and the root writes
 //                  piece r into rank r's buffer (process_vm_writev) while rank r reads the other
 //                  pieces from the root's; at 2 ranks both cores copy at once instead of one
-//                  copying while the other waits (not when ranks outnumber the cores)
+//                  copying while the other waits
 //               3. each rank tells the root it has read, and the root tells each rank it has
 //                  written: nobody returns while a peer still copies from or into its buffer
 #include <sys/uio.h>
@@ -68,14 +69,20 @@ Status cmaCopy(int pid, std::uint64_t remote, void* local, std::size_t n, CmaDir
 }
 
 // Where one copy beats two (docs/PERFORMANCE.md has the measurements behind these numbers). The
-// kernel pins every page it copies, which costs more than the ring's second copy while the ring
-// and both ranks' buffers stay in the last-level cache. With more than two ranks the ring's copies
-// multiply (all-gather: n - 1 hops; broadcast: a chain), and CMA wins early. At two ranks it wins
-// once the buffers (about four times the size, over both ranks) no longer fit in the L3 cache.
-// Every rank computes the same thresholds: all of them run on this host.
+// kernel pins every page it copies, so its copy costs several times the CPU time per byte of a
+// user-space copy: the rings' two copies (the receiving one past the cache for large messages)
+// cost less CPU in all. So cross-memory attach is left out where the CPU is the limit: when ranks
+// outnumber the cores, and for the 2-rank all-gather, where both ranks copy all the time anyway.
+// It pays where it lets otherwise idle cores copy at once: the broadcast's root and readers share
+// the copy (2 ranks: once the buffers, about four times the size over both ranks, no longer fit
+// in the L3 cache), and with more ranks every rank reads the others' blocks directly instead of
+// forwarding them along the ring (all-gather from 512 KiB, broadcast from 128 KiB).
+// Every rank computes the same answer: all of them run on this host and agreed at setup.
 bool Comm::cmaFits(const CollArgs& a, std::size_t total) const {
-  if (!cmaUsable_ || (a.kind != CollKind::kAllGather && a.kind != CollKind::kBroadcast)) return false;
-  if (nranks_ > 2) return total >= (a.kind == CollKind::kAllGather ? 512u << 10 : 128u << 10);
+  if (!cmaUsable_ || oversubscribed_) return false;
+  if (a.kind == CollKind::kAllGather) return nranks_ > 2 && total >= (512u << 10);
+  if (a.kind != CollKind::kBroadcast) return false;
+  if (nranks_ > 2) return total >= (128u << 10);
   const std::size_t l3 = topology::summary().l3Bytes ? topology::summary().l3Bytes : std::size_t{32} << 20;
   return total >= std::max<std::size_t>(std::size_t{1} << 20, l3 / 4);
 }
@@ -129,31 +136,33 @@ Status Comm::cmaBroadcast(const CollArgs& a, const Fingerprint& fp) {
   const int root = a.root;
   const auto rootIdx = static_cast<std::size_t>(root);
   const bool isRoot = rank_ == root;
-  // Each rank sends {buffer address, parts}; the root's `parts` decides. The buffer is cut into
-  // `parts` pieces on 64-byte lines, and the root writes piece r into rank r. In place, parts = n:
-  // the root and every rank copy (n-1)/n of the bytes. Out of place the root also copies its own
-  // buffer, so it takes a smaller share: parts = n + 1 (the last piece, like the root's own, is read
-  // by every rank). Oversubscribed, parts = 0: the copies share the cores anyway, and the root only
-  // waits for the others to finish reading.
+  // The root and each rank exchange {buffer address, parts}; the root's `parts` cuts the buffer
+  // into pieces on 64-byte lines, and the root writes piece r into rank r. In place, parts = n: the
+  // root and every rank copy (n-1)/n of the bytes. Out of place the root also copies its own
+  // buffer, so it takes a smaller share: parts = n + 1 (the last piece, like the root's own, is
+  // read by every rank).
   std::vector<std::uint64_t>& msg = cmaAddrs_;
   msg.assign(2 * n, 0);
   msg[2 * me] = reinterpret_cast<std::uint64_t>(isRoot ? a.send : a.recv);
-  msg[2 * me + 1] = !cmaShared_ ? 0 : a.send == a.recv ? n : n + 1;
-  plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
-  for (int p = 0; p < nranks_; ++p) {
-    if (p == rank_ || (!isRoot && p != root)) continue;
-    plan_.send(p, 0, &msg[2 * me], 2 * sizeof(std::uint64_t));
-    plan_.recvCopy(p, 0, &msg[2 * static_cast<std::size_t>(p)], 2 * sizeof(std::uint64_t));
-  }
-  Status s = runPlan();
+  msg[2 * me + 1] = a.send == a.recv ? n : n + 1;
+  // Root <-> every rank, both ways: `payload` out, the peer's into its slot of msg (or nothing).
+  auto exchange = [&](void* payload, std::size_t size) {
+    plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_ || (!isRoot && p != root)) continue;
+      plan_.send(p, 0, payload, size);
+      plan_.recvCopy(p, 0, payload ? &msg[2 * static_cast<std::size_t>(p)] : nullptr, size);
+    }
+    return runPlan();
+  };
+  Status s = exchange(&msg[2 * me], 2 * sizeof(std::uint64_t));
   if (!s.ok()) return s;
-  const std::size_t parts = msg[2 * rootIdx + 1];
-  // Piece r: [pieceStart(r), pieceStart(r + 1)); without parts every piece is empty.
-  auto pieceStart = [&](std::size_t r) { return parts == 0 ? 0 : r >= parts ? bytes : (bytes / parts * r) & ~std::size_t{63}; };
+  const std::size_t parts = std::max<std::uint64_t>(msg[2 * rootIdx + 1], n);
+  auto pieceStart = [&](std::size_t r) { return r >= parts ? bytes : (bytes / parts * r) & ~std::size_t{63}; };
   const auto* send = static_cast<const std::byte*>(a.send);
   auto* recv = static_cast<std::byte*>(a.recv);
   if (isRoot) {
-    for (std::size_t i = 1; i < n && parts; ++i) {
+    for (std::size_t i = 1; i < n; ++i) {
       const std::size_t r = (me + i) % n, from = pieceStart(r), len = pieceStart(r + 1) - from;
       s = cmaCopy(pids_[r], msg[2 * r] + from, const_cast<std::byte*>(send + from), len, CmaDirection::kWrite);
       if (!s.ok()) return cmaCopyFailed(fp, static_cast<int>(r), s);
@@ -169,14 +178,8 @@ Status Comm::cmaBroadcast(const CollArgs& a, const Fingerprint& fp) {
     if (!s.ok()) return cmaCopyFailed(fp, root, s);
     trace_.peerBytes(root, 0, bytes);
   }
-  // Every rank tells the root it has read what it needs; the root, if it wrote, tells each rank so.
-  plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
-  for (int p = 0; p < nranks_; ++p) {
-    if (p == rank_ || (!isRoot && p != root)) continue;
-    if (!isRoot || parts) plan_.send(p, 0, nullptr, 0);
-    if (isRoot || parts) plan_.recvCopy(p, 0, nullptr, 0);
-  }
-  return runPlan();
+  // Every rank tells the root it has read what it needs, and the root tells each rank it has written.
+  return exchange(nullptr, 0);
 }
 
 }  // namespace braid

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/copy.h"
+
 namespace braid {
 
 Result<std::size_t> ShmChannel::trySend(const void* data, std::size_t n) {
@@ -38,13 +40,20 @@ void ShmChannel::consume(std::size_t n) {
   peerBell_->ring();
 }
 
-Result<std::size_t> ShmChannel::tryRecv(void* dst, std::size_t n) {
+Result<std::size_t> ShmChannel::tryRecv(void* dst, std::size_t n) { return copyOut(dst, n, false); }
+
+Result<std::size_t> ShmChannel::tryRecvLarge(void* dst, std::size_t n) { return copyOut(dst, n, true); }
+
+std::size_t ShmChannel::copyOut(void* dst, std::size_t n, bool streaming) {
   std::size_t got = 0;
   while (got < n) {
     auto view = peek();
     std::size_t k = std::min(view->size(), n - got);
     if (k == 0) break;
-    std::memcpy(static_cast<std::byte*>(dst) + got, view->data(), k);
+    if (streaming)
+      kernels::streamingCopy(static_cast<std::byte*>(dst) + got, view->data(), k);
+    else
+      std::memcpy(static_cast<std::byte*>(dst) + got, view->data(), k);
     consume(k);
     got += k;
   }

@@ -32,8 +32,10 @@ class ShmChannel : public Channel {
   Result<std::span<const std::byte>> peek() override;
   void consume(std::size_t n) override;
   Result<std::size_t> tryRecv(void* dst, std::size_t n) override;
+  Result<std::size_t> tryRecvLarge(void* dst, std::size_t n) override;
 
  private:
+  std::size_t copyOut(void* dst, std::size_t n, bool streaming);  // tryRecv, tryRecvLarge
   RingView out_, in_;
   std::size_t cap_, mask_;
   Doorbell* peerBell_;

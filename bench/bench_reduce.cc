@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "braid/types.hpp"
+#include "kernels/copy.h"
 #include "kernels/reduce.h"
 
 namespace {
@@ -61,20 +62,28 @@ void isaBench(benchmark::State& state, const char* isa, DataType t) {
   braid::kernels::setIsaOverride(nullptr);
 }
 
-void memcpyBench(benchmark::State& state) {
+// memcpy, and kernels::streamingCopy (stores past the cache), the copy Braid uses from
+// largeCopyBytes() up: the pair shows where streaming starts to pay on this machine.
+void copyBench(benchmark::State& state, bool streaming) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   const std::vector<unsigned char> src = makeInput(bytes, DataType::kUint8, 1.0);
   std::vector<unsigned char> dst = makeInput(bytes, DataType::kUint8, 0.0);
   for (auto _ : state) {
-    std::memcpy(dst.data(), src.data(), bytes);
+    if (streaming)
+      braid::kernels::streamingCopy(dst.data(), src.data(), bytes);
+    else
+      std::memcpy(dst.data(), src.data(), bytes);
     benchmark::DoNotOptimize(dst.data());
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * 2 * static_cast<std::int64_t>(bytes));
 }
 
+void memcpyBench(benchmark::State& state) { copyBench(state, false); }
+void streamingCopyBench(benchmark::State& state) { copyBench(state, true); }
+
 void sizes(benchmark::internal::Benchmark* b) {
-  for (std::int64_t bytes : {64LL << 10, 1LL << 20, 16LL << 20, 256LL << 20}) b->Arg(bytes);
+  for (std::int64_t bytes : {64LL << 10, 1LL << 20, 4LL << 20, 16LL << 20, 256LL << 20}) b->Arg(bytes);
 }
 
 }  // namespace
@@ -86,6 +95,7 @@ BENCHMARK_CAPTURE(reduceBench, int32_sum, DataType::kInt32, ReduceOp::kSum)->App
 BENCHMARK_CAPTURE(reduceBench, float64_sum, DataType::kFloat64, ReduceOp::kSum)->Apply(sizes);
 BENCHMARK_CAPTURE(reduceBench, float32_max, DataType::kFloat32, ReduceOp::kMax)->Apply(sizes);
 BENCHMARK(memcpyBench)->Apply(sizes);
+BENCHMARK(streamingCopyBench)->Apply(sizes);
 BENCHMARK_CAPTURE(isaBench, generic_float32_sum, "generic", DataType::kFloat32)->Arg(1 << 20);
 BENCHMARK_CAPTURE(isaBench, avx2_float32_sum, "avx2", DataType::kFloat32)->Arg(1 << 20);
 BENCHMARK_CAPTURE(isaBench, avx512_float32_sum, "avx512", DataType::kFloat32)->Arg(1 << 20);

@@ -29,12 +29,7 @@ std::size_t largeCopyBytes() {
   return bytes;
 }
 
-void copyLocal(void* dst, const void* src, std::size_t bytes) {
-  if (bytes >= largeCopyBytes())
-    kernels::streamingCopy(dst, src, bytes);
-  else if (bytes)
-    std::memcpy(dst, src, bytes);
-}
+void copyLocal(void* dst, const void* src, std::size_t bytes) { kernels::copy(dst, src, bytes, bytes >= largeCopyBytes()); }
 
 void Plan::reset(const Fingerprint& f, std::uint64_t commTag, int rank, int nranks, std::size_t chunk) {
   fp_ = f;
@@ -81,10 +76,7 @@ bool Plan::copyPiece() {
   for (LocalCopy& c : copies_) {
     if (c.done == c.bytes) continue;
     const std::size_t n = std::min(kPiece, c.bytes - c.done);
-    if (c.large)
-      kernels::streamingCopy(c.dst + c.done, c.src + c.done, n);
-    else
-      std::memcpy(c.dst + c.done, c.src + c.done, n);
+    kernels::copy(c.dst + c.done, c.src + c.done, n, c.large);
     c.done += n;
     return true;
   }

@@ -39,4 +39,11 @@ void streamingCopy(void* dst, const void* src, std::size_t n) {
 #endif
 }
 
+void copy(void* dst, const void* src, std::size_t n, bool streaming) {
+  if (streaming)
+    streamingCopy(dst, src, n);
+  else if (n)
+    std::memcpy(dst, src, n);
+}
+
 }  // namespace braid::kernels

@@ -12,4 +12,7 @@ namespace braid::kernels {
 // overlap. Plain memcpy on CPUs without SSE2.
 void streamingCopy(void* dst, const void* src, std::size_t n);
 
+// streamingCopy when `streaming`, else memcpy: the one switch the callers' size rules feed.
+void copy(void* dst, const void* src, std::size_t n, bool streaming);
+
 }  // namespace braid::kernels

@@ -50,10 +50,7 @@ std::size_t ShmChannel::copyOut(void* dst, std::size_t n, bool streaming) {
     auto view = peek();
     std::size_t k = std::min(view->size(), n - got);
     if (k == 0) break;
-    if (streaming)
-      kernels::streamingCopy(static_cast<std::byte*>(dst) + got, view->data(), k);
-    else
-      std::memcpy(static_cast<std::byte*>(dst) + got, view->data(), k);
+    kernels::copy(static_cast<std::byte*>(dst) + got, view->data(), k, streaming);
     consume(k);
     got += k;
   }

@@ -4,7 +4,11 @@
 // counts 0, 1, 7 (prime), 4097 (prime, not a multiple of ranks or chunk) and, sampled, 1M+3; send
 // and receive buffers are deliberately misaligned by 1 to 3 bytes.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -14,6 +18,7 @@
 
 #include "braid/braid.h"
 #include "comm/c_handle.h"
+#include "comm/communicator.h"
 #include "tests/common/harness.h"
 #include "tools/pattern.h"
 
@@ -364,6 +369,56 @@ INSTANTIATE_TEST_SUITE_P(RanksOnOff, CrossMemoryAttach,
                          [](const auto& info) {
                            return std::to_string(std::get<0>(info.param)) + "ranks_" + (std::get<1>(info.param) ? "on" : "off");
                          });
+
+// The cross-memory copy itself, both ways, against a forked child (same address layout, so this
+// process's addresses are the child's): the probe passes, a write lands in the child and a read
+// brings the child's bytes back; once the child is gone both fail with an error that names the
+// system call, the pid and the knob.
+TEST(CrossMemoryCopy, ReadsAndWritesAChildAndNamesTheCallWhenItIsGone) {
+  int toChild[2], fromChild[2];
+  ASSERT_EQ(pipe(toChild), 0);
+  ASSERT_EQ(pipe(fromChild), 0);
+  std::vector<char> buffer(1 << 20 | 7, 'p');  // parent's contents; the child changes its copy
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::fill(buffer.begin(), buffer.end(), 'c');
+    char go = 0;
+    if (write(fromChild[1], &go, 1) != 1 || read(toChild[0], &go, 1) != 1) _exit(3);
+    // The parent wrote 'w' over the second half.
+    for (std::size_t i = 0; i < buffer.size(); ++i)
+      if (buffer[i] != (i < buffer.size() / 2 ? 'c' : 'w')) _exit(4);
+    _exit(0);
+  }
+  char ready = 0;
+  ASSERT_EQ(read(fromChild[0], &ready, 1), 1);
+  const auto remote = reinterpret_cast<std::uint64_t>(buffer.data());
+  braid::Status probe = braid::cmaProbe(child, braid::cmaProbeAddress());
+  if (!probe.ok()) {
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    GTEST_SKIP() << "process_vm_readv/writev to a child is not permitted here: " << probe.message();
+  }
+  std::vector<char> back(buffer.size());
+  ASSERT_TRUE(braid::cmaCopy(child, remote, back.data(), back.size(), braid::CmaDirection::kRead).ok());
+  EXPECT_EQ(std::count(back.begin(), back.end(), 'c'), static_cast<std::ptrdiff_t>(back.size()));
+  std::vector<char> mine(buffer.size() - buffer.size() / 2, 'w');
+  ASSERT_TRUE(braid::cmaCopy(child, remote + buffer.size() / 2, mine.data(), mine.size(), braid::CmaDirection::kWrite).ok());
+  EXPECT_EQ(std::count(buffer.begin(), buffer.end(), 'p'), static_cast<std::ptrdiff_t>(buffer.size()));  // ours untouched
+  ASSERT_EQ(write(toChild[1], &ready, 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child saw other bytes: status " << status;
+  for (int fd : {toChild[0], toChild[1], fromChild[0], fromChild[1]}) close(fd);
+  const std::string pid = std::to_string(child);
+  braid::Status r = braid::cmaCopy(child, remote, back.data(), 64, braid::CmaDirection::kRead);
+  braid::Status w = braid::cmaCopy(child, remote, back.data(), 64, braid::CmaDirection::kWrite);
+  ASSERT_FALSE(r.ok());
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(r.message().find("process_vm_readv from pid " + pid + " failed"), std::string::npos) << r.message();
+  EXPECT_NE(w.message().find("process_vm_writev to pid " + pid + " failed"), std::string::npos) << w.message();
+  EXPECT_NE(w.message().find("BRAID_CMA=0"), std::string::npos) << w.message();
+}
 
 // Counts past 2^31 elements: 2^31 + 5 int8 all-reduce over shm between 2 ranks (2 GiB buffers).
 TEST(CollectivesLarge, CountBeyondTwoToThe31) {

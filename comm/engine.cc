@@ -37,6 +37,7 @@ void Plan::reset(const Fingerprint& f, std::uint64_t commTag, int rank, int nran
   rank_ = rank;
   nranks_ = nranks;
   chunk_ = std::max<std::size_t>(chunk, 64);
+  streamCopies_ = false;
   ops_.clear();
   copies_.clear();
   for (std::size_t i = 0; i < numQueues_; ++i) queues_[i].ops.clear();
@@ -68,7 +69,8 @@ std::vector<Plan::Queue>::iterator Plan::findQueue(int peer, int channel, bool s
 
 void Plan::localCopy(void* dst, const void* src, std::size_t bytes) {
   if (bytes && dst != src)
-    copies_.push_back({static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes, 0, bytes >= largeCopyBytes()});
+    copies_.push_back({static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes, 0,
+                       streamCopies_ || bytes >= largeCopyBytes()});
 }
 
 bool Plan::copyPiece() {
@@ -291,7 +293,8 @@ struct PlanRunner {
     while (op.done < op.bytes) {
       std::size_t want = std::min(op.bytes - op.done, plan.chunk_);
       if (op.kind == Op::kRecvCopy) {
-        auto k = op.bytes >= largeCopyBytes() ? ch.tryRecvLarge(op.dst + op.done, want) : ch.tryRecv(op.dst + op.done, want);
+        const bool large = plan.streamCopies_ || op.bytes >= largeCopyBytes();
+        auto k = large ? ch.tryRecvLarge(op.dst + op.done, want) : ch.tryRecv(op.dst + op.done, want);
         if (!k.ok()) return k.status();
         if (*k == 0) return moved;
         op.done += *k;

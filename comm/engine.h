@@ -58,6 +58,10 @@ class Plan {
   // the broadcast root's output): the engine does it in pieces while it would otherwise wait, so it
   // overlaps the transfers instead of delaying the first send.
   void localCopy(void* dst, const void* src, std::size_t bytes);
+  // This plan's copies (local ones, and receives copied out of a transport's buffer) belong to a
+  // collective whose output is at least largeCopyBytes(), though each message may be smaller (the
+  // all-gather's blocks): copy them past the cache too.
+  void streamCopies() { streamCopies_ = true; }
   const Fingerprint& fingerprint() const { return fp_; }
   bool empty() const { return ops_.empty(); }
   int numOps() const { return static_cast<int>(ops_.size()); }
@@ -84,6 +88,7 @@ class Plan {
   int rank_ = 0;
   int nranks_ = 1;
   std::size_t chunk_ = 1 << 18;
+  bool streamCopies_ = false;
   struct LocalCopy {
     std::byte* dst;
     const std::byte* src;

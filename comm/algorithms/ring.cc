@@ -50,6 +50,7 @@ void buildRingAllGather(const CollArgs& a, Workspace& ws, int channels, Plan& pl
   auto* send = static_cast<const std::byte*>(a.send);
   auto* recv = static_cast<std::byte*>(a.recv);
   const std::size_t blockBytes = a.count * es;
+  if (blockBytes * static_cast<std::size_t>(n) >= largeCopyBytes()) plan.streamCopies();
   plan.localCopy(recv + static_cast<std::size_t>(r) * blockBytes, send, blockBytes);  // own block; step 0 sends from `send`
   const int right = (r + 1) % n, left = (r + n - 1) % n;
   for (int c = 0; c < channels; ++c) {

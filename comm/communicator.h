@@ -128,7 +128,7 @@ class Comm final : public EngineHost, public Workspace {
   Status cmaAllGather(const CollArgs& a, const Fingerprint& fp);
   Status cmaBroadcast(const CollArgs& a, const Fingerprint& fp);
   Status cmaCopyFailed(const Fingerprint& fp, int peer, const Status& s);
-  // Setup: can this rank read every other rank's memory (all on this host)?
+  // Setup: can this rank read and write every other rank's memory (all on this host)?
   bool probeCma(const std::vector<PeerInfo>& infos) const;
   bool cmaUsable_ = false;  // agreed by every rank at setup
   bool oversubscribed_ = false;  // see setOversubscribed

@@ -93,9 +93,9 @@ Status Comm::cmaCollective(const CollArgs& a, const Fingerprint& fp) {
   return s;
 }
 
-// A read from or a write to `peer` failed (usually: the peer is gone). As the engine does for a closed connection,
-// give the store's notice a moment so that the error names the root cause (the rank that died),
-// then end the communicator; either way the error names the call and this rank.
+// A read from or a write to `peer` failed (usually: the peer is gone). As the engine does for a
+// closed connection, give the store's notice a moment so that the error names the root cause (the
+// rank that died), then end the communicator; either way the error names the call and this rank.
 Status Comm::cmaCopyFailed(const Fingerprint& fp, int peer, const Status& s) {
   waitForNotice(*this);
   if (failed_) return failure().withContext(failedOn(fp, rank_));

@@ -7,12 +7,13 @@
 #include <cstring>
 
 namespace braid {
-namespace {
 
-const char* env(const char* name) {
+const char* environmentValue(const char* name) {
   const char* v = std::getenv(name);
   return (v && *v) ? v : nullptr;
 }
+
+namespace {
 
 Status parseBool(const std::string& s, bool* out) {
   if (s == "1" || s == "true" || s == "yes" || s == "on") { *out = true; return Status::Ok(); }
@@ -150,7 +151,7 @@ Result<std::size_t> parseSize(const std::string& text) {
 Result<Config> Config::fromEnvironment() {
   Config c;
   for (const Row& row : kRows) {
-    const char* v = env(row.name);
+    const char* v = environmentValue(row.name);
     if (!v) continue;
     Status s = row.set(c, v);
     if (!s.ok())
@@ -162,7 +163,7 @@ Result<Config> Config::fromEnvironment() {
 std::vector<ConfigRow> describeConfig() {
   std::vector<ConfigRow> out;
   for (const Row& row : kRows) {
-    const char* v = env(row.name);
+    const char* v = environmentValue(row.name);
     std::string shown = v ? v : "";
     if (!shown.empty() && std::string(row.name) == "BRAID_SECRET") shown = "(set)";  // never print it
     out.push_back({row.name, row.defaultValue, row.meaning, shown});
@@ -179,7 +180,7 @@ Result<LaunchEnv> readLaunchEnv() {
       {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "Slurm"},
   };
   auto readInt = [](const char* name, int* out) -> Status {
-    const char* v = env(name);
+    const char* v = environmentValue(name);
     if (!v) return Status::Ok();
     auto n = parseInt(v);
     if (!n.ok() || *n < 0 || *n > 1 << 30) return Status::InvalidArgument(std::string(name) + "='" + v + "' is not a valid number");
@@ -187,7 +188,7 @@ Result<LaunchEnv> readLaunchEnv() {
     return Status::Ok();
   };
   for (const Names& f : kFamilies) {
-    if (!env(f.rank)) continue;
+    if (!environmentValue(f.rank)) continue;
     le.source = f.source;
     for (auto [name, field] : {std::pair{f.rank, &le.rank}, {f.size, &le.worldSize}, {f.local, &le.localRank}}) {
       Status s = readInt(name, field);
@@ -197,7 +198,7 @@ Result<LaunchEnv> readLaunchEnv() {
     (void)readInt(f.localSize, &le.localWorldSize);
     break;
   }
-  if (const char* a = env("MASTER_ADDR")) le.masterAddr = a;
+  if (const char* a = environmentValue("MASTER_ADDR")) le.masterAddr = a;
   Status s = readInt("MASTER_PORT", &le.masterPort);
   if (!s.ok()) return s;
   return le;

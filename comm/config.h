@@ -56,6 +56,11 @@ struct LaunchEnv {
 };
 Result<LaunchEnv> readLaunchEnv();
 
+// One environment variable, or null when it is unset or empty. The only reader of the environment:
+// Braid's BRAID_* variables go through the table above; the test programs read their own
+// variables (STRESS_SEED, the NAME=VALUE a spawned child gets) here too.
+const char* environmentValue(const char* name);
+
 // "4M" -> 4194304; accepts K, M, G (powers of 1024) and plain numbers.
 Result<std::size_t> parseSize(const std::string& text);
 

@@ -121,8 +121,6 @@ std::vector<RankOutcome> runRanks(int n, const std::function<int(int, braidComm_
   return outcome;
 }
 
-const char* testVariable(const char* name) { return std::getenv(name); }
-
 pid_t spawnSelf(const std::string& variable) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);

@@ -35,10 +35,6 @@ Env transportEnv(const std::string& transport);
 // that another thread held). The child recognises the variable before main. -1 if spawning failed.
 pid_t spawnSelf(const std::string& variable);
 
-// The test programs' own environment variables: the stress test's STRESS_TRIALS and STRESS_SEED,
-// and the NAME=VALUE that spawnSelf gives a child. Null when unset. (Braid's BRAID_* variables are
-// read in one place only, the table in comm/config.cc.)
-const char* testVariable(const char* name);
 
 // Prints "rank R: message" to stderr (children report what went wrong this way).
 void report(int rank, const std::string& message);

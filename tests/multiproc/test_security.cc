@@ -42,7 +42,7 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 // child once hung in the sanitizer's allocator that way). A rank finds its rank and the job's id in
 // SECURITY_TEST_RANK ("RANK ID") and runs before main: init, one all-reduce, destroy.
 const bool kRankChild = [] {
-  const char* spec = test::testVariable("SECURITY_TEST_RANK");
+  const char* spec = environmentValue("SECURITY_TEST_RANK");
   if (!spec) return false;
   const char* space = std::strchr(spec, ' ');
   auto id = space ? uniqueIdFromString(space + 1) : Result<braidUniqueId>(Status::InvalidArgument("no id"));

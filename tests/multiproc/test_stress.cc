@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "braid/braid.h"
+#include "comm/config.h"
 #include "tests/common/harness.h"
 
 namespace braid::test {
@@ -38,12 +39,12 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 int trialsOr(int fallback) {
-  const char* v = testVariable("STRESS_TRIALS");
+  const char* v = environmentValue("STRESS_TRIALS");
   return v && std::atoi(v) > 0 ? std::atoi(v) : fallback;
 }
 
 std::uint64_t seedFor(const char* test) {
-  const char* v = testVariable("STRESS_SEED");
+  const char* v = environmentValue("STRESS_SEED");
   std::uint64_t seed = v ? std::strtoull(v, nullptr, 10) : static_cast<std::uint64_t>(std::random_device{}()) ^
                                                                static_cast<std::uint64_t>(now() * 1e6);
   std::fprintf(stderr, "%s: seed %llu (STRESS_SEED=%llu repeats this run)\n", test,

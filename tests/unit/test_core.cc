@@ -26,7 +26,7 @@ namespace {
 // (a fork of this threaded process could inherit a lock held by another thread). It joins the
 // store and exits without a goodbye, as a crash would.
 const bool kStoreChild = [] {
-  const char* port = test::testVariable("UNIT_STORE_PORT");
+  const char* port = environmentValue("UNIT_STORE_PORT");
   if (!port) return false;
   auto b = StoreClient::connect("127.0.0.1", std::atoi(port), "x", 1, 2, Deadline::after(5));
   _exit(b.ok() ? 0 : 1);

@@ -555,12 +555,19 @@ Status Comm::destroy() {
 // rank has finished) belongs to a call the sender made differently: no plan of this rank read that
 // channel, so the header check never saw it (e.g. two ranks that disagree on a reduce's root and
 // both only send). Every correct plan reads every message sent to it within its call.
+namespace {
+// A peer's collective message for a call this rank has already finished (its sequence number is at
+// most `finished`): the call never read it. Send/recv messages have sequence numbers of their own.
+bool ofFinishedCall(const Fingerprint& theirs, std::uint64_t finished) {
+  return theirs.kind != CollKind::kSendRecv && theirs.seq > 0 && theirs.seq <= finished;
+}
+}  // namespace
+
 Status Comm::checkLeftovers(std::uint64_t finished) {
   return forEachWaitingHeader([&](int p, const WireHeader& h) {
     if (isFarewell(h)) return Status::Ok();  // the peer is in destroy: farewell() reads it
     Fingerprint theirs = fingerprintOf(h);
-    if (theirs.kind == CollKind::kSendRecv || theirs.seq == 0 || theirs.seq > finished) return Status::Ok();
-    return unreadMessageError(p, theirs);
+    return ofFinishedCall(theirs, finished) ? unreadMessageError(p, theirs) : Status::Ok();
   });
 }
 
@@ -645,8 +652,7 @@ Status Comm::farewell() {
         return Status::Internal("corrupt or foreign message from rank " + std::to_string(p) + " at destroy");
       const Fingerprint theirs = fingerprintOf(h);
       if (!isFarewell(h)) {  // a message before the farewell
-        if (theirs.kind != CollKind::kSendRecv && theirs.seq > 0 && theirs.seq <= collSeq_)
-          return unreadMessageError(p, theirs);  // of a call this rank finished without reading it
+        if (ofFinishedCall(theirs, collSeq_)) return unreadMessageError(p, theirs);
         return Status::InvalidUsage(mismatchText(rank_, myLast, p, callAs(theirs)) + " (rank " +
                                     std::to_string(rank_) + " has called destroy)");
       }

@@ -69,8 +69,7 @@ std::vector<Plan::Queue>::iterator Plan::findQueue(int peer, int channel, bool s
 
 void Plan::localCopy(void* dst, const void* src, std::size_t bytes) {
   if (bytes && dst != src)
-    copies_.push_back({static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes, 0,
-                       streamCopies_ || bytes >= largeCopyBytes()});
+    copies_.push_back({static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes, 0, streams(bytes)});
 }
 
 bool Plan::copyPiece() {
@@ -293,8 +292,7 @@ struct PlanRunner {
     while (op.done < op.bytes) {
       std::size_t want = std::min(op.bytes - op.done, plan.chunk_);
       if (op.kind == Op::kRecvCopy) {
-        const bool large = plan.streamCopies_ || op.bytes >= largeCopyBytes();
-        auto k = large ? ch.tryRecvLarge(op.dst + op.done, want) : ch.tryRecv(op.dst + op.done, want);
+        auto k = plan.streams(op.bytes) ? ch.tryRecvLarge(op.dst + op.done, want) : ch.tryRecv(op.dst + op.done, want);
         if (!k.ok()) return k.status();
         if (*k == 0) return moved;
         op.done += *k;

@@ -89,6 +89,8 @@ class Plan {
   int nranks_ = 1;
   std::size_t chunk_ = 1 << 18;
   bool streamCopies_ = false;
+  // Whether a copy of `bytes` of this plan goes past the cache (streamCopies, largeCopyBytes).
+  bool streams(std::size_t bytes) const { return streamCopies_ || bytes >= largeCopyBytes(); }
   struct LocalCopy {
     std::byte* dst;
     const std::byte* src;

@@ -62,7 +62,6 @@ std::string failedOn(const Fingerprint& f, int rank);
 // A header with this step and no payload is a farewell (Comm::destroy): the sender's last
 // collective, sent once on channel 0 of every connection after its last call.
 inline constexpr std::uint32_t kFarewellStep = 0xffffffffu;
-struct WireHeader;
 bool isFarewell(const WireHeader& h);
 // A call of this rank (`mine`) that peer's farewell (its last call: `theirs`) says it never made.
 std::string farewellMismatch(int rank, const Fingerprint& mine, int peer, const Fingerprint& theirs);

@@ -35,7 +35,6 @@ Env transportEnv(const std::string& transport);
 // that another thread held). The child recognises the variable before main. -1 if spawning failed.
 pid_t spawnSelf(const std::string& variable);
 
-
 // Prints "rank R: message" to stderr (children report what went wrong this way).
 void report(int rank, const std::string& message);
 

@@ -199,6 +199,10 @@ Status Comm::setup(InitParams& p) {
   if (!cmaTotal.ok()) return cmaTotal.status();
   cmaUsable_ = !anyTcp_ && *cmaTotal % kCmaOversubscribed == nranks_;
   oversubscribed_ = *cmaTotal >= kCmaOversubscribed;
+  // Nobody returns before every rank has read the counters: a rank 0 that returned and died at
+  // once would take the store, and those reads, with it.
+  s = store_->barrier("setup/agreed", nranks_, deadline);
+  if (!s.ok()) return s;
   maxChannels_ = config_.nsocks;
   tuner_ = Tuner(config_, nranks_, maxChannels_, anyTcp_);
   shm_->unlinkAll();  // everyone has mapped everything: nothing stays in /dev/shm

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <new>
+#include <set>
 #include <thread>
 
 #include "comm/log.h"
@@ -117,6 +118,7 @@ Status Comm::setup(InitParams& p) {
                   std::to_string(config_.buffSize) + " BRAID_ALGO=" + config_.algo +
                   " BRAID_ZERO_COPY=" + (config_.zeroCopy ? "1" : "0") + " BRAID_CMA=" + (config_.cma ? "1" : "0");
   self.cmaProbe = cmaProbeAddress();
+  self.cpus = topology::cpuListText(topology::allowedCpus());
   if (nranks_ > 1) {
     Status s = tcp_->listen(config_, p.storeIp);
     if (!s.ok()) return s.withContext(me + " tcp listener");
@@ -143,8 +145,15 @@ Status Comm::setup(InitParams& p) {
   std::vector<int> shmPeers, tcpPeers;
   transportNames_.assign(static_cast<std::size_t>(nranks_), "self");
   int localRanks = 0;
+  std::set<int> localCpus;  // every CPU some rank of this host may run on
+  bool cpusKnown = true;
   for (int r = 0; r < nranks_; ++r) {
-    if (infos[static_cast<std::size_t>(r)].sameHostAs(self)) ++localRanks;
+    if (infos[static_cast<std::size_t>(r)].sameHostAs(self)) {
+      ++localRanks;
+      std::vector<int> cpus = topology::parseCpuList(infos[static_cast<std::size_t>(r)].cpus);
+      cpusKnown = cpusKnown && !cpus.empty();
+      localCpus.insert(cpus.begin(), cpus.end());
+    }
     if (r == rank_) continue;
     Selection sel = selectTransport(self, infos[static_cast<std::size_t>(r)], config_);
     transportNames_[static_cast<std::size_t>(r)] = sel.transport;
@@ -169,8 +178,10 @@ Status Comm::setup(InitParams& p) {
     store_->report({Notice::kError, rank_, tcpConns.status().code(), me + ": " + tcpConns.status().message()});
     return tcpConns.status().withContext(me + " tcp setup");
   }
-  const topology::Summary& topo = topology::summary();
-  const bool oversubscribed = localRanks > topo.pus;
+  // Oversubscribed: this host's ranks outnumber the CPUs they may run on together (bound one per
+  // core by `braid run` or mpirun, or each free to use the whole machine).
+  const int hostCpus = cpusKnown ? static_cast<int>(localCpus.size()) : topology::summary().pus;
+  const bool oversubscribed = localRanks > hostCpus;
   waiter_ = std::make_unique<Waiter>(config_.spinUs, oversubscribed);
   if (shm_->myDoorbell()) waiter_->setDoorbell(shm_->myDoorbell());
   for (auto& c : *shmConns) conns_[static_cast<std::size_t>(c->peer())] = std::move(c);
@@ -209,7 +220,7 @@ Status Comm::setup(InitParams& p) {
   store_->startWatching([this](const Notice& n) { onNotice(n); });
   trace_.init(config_.traceBuffer, config_.traceDir, {rank_, nranks_, static_cast<long>(getpid()), self.host, commTag_});
   BRAID_LOG(kInfo, kInit, "rank %d of %d ready: %zu shm peers, %zu tcp peers, %d local ranks on %d cpus%s, reduce isa %s, "
-            "cross-memory attach %s", rank_, nranks_, shmPeers.size(), tcpPeers.size(), localRanks, topo.pus,
+            "cross-memory attach %s", rank_, nranks_, shmPeers.size(), tcpPeers.size(), localRanks, hostCpus,
             oversubscribed ? " (oversubscribed: spinning less)" : "", kernels::isaName(), cmaUsable_ ? "on" : "off");
   return Status::Ok();
 }

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
@@ -33,6 +34,8 @@
 #include <utility>
 #include <vector>
 
+#include "topology/topology.h"
+
 namespace braid::tools {
 namespace {
 
@@ -40,7 +43,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::string_view kUsage =
     "usage: braid run -n N [--master-addr A] [--master-port P] [--nnodes K --node-rank R]\n"
-    "                 [--tag-output] [--] PROGRAM [ARGS...]\n"
+    "                 [--bind-to core|none] [--tag-output] [--] PROGRAM [ARGS...]\n"
     "Starts N ranks of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
     "GROUP_RANK, MASTER_ADDR, MASTER_PORT and BRAID_LAUNCHER=1 set, as torchrun does.\n"
     "  -n, --nproc-per-node N  ranks on this host (1..4096)\n"
@@ -48,6 +51,9 @@ constexpr std::string_view kUsage =
     "  --node-rank R           this host's index, 0 <= R < K (required when K > 1)\n"
     "  --master-addr A         host of global rank 0 (default 127.0.0.1; required when K > 1)\n"
     "  --master-port P         port on that host (default: a free local port; required when K > 1)\n"
+    "  --bind-to core|none     core: pin local rank i to the i-th core this launcher may use;\n"
+    "                          none: leave the ranks unpinned (default: core when every rank gets\n"
+    "                          a core of its own, as mpirun does; none when ranks outnumber cores)\n"
     "  --tag-output            prefix every output line with \"[RANK] \"\n"
     "  -h, --help              show this help\n"
     "When a rank fails, the others get SIGTERM and, 3 s later, SIGKILL; the exit status is the\n"
@@ -101,6 +107,17 @@ void writeAll(int fd, std::string_view data) {
   }
 }
 
+// One line to stderr from a forked child, formatted on the stack.
+template <typename... Args>
+void childPrint(const char* format, Args... args) {
+  char message[1024];
+  const int len = std::snprintf(message, sizeof message, format, args...);
+  if (len > 0) {
+    [[maybe_unused]] const ssize_t n =
+        ::write(STDERR_FILENO, message, std::min<std::size_t>(static_cast<std::size_t>(len), sizeof message - 1));
+  }
+}
+
 void printError(const std::string& message) { writeAll(STDERR_FILENO, "braid run: " + message + "\n"); }
 
 std::string signalText(int sig) {
@@ -115,6 +132,7 @@ struct Options {
   std::string masterAddr;
   int masterPort = 0;
   bool tagOutput = false;
+  std::string bindTo;  // "core", "none", or "" (core when the ranks fit one per core)
   bool help = false;
   std::vector<std::string> program;
   std::string secret;  // BRAID_SECRET for the ranks (one host: made up here, unless already set)
@@ -159,7 +177,8 @@ std::string parseOptions(int argc, char** argv, Options& opts) {
       continue;
     }
     const bool takesValue = name == "-n" || name == "--nproc-per-node" || name == "--nnodes" ||
-                            name == "--node-rank" || name == "--master-addr" || name == "--master-port";
+                            name == "--node-rank" || name == "--master-addr" || name == "--master-port" ||
+                            name == "--bind-to";
     if (!takesValue) return "unknown option '" + std::string(arg) + "'";
     std::string value;
     if (attached) {
@@ -170,6 +189,11 @@ std::string parseOptions(int argc, char** argv, Options& opts) {
       return "missing value for " + name;
     }
 
+    if (name == "--bind-to") {
+      if (value != "core" && value != "none") return "--bind-to takes core or none, not '" + value + "'";
+      opts.bindTo = value;
+      continue;
+    }
     if (name == "--master-addr") {
       if (value.empty()) return "--master-addr must not be empty";
       opts.masterAddr = value;
@@ -241,6 +265,7 @@ class Launcher {
 
   int run() {
     std::fflush(nullptr);  // Output the host process buffered must come before the ranks'.
+    if (!chooseBindings()) return 2;
     if (!setUpSignals()) return 1;
     launcherPid_ = ::getpid();
     for (std::string& word : opts_.program) childArgv_.push_back(word.data());
@@ -259,6 +284,29 @@ class Launcher {
   }
 
  private:
+  // Two ranks left to the scheduler sometimes share one core for a whole run while the other core
+  // idles: on the 2-core CI machine type about one 2-rank launch in eleven ran a 128 KiB all-reduce
+  // at 45-90 us instead of 10-11, and none did pinned (docs/PERFORMANCE.md). So, as mpirun does,
+  // each rank gets a core of its own when there are enough; when ranks outnumber the cores
+  // pinning would only stop the scheduler from balancing them, so they are left free.
+  bool chooseBindings() {
+    if (opts_.bindTo == "none") return true;
+    const std::vector<std::vector<int>> cores = topology::allowedCores();
+    if (static_cast<std::size_t>(opts_.nproc) > cores.size()) {
+      if (opts_.bindTo.empty()) return true;
+      printError("--bind-to core: " + std::to_string(opts_.nproc) + " ranks but only " + std::to_string(cores.size()) +
+                 " cores to run on (CPUs " + topology::cpuListText(topology::allowedCpus()) +
+                 "); use fewer ranks or --bind-to none");
+      return false;
+    }
+    bindings_.resize(static_cast<std::size_t>(opts_.nproc));
+    for (std::size_t i = 0; i < bindings_.size(); ++i) {
+      CPU_ZERO(&bindings_[i]);
+      for (int cpu : cores[i]) CPU_SET(cpu, &bindings_[i]);
+    }
+    return true;
+  }
+
   bool setUpSignals() {
     sigemptyset(&handled_);
     sigaddset(&handled_, SIGINT);
@@ -348,14 +396,12 @@ class Launcher {
       if (::setenv(name, value.c_str(), 1) != 0) ::_exit(127);
     }
     if (!opts_.secret.empty() && ::setenv("BRAID_SECRET", opts_.secret.c_str(), 0) != 0) ::_exit(127);
-    ::execvp(childArgv_[0], childArgv_.data());
-    char message[1024];
-    const int len = std::snprintf(message, sizeof message, "braid run: cannot execute %s: %s\n",
-                                  childArgv_[0], std::strerror(errno));
-    if (len > 0) {
-      [[maybe_unused]] const ssize_t n =
-          ::write(STDERR_FILENO, message, std::min<std::size_t>(static_cast<std::size_t>(len), sizeof message - 1));
+    if (!bindings_.empty() &&
+        ::sched_setaffinity(0, sizeof(cpu_set_t), &bindings_[static_cast<std::size_t>(localRank)]) != 0) {
+      childPrint("braid run: rank %d runs unpinned: sched_setaffinity: %s\n", globalRank, std::strerror(errno));
     }
+    ::execvp(childArgv_[0], childArgv_.data());
+    childPrint("braid run: cannot execute %s: %s\n", childArgv_[0], std::strerror(errno));
     ::_exit(127);
   }
 
@@ -522,6 +568,7 @@ class Launcher {
   }
 
   Options opts_;
+  std::vector<cpu_set_t> bindings_;  // by local rank; empty: ranks run unpinned
   std::vector<Rank> ranks_;
   std::vector<char*> childArgv_;
   UniqueFd signalFd_;

@@ -8,6 +8,7 @@
 
 #include "comm/c_handle.h"
 #include "tools/tools.h"
+#include "topology/topology.h"
 
 namespace braid::tools {
 namespace {
@@ -50,6 +51,7 @@ PerfHeader describeRun(braidComm_t comm, int rank, int nranks, const PerfOptions
   std::string line = "rank " + std::to_string(rank) + " on " + host + ":";
   for (auto& [name, k] : counts) line += " " + name + " x" + std::to_string(k);
   if (counts.empty()) line += " no peers";
+  line += "; cpus " + topology::cpuListText(topology::allowedCpus());  // braid run pins ranks that fit one per core
   constexpr std::size_t kWidth = 128;
   std::vector<char> mine(kWidth, 0), all(kWidth * static_cast<std::size_t>(nranks), 0);
   std::snprintf(mine.data(), kWidth, "%s", line.c_str());

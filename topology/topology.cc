@@ -4,16 +4,62 @@
 #if BRAID_HAVE_HWLOC
 #include <hwloc.h>
 #else
-#include <sched.h>
 #include <unistd.h>
 
 #include <fstream>
 #endif
+#include <sched.h>
 
 #include <algorithm>
+#include <charconv>
 #include <mutex>
 
 namespace braid::topology {
+
+std::vector<int> allowedCpus() {
+  std::vector<int> out;
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+std::string cpuListText(const std::vector<int>& cpus) {
+  std::string out;
+  for (std::size_t i = 0; i < cpus.size();) {
+    std::size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += std::to_string(cpus[i]);
+    if (j > i) out += '-' + std::to_string(cpus[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::vector<int> parseCpuList(const std::string& text) {
+  std::vector<int> out;
+  const char* p = text.data();
+  const char* end = p + text.size();
+  while (p < end) {
+    int lo = 0, hi = 0;
+    auto r = std::from_chars(p, end, lo);
+    if (r.ec != std::errc() || lo < 0) return {};
+    p = r.ptr;
+    hi = lo;
+    if (p < end && *p == '-') {
+      r = std::from_chars(p + 1, end, hi);
+      if (r.ec != std::errc() || hi < lo || hi - lo > (1 << 20)) return {};
+      p = r.ptr;
+    }
+    for (int c = lo; c <= hi; ++c) out.push_back(c);
+    if (p < end && *p++ != ',') return {};
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
 
 #if !BRAID_HAVE_HWLOC
 // Built without hwloc: the CPUs this process may run on count as cores and PUs alike (so
@@ -34,6 +80,12 @@ const Summary& summary() {
     return out;
   }();
   return *s;
+}
+
+std::vector<std::vector<int>> allowedCores() {
+  std::vector<std::vector<int>> out;
+  for (int c : allowedCpus()) out.push_back({c});
+  return out;
 }
 #else
 const Summary& summary() {
@@ -58,6 +110,27 @@ const Summary& summary() {
     return out;
   }();
   return *s;
+}
+
+std::vector<std::vector<int>> allowedCores() {
+  const std::vector<int> allowed = allowedCpus();
+  std::vector<std::vector<int>> out;
+  hwloc_topology_t topo;
+  if (hwloc_topology_init(&topo) != 0) return out;
+  if (hwloc_topology_load(topo) == 0) {
+    const int n = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE);
+    for (int i = 0; i < n; ++i) {
+      hwloc_obj_t core = hwloc_get_obj_by_type(topo, HWLOC_OBJ_CORE, static_cast<unsigned>(i));
+      std::vector<int> cpus;
+      for (int c : allowed)
+        if (core && hwloc_bitmap_isset(core->cpuset, static_cast<unsigned>(c))) cpus.push_back(c);
+      if (!cpus.empty()) out.push_back(std::move(cpus));
+    }
+  }
+  hwloc_topology_destroy(topo);
+  if (out.empty())  // hwloc found no cores (an unusual kernel or container): one per CPU
+    for (int c : allowed) out.push_back({c});
+  return out;
 }
 #endif
 

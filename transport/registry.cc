@@ -30,7 +30,7 @@ Selection selectTransport(const PeerInfo& self, const PeerInfo& peer, const Conf
 std::string PeerInfo::serialize() const {
   std::ostringstream o;
   o << rank << '\n' << host << '\n' << bootId << '\n' << pid << '\n' << tcpAddr << '\n' << (shmUsable ? 1 : 0) << '\n'
-    << settings << '\n' << cmaProbe << '\n';
+    << settings << '\n' << cmaProbe << '\n' << cpus << '\n';
   return o.str();
 }
 
@@ -49,6 +49,8 @@ Result<PeerInfo> PeerInfo::parse(const std::string& text) {
   in.ignore(1);
   std::getline(in, p.settings);
   if (!(in >> p.cmaProbe)) p.cmaProbe = 0;
+  in.ignore(1);
+  std::getline(in, p.cpus);
   return p;
 }
 

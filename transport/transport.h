@@ -62,6 +62,7 @@ struct PeerInfo {
   bool shmUsable = true;  // this rank can create and map shared memory
   std::string settings;   // the BRAID_* values every rank must share, e.g. "BRAID_NSOCKS=2 ..."
   std::uint64_t cmaProbe = 0;  // an address in this process that peers may read to probe process_vm_readv
+  std::string cpus;       // the CPUs this rank may run on, as Linux lists them ("0-3,8"); "" if unknown
 
   bool sameHostAs(const PeerInfo& o) const { return host == o.host && bootId == o.bootId; }
   std::string serialize() const;

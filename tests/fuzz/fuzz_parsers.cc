@@ -1,7 +1,7 @@
 // libFuzzer target for every text and binary parser a user or a peer can feed: unique-id strings,
-// sizes with suffixes, BRAID_* and launcher variables, interface lists, peer records, and message
-// headers, and the flight recorder files that `braid trace` reads. Properties, not just "no crash":
-// an id that parses prints back to itself.
+// sizes with suffixes, BRAID_* and launcher variables, interface lists, peer records, CPU lists,
+// and message headers, and the flight recorder files that `braid trace` reads. Properties, not
+// just "no crash": an id or a CPU list that parses prints back to itself.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +11,7 @@
 #include "comm/fingerprint.h"
 #include "comm/init.h"
 #include "tools/trace.h"
+#include "topology/topology.h"
 #include "transport/socket.h"
 #include "transport/transport.h"
 
@@ -26,6 +27,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   (void)braid::parseSize(text);
   (void)braid::PeerInfo::parse(text);
+  if (auto cpus = braid::topology::parseCpuList(text); !cpus.empty()) {
+    if (braid::topology::parseCpuList(braid::topology::cpuListText(cpus)) != cpus) std::abort();
+  }
   (void)braid::net::interfaceMatches(cText, "eth0");
   if (auto trace = braid::tools::parseRankTrace(text); trace.ok()) {
     auto report = braid::tools::analyzeTraces({*trace, *trace}, {});

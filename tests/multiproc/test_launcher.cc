@@ -4,6 +4,7 @@
 // The launcher under test comes from --launcher=PATH (the build passes it).
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -393,6 +395,7 @@ TEST(Launcher, BadArgumentsExitTwoWithUsage) {
        "--node-rank"},
       {{"--nnodes", "0", "-n", "1", "/bin/true"}, "--nnodes"},
       {{"--tag-output=yes", "-n", "1", "/bin/true"}, "--tag-output"},
+      {{"--bind-to", "socket", "-n", "1", "/bin/true"}, "--bind-to"},
   };
   for (const auto& [args, mention] : cases) {
     std::string joined;
@@ -405,6 +408,94 @@ TEST(Launcher, BadArgumentsExitTwoWithUsage) {
     EXPECT_NE(r.err.find("usage: braid run"), std::string::npos) << joined << "\n" << r.err;
     EXPECT_EQ(r.out, "") << joined;
   }
+}
+
+// CPU binding. Ranks print the CPUs they may run on; the test knows its own, but not which of them
+// share a core (the launcher asks hwloc), so it checks the relations the contract promises.
+using CpuSet = std::set<int>;
+
+CpuSet ownCpus() {
+  CpuSet out;
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) out.insert(c);
+  return out;
+}
+
+CpuSet parseCpus(const std::string& text) {  // "0-2,5"
+  CpuSet out;
+  std::istringstream in(text);
+  for (std::string part; std::getline(in, part, ',');) {
+    const std::size_t dash = part.find('-');
+    const int lo = std::stoi(part.substr(0, dash));
+    const int hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+    for (int c = lo; c <= hi; ++c) out.insert(c);
+  }
+  return out;
+}
+
+// Each rank's allowed CPUs by global rank, from a run of `n` ranks with `extra` options.
+std::map<int, CpuSet> rankCpus(int n, const std::vector<std::string>& extra, Outcome* outcome) {
+  *outcome = launch(concat(concat({"-n", std::to_string(n)}, extra),
+                           concat({"--"}, shell("echo \"$RANK $(grep Cpus_allowed_list /proc/self/status | cut -f2)\""))));
+  std::map<int, CpuSet> out;
+  for (const std::string& line : lines(outcome->out)) {
+    const std::size_t space = line.find(' ');
+    if (space != std::string::npos) out[std::stoi(line.substr(0, space))] = parseCpus(line.substr(space + 1));
+  }
+  return out;
+}
+
+TEST(Launcher, BindsEachRankToACoreOfItsOwnWhenTheyFit) {
+  const CpuSet all = ownCpus();
+  ASSERT_FALSE(all.empty());
+  Outcome r;
+  const auto pinned = rankCpus(2, {"--bind-to", "core"}, &r);
+  ASSERT_TRUE(r.finished);
+  Outcome d;
+  const auto byDefault = rankCpus(2, {}, &d);
+  ASSERT_TRUE(d.finished);
+  ASSERT_EQ(d.exitCode(), 0) << d.err;
+  ASSERT_EQ(byDefault.size(), 2u) << d.out;
+  if (r.exitCode() == 2) {  // one core only: explicit binding refuses, the default leaves ranks free
+    EXPECT_NE(r.err.find("--bind-to core: 2 ranks but only 1 cores"), std::string::npos) << r.err;
+    for (const auto& [rank, cpus] : byDefault) EXPECT_EQ(cpus, all) << "rank " << rank;
+    GTEST_SKIP() << "this process may run on one core only (" << all.size()
+                 << " CPUs): binding 2 ranks was refused and the default left them free, as it must";
+  }
+  ASSERT_EQ(r.exitCode(), 0) << r.err;
+  ASSERT_EQ(pinned.size(), 2u) << r.out;
+  const CpuSet& a = pinned.at(0);
+  const CpuSet& b = pinned.at(1);
+  EXPECT_FALSE(a.empty());
+  EXPECT_FALSE(b.empty());
+  for (int c : a) EXPECT_TRUE(all.count(c) && !b.count(c)) << "rank 0 got CPU " << c;
+  for (int c : b) EXPECT_TRUE(all.count(c)) << "rank 1 got CPU " << c;
+  EXPECT_EQ(byDefault, pinned) << "ranks that fit one per core are bound by default";
+}
+
+TEST(Launcher, LeavesRanksUnpinnedWhenTheyOutnumberTheCoresOrWhenToldTo) {
+  const CpuSet all = ownCpus();
+  const int many = static_cast<int>(all.size()) + 1;  // more ranks than CPUs, so more than cores
+  Outcome r;
+  const auto free = rankCpus(many, {}, &r);
+  ASSERT_TRUE(r.finished);
+  ASSERT_EQ(r.exitCode(), 0) << r.err;
+  ASSERT_EQ(free.size(), static_cast<std::size_t>(many)) << r.out;
+  for (const auto& [rank, cpus] : free) EXPECT_EQ(cpus, all) << "rank " << rank;
+
+  const auto none = rankCpus(2, {"--bind-to", "none"}, &r);
+  ASSERT_EQ(r.exitCode(), 0) << r.err;
+  ASSERT_EQ(none.size(), 2u) << r.out;
+  for (const auto& [rank, cpus] : none) EXPECT_EQ(cpus, all) << "rank " << rank;
+
+  rankCpus(many, {"--bind-to", "core"}, &r);
+  ASSERT_TRUE(r.finished);
+  EXPECT_EQ(r.exitCode(), 2);
+  EXPECT_NE(r.err.find("braid run: --bind-to core: " + std::to_string(many) + " ranks but only"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("use fewer ranks or --bind-to none"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
 }
 
 TEST(Launcher, HelpPrintsUsageAndSucceeds) {

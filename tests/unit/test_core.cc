@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <thread>
 
@@ -17,6 +18,7 @@
 #include "comm/store.h"
 #include "comm/tuner.h"
 #include "tests/common/harness.h"
+#include "topology/topology.h"
 #include "transport/socket.h"
 
 namespace braid {
@@ -87,6 +89,27 @@ TEST(Config, LaunchEnvFallsBackToOpenMpiAndSlurm) {
   setenv("RANK", "x", 1);
   EXPECT_FALSE(readLaunchEnv().ok());
   for (const char* v : {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}) unsetenv(v);
+}
+
+TEST(Topology, CpuListsRoundTripInLinuxSyntax) {
+  using braid::topology::cpuListText;
+  using braid::topology::parseCpuList;
+  EXPECT_EQ(cpuListText({}), "");
+  EXPECT_EQ(cpuListText({3}), "3");
+  EXPECT_EQ(cpuListText({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  EXPECT_EQ(parseCpuList("0-3,8,10-11"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(parseCpuList("5,1-2,2"), (std::vector<int>{1, 2, 5}));  // sorted, each once
+  for (const char* bad : {"", "x", "1-", "3-1", "1,,2", "-1", "1-2-3"})
+    EXPECT_TRUE(parseCpuList(bad).empty()) << bad;
+  // This process's own mask, through the text peers exchange at setup, comes back the same.
+  const std::vector<int> mine = braid::topology::allowedCpus();
+  ASSERT_FALSE(mine.empty());
+  EXPECT_EQ(parseCpuList(cpuListText(mine)), mine);
+  // Cores partition the allowed CPUs.
+  std::vector<int> covered;
+  for (const auto& core : braid::topology::allowedCores()) covered.insert(covered.end(), core.begin(), core.end());
+  std::sort(covered.begin(), covered.end());
+  EXPECT_EQ(covered, mine);
 }
 
 TEST(Interfaces, NcclSyntax) {

@@ -39,25 +39,32 @@ std::string cpuListText(const std::vector<int>& cpus) {
 }
 
 std::vector<int> parseCpuList(const std::string& text) {
-  std::vector<int> out;
+  constexpr int kMaxCpus = 1 << 16;  // far above any kernel's NR_CPUS
+  std::vector<bool> in(kMaxCpus);
   const char* p = text.data();
   const char* end = p + text.size();
+  if (p == end) return {};
+  int first = kMaxCpus, last = -1;
   while (p < end) {
     int lo = 0, hi = 0;
     auto r = std::from_chars(p, end, lo);
-    if (r.ec != std::errc() || lo < 0) return {};
+    if (r.ec != std::errc() || lo < 0 || lo >= kMaxCpus) return {};
     p = r.ptr;
     hi = lo;
     if (p < end && *p == '-') {
       r = std::from_chars(p + 1, end, hi);
-      if (r.ec != std::errc() || hi < lo || hi - lo > (1 << 20)) return {};
+      if (r.ec != std::errc() || hi < lo || hi >= kMaxCpus) return {};
       p = r.ptr;
     }
-    for (int c = lo; c <= hi; ++c) out.push_back(c);
+    for (int c = lo; c <= hi; ++c) in[static_cast<std::size_t>(c)] = true;
+    first = std::min(first, lo);
+    last = std::max(last, hi);
     if (p < end && *p++ != ',') return {};
+    if (p == end && p[-1] == ',') return {};  // a trailing comma
   }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
+  std::vector<int> out;
+  for (int c = first; c <= last; ++c)
+    if (in[static_cast<std::size_t>(c)]) out.push_back(c);
   return out;
 }
 

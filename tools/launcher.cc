@@ -2,7 +2,8 @@
 // job whose rank died leaves its peers blocked forever, so the first failure stops everyone
 // (SIGTERM, then SIGKILL after a grace period) and the launcher's own death takes the ranks along
 // (PR_SET_PDEATHSIG). Everything is driven from one poll() loop over a signalfd and the output
-// pipes, so signals never run code in a handler and nothing sleeps.
+// pipes, so signals never run code in a handler and nothing sleeps (except once, before the
+// ranks start, to see which cores are idle). Its second job is pinning ranks to cores.
 #include "tools/launcher.h"
 
 #include <arpa/inet.h>
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -27,9 +29,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -115,6 +121,39 @@ void childPrint(const char* format, Args... args) {
     [[maybe_unused]] const ssize_t n =
         ::write(STDERR_FILENO, message, std::min<std::size_t>(static_cast<std::size_t>(len), sizeof message - 1));
   }
+}
+
+// How long the launcher watches the CPUs before choosing idle ones: /proc/stat counts in 10 ms
+// ticks, so 100 ms tells a busy core (10 ticks) from an idle one.
+constexpr auto kBusySample = std::chrono::milliseconds(100);
+
+// Per CPU, the share of `sample` it spent running anything (user, system, interrupts; not idle,
+// I/O wait or time the hypervisor stole), from /proc/stat. Empty if /proc/stat cannot be read.
+std::map<int, double> busyFractions(std::chrono::milliseconds sample) {
+  auto read = [] {
+    std::map<int, std::pair<unsigned long long, unsigned long long>> out;  // cpu -> (busy, total)
+    std::ifstream stat("/proc/stat");
+    for (std::string line; std::getline(stat, line);) {
+      if (line.size() < 4 || line.compare(0, 3, "cpu") != 0 || !std::isdigit(static_cast<unsigned char>(line[3])))
+        continue;
+      std::istringstream fields(line.substr(3));
+      int cpu = -1;
+      unsigned long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+      fields >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+      const unsigned long long busy = user + nice + system + irq + softirq;
+      out[cpu] = {busy, busy + idle + iowait + steal};
+    }
+    return out;
+  };
+  const auto before = read();
+  std::this_thread::sleep_for(sample);
+  std::map<int, double> out;
+  for (const auto& [cpu, now] : read()) {
+    auto it = before.find(cpu);
+    if (it == before.end() || now.second <= it->second.second) continue;
+    out[cpu] = static_cast<double>(now.first - it->second.first) / static_cast<double>(now.second - it->second.second);
+  }
+  return out;
 }
 
 void printError(const std::string& message) { writeAll(STDERR_FILENO, "braid run: " + message + "\n"); }
@@ -285,14 +324,25 @@ class Launcher {
  private:
   // Left to the scheduler, ranks that spin while they wait sometimes share one core for a whole
   // run while another idles: on the 2-core CI machine type 128 of 1473 two-rank launches ran a
-  // 128 KiB all-reduce at 20-97 us instead of 10-11, pinned 1 did (at 20 us). So local rank i runs
-  // on the i-th core, and when ranks outnumber the cores they are dealt out round-robin, which
-  // puts ring neighbours on different cores: 4 ranks on 2 cores ran an 8-byte all-reduce in 3.1
-  // instead of 6.5 us, a 2 MiB one in 792 instead of 1428 (docs/PERFORMANCE.md).
+  // 128 KiB all-reduce at 20-97 us instead of 10-11, pinned 1 did (at 20 us). So each rank gets a
+  // core, and when ranks outnumber the cores they are dealt out round-robin, which puts ring
+  // neighbours on different cores: 4 ranks on 2 cores ran an 8-byte all-reduce in 3.1 instead of
+  // 6.5 us, a 2 MiB one in 792 instead of 1428 (docs/PERFORMANCE.md). When the job leaves cores
+  // over, it takes the idle ones first, so that a second job on the host does not pile onto the
+  // cores of the first, as `mpirun`'s binding does.
   void chooseBindings() {
     if (opts_.bindTo == "none") return;
-    const std::vector<std::vector<int>> cores = topology::allowedCores();
+    std::vector<std::vector<int>> cores = topology::allowedCores();
     if (cores.empty()) return;
+    if (static_cast<std::size_t>(opts_.nproc) < cores.size()) {
+      const std::map<int, double> busy = busyFractions(kBusySample);
+      std::stable_partition(cores.begin(), cores.end(), [&](const std::vector<int>& core) {
+        return std::none_of(core.begin(), core.end(), [&](int cpu) {
+          auto it = busy.find(cpu);
+          return it != busy.end() && it->second > 0.5;
+        });
+      });
+    }
     bindings_.resize(static_cast<std::size_t>(opts_.nproc));
     for (std::size_t i = 0; i < bindings_.size(); ++i) {
       CPU_ZERO(&bindings_[i]);

@@ -489,6 +489,29 @@ TEST(Launcher, PinsRanksToCoresRoundRobinByDefault) {
   EXPECT_EQ(used, all);
 }
 
+TEST(Launcher, AJobThatLeavesCoresOverTakesIdleOnesFirst) {
+  Outcome r;
+  const CpuSet first = rankCpus(1, {}, &r).at(0);  // the core an idle host gives a 1-rank job
+  ASSERT_EQ(r.exitCode(), 0) << r.err;
+  if (first == ownCpus()) GTEST_SKIP() << "one core only: there is no idle core to prefer";
+  // Keep that core busy, as another job's rank would.
+  const pid_t busy = ::fork();
+  if (busy == 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : first) CPU_SET(c, &set);
+    ::sched_setaffinity(0, sizeof(set), &set);
+    for (;;) asm volatile("" ::: "memory");  // spin
+  }
+  ASSERT_GT(busy, 0);
+  ::usleep(200 * 1000);
+  const auto moved = rankCpus(1, {}, &r);
+  ::kill(busy, SIGKILL);
+  ::waitpid(busy, nullptr, 0);
+  ASSERT_EQ(r.exitCode(), 0) << r.err;
+  for (int c : moved.at(0)) EXPECT_FALSE(first.count(c)) << "the rank was pinned to CPU " << c << ", which another process keeps busy";
+}
+
 TEST(Launcher, BindToNoneLeavesRanksFree) {
   const CpuSet all = ownCpus();
   Outcome r;

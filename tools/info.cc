@@ -28,6 +28,10 @@ int runInfo(int, char**) {
               BRAID_HAVE_IBVERBS ? "found" : "no", BRAID_HAVE_HWLOC ? "yes" : "no (cores from the affinity mask)");
   std::printf("host: %d cores, %d hardware threads, %d NUMA nodes, L3 %zu MiB, %s\n", t.cores, t.pus, t.numaNodes,
               t.l3Bytes >> 20, t.cpuModel.empty() ? "unknown CPU" : t.cpuModel.c_str());
+  const std::vector<int> cpus = topology::allowedCpus();
+  std::printf("this process may run on: CPUs %s, %zu cores (braid run pins its ranks one per core, round-robin "
+              "when they outnumber them; --bind-to none leaves them free)\n",
+              topology::cpuListText(cpus).c_str(), topology::allowedCores().size());
   std::printf("reduce kernels: %s\n", kernels::isaName());
   auto cfg = Config::fromEnvironment();
   if (!cfg.ok()) {

@@ -51,7 +51,7 @@ PerfHeader describeRun(braidComm_t comm, int rank, int nranks, const PerfOptions
   std::string line = "rank " + std::to_string(rank) + " on " + host + ":";
   for (auto& [name, k] : counts) line += " " + name + " x" + std::to_string(k);
   if (counts.empty()) line += " no peers";
-  line += "; cpus " + topology::cpuListText(topology::allowedCpus());  // braid run pins ranks that fit one per core
+  line += "; cpus " + topology::cpuListText(topology::allowedCpus());  // what braid run pinned the rank to
   constexpr std::size_t kWidth = 128;
   std::vector<char> mine(kWidth, 0), all(kWidth * static_cast<std::size_t>(nranks), 0);
   std::snprintf(mine.data(), kWidth, "%s", line.c_str());

@@ -25,6 +25,15 @@ std::vector<int> allowedCpus() {
   return out;
 }
 
+namespace {
+// Every CPU as a core of its own: without hwloc, or when it finds no cores.
+std::vector<std::vector<int>> oneCorePerCpu(const std::vector<int>& cpus) {
+  std::vector<std::vector<int>> out;
+  for (int c : cpus) out.push_back({c});
+  return out;
+}
+}  // namespace
+
 std::string cpuListText(const std::vector<int>& cpus) {
   std::string out;
   for (std::size_t i = 0; i < cpus.size();) {
@@ -89,11 +98,7 @@ const Summary& summary() {
   return *s;
 }
 
-std::vector<std::vector<int>> allowedCores() {
-  std::vector<std::vector<int>> out;
-  for (int c : allowedCpus()) out.push_back({c});
-  return out;
-}
+std::vector<std::vector<int>> allowedCores() { return oneCorePerCpu(allowedCpus()); }
 #else
 const Summary& summary() {
   // Leaked on purpose: detached threads may still ask during process exit.
@@ -135,9 +140,7 @@ std::vector<std::vector<int>> allowedCores() {
     }
   }
   hwloc_topology_destroy(topo);
-  if (out.empty())  // hwloc found no cores (an unusual kernel or container): one per CPU
-    for (int c : allowed) out.push_back({c});
-  return out;
+  return out.empty() ? oneCorePerCpu(allowed) : out;  // no cores found: an unusual kernel or container
 }
 #endif
 

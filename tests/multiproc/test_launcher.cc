@@ -26,6 +26,8 @@
 #include <string_view>
 #include <vector>
 
+#include "topology/topology.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -412,29 +414,13 @@ TEST(Launcher, BadArgumentsExitTwoWithUsage) {
 }
 
 // CPU binding. Ranks print the CPUs they may run on; the test knows its own, but not which of them
-// share a core (the launcher asks hwloc), so it checks the relations the contract promises.
+// share a core (the launcher asks hwloc), so it checks the relations the contract promises. Lists
+// are read with topology's parser, whose own test is in the unit suite.
 using CpuSet = std::set<int>;
 
-CpuSet ownCpus() {
-  CpuSet out;
-  cpu_set_t set;
-  if (::sched_getaffinity(0, sizeof(set), &set) == 0)
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) out.insert(c);
-  return out;
-}
+CpuSet toSet(const std::vector<int>& cpus) { return CpuSet(cpus.begin(), cpus.end()); }
 
-CpuSet parseCpus(const std::string& text) {  // "0-2,5"
-  CpuSet out;
-  std::istringstream in(text);
-  for (std::string part; std::getline(in, part, ',');) {
-    const std::size_t dash = part.find('-');
-    const int lo = std::stoi(part.substr(0, dash));
-    const int hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
-    for (int c = lo; c <= hi; ++c) out.insert(c);
-  }
-  return out;
-}
+CpuSet ownCpus() { return toSet(braid::topology::allowedCpus()); }
 
 // Each rank's allowed CPUs by global rank, from a run of `n` ranks with `extra` options.
 std::map<int, CpuSet> rankCpus(int n, const std::vector<std::string>& extra, Outcome* outcome) {
@@ -443,7 +429,7 @@ std::map<int, CpuSet> rankCpus(int n, const std::vector<std::string>& extra, Out
   std::map<int, CpuSet> out;
   for (const std::string& line : lines(outcome->out)) {
     const std::size_t space = line.find(' ');
-    if (space != std::string::npos) out[std::stoi(line.substr(0, space))] = parseCpus(line.substr(space + 1));
+    if (space != std::string::npos) out[std::stoi(line.substr(0, space))] = toSet(braid::topology::parseCpuList(line.substr(space + 1)));
   }
   return out;
 }

@@ -14,6 +14,15 @@
 //                                  each sending S bytes while it receives S bytes, split evenly
 //                                  over the connections (a sending and a receiving thread per
 //                                  connection, blocking calls, TCP_NODELAY, kernel-default buffers).
+//   floors pingpong [--cpus A,B]   The cost of one cache line's round trip between two CPUs (default:
+//                                  the first two this process may use; the launcher puts ranks 0
+//                                  and 1 there): two processes, each pinned to one, pass a counter
+//                                  back and forth in shared memory, in batches of 2000 round trips.
+//                                  No exchange between ranks on one host can answer faster, so it
+//                                  is the floor under the shm latency; bench/compare also uses it
+//                                  to see where the host has placed this machine's CPUs (a virtual
+//                                  machine's two vCPUs may sit on neighbouring hardware threads or
+//                                  far apart, and every program's cross-core traffic follows).
 //
 // Every kind runs -r repetitions per size after one untimed repetition; the row gives the fastest
 // repetition (a floor is what the machine can do) and the median.
@@ -25,6 +34,8 @@
 // two phases' times in each repetition (GBps there: S/2 over that sum), GBps = bytes / seconds / 1e9 per worker (mem)
 // or per direction (tcp). bench/compare turns these rows into busbw floors (docs/PERFORMANCE.md).
 #include <arpa/inet.h>
+#include <sched.h>
+#include <sys/mman.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -32,6 +43,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cerrno>
@@ -40,6 +52,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -58,7 +71,7 @@ double median(std::vector<double> v) {
 void row(const char* kind, int workers, std::size_t size, std::size_t bytes, const std::vector<double>& times) {
   const double best = *std::min_element(times.begin(), times.end()), med = median(times);
   const double b = static_cast<double>(bytes);
-  std::printf("%s,%d,%zu,%zu,%.6f,%.6f,%.4f,%.4f,%zu\n", kind, workers, size, bytes, best, med, b / best / 1e9,
+  std::printf("%s,%d,%zu,%zu,%.9g,%.9g,%.4f,%.4f,%zu\n", kind, workers, size, bytes, best, med, b / best / 1e9,
               b / med / 1e9, times.size());
   std::fflush(stdout);
 }
@@ -245,9 +258,75 @@ int tcpFloor(const std::vector<std::size_t>& sizes, int reps, int k) {
   return 0;
 }
 
+// Two processes pinned to cpus[0] and cpus[1] pass a counter back and forth: the parent writes
+// odd values, the child answers with the next even one. Row: seconds per round trip.
+int pingPong(int reps, const std::vector<int>& cpus) {
+  constexpr int kBatch = 2000;
+  void* mem = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    std::perror("floors: mmap");
+    return 1;
+  }
+  auto* flag = new (mem) std::atomic<std::uint32_t>(0);
+  const auto pin = [](int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return ::sched_setaffinity(0, sizeof(set), &set) == 0;
+  };
+  // Waits for `want`; yields now and then so that two processes on one CPU (a failed pin) still finish.
+  const auto await = [&](std::uint32_t want) {
+    for (unsigned spins = 1; flag->load(std::memory_order_acquire) != want; ++spins)
+      if (spins % 4096 == 0) ::sched_yield();
+  };
+  const std::uint32_t rounds = static_cast<std::uint32_t>(reps + 1) * kBatch;
+  std::fflush(stdout);
+  pid_t child = ::fork();
+  if (child < 0) {
+    std::perror("floors: fork");
+    return 1;
+  }
+  if (child == 0) {
+    pin(cpus[1]);
+    for (std::uint32_t i = 0; i < rounds; ++i) {
+      await(2 * i + 1);
+      flag->store(2 * i + 2, std::memory_order_release);
+    }
+    _exit(0);
+  }
+  const bool pinned = pin(cpus[0]);
+  std::vector<double> times;
+  double t0 = 0;
+  for (std::uint32_t i = 0; i < rounds; ++i) {
+    if (i % kBatch == 0) t0 = now();
+    flag->store(2 * i + 1, std::memory_order_release);
+    await(2 * i + 2);
+    if (i % kBatch == kBatch - 1 && i >= kBatch) times.push_back((now() - t0) / kBatch);  // batch 0: warm-up
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ::munmap(mem, 4096);
+  std::printf("# cpus %d and %d%s\n", cpus[0], cpus[1], pinned ? "" : " (pinning failed: the figure is not a floor)");
+  row("pingpong", 2, 64, 64, times);
+  return 0;
+}
+
+// The first two CPUs this process may run on; empty if it has fewer.
+std::vector<int> firstTwoCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE && out.size() < 2; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
 const char* kUsage =
     "usage: floors mem|tcp [--sizes S1,S2,...] [-r REPS] [--conns K1,K2,...]\n"
-    "  sizes take K, M, G (default 16M,256M); --conns: tcp connections per run (default 1,2)\n";
+    "       floors pingpong [-r REPS] [--cpus A,B]\n"
+    "  sizes take K, M, G (default 16M,256M); --conns: tcp connections per run (default 1,2);\n"
+    "  pingpong: REPS batches of 2000 cache-line round trips between CPUs A and B (default: the first two)\n";
 
 }  // namespace
 
@@ -260,6 +339,7 @@ int main(int argc, char** argv) {
   std::vector<std::size_t> sizes;
   int reps = 5;
   std::vector<int> conns = {1, 2};
+  std::vector<int> cpus;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) {
@@ -274,6 +354,15 @@ int main(int argc, char** argv) {
       }
     } else if (a == "-r") {
       reps = std::atoi(v);
+    } else if (a == "--cpus") {
+      int x = -1, y = -1;
+      char tail = 0;
+      if (std::sscanf(v, "%d,%d%c", &x, &y, &tail) != 2 || x < 0 || y < 0 || x == y || x >= CPU_SETSIZE ||
+          y >= CPU_SETSIZE) {
+        std::fputs(kUsage, stderr);
+        return 2;
+      }
+      cpus = {x, y};
     } else if (a == "--conns") {
       conns.clear();
       for (const char* p = v; *p;) {
@@ -296,9 +385,19 @@ int main(int argc, char** argv) {
     }
   }
   if (sizes.empty()) sizes = {16u << 20, 256u << 20};
-  if ((mode != "mem" && mode != "tcp") || reps < 1) {
+  if ((mode != "mem" && mode != "tcp" && mode != "pingpong") || reps < 1) {
     std::fputs(kUsage, stderr);
     return 2;
+  }
+  if (mode == "pingpong") {
+    if (cpus.empty()) cpus = firstTwoCpus();
+    if (cpus.size() < 2) {
+      std::fputs("floors: pingpong needs two CPUs and this process may use only one (skipped)\n", stderr);
+      return 77;  // what meson counts as a skipped test
+    }
+    std::printf("# floors pingpong: %d batches of 2000 round trips after one untimed\n", reps);
+    std::printf("kind,workers,size,bytes,best_s,median_s,best_GBps,median_GBps,reps\n");
+    return pingPong(reps, cpus);
   }
   std::printf("# floors %s: %d repetitions per size after one untimed\n", mode.c_str(), reps);
   std::printf("kind,workers,size,bytes,best_s,median_s,best_GBps,median_GBps,reps\n");

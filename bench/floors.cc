@@ -34,10 +34,11 @@
 // two phases' times in each repetition (GBps there: S/2 over that sum), GBps = bytes / seconds / 1e9 per worker (mem)
 // or per direction (tcp). bench/compare turns these rows into busbw floors (docs/PERFORMANCE.md).
 #include <arpa/inet.h>
-#include <sched.h>
-#include <sys/mman.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,12 +48,13 @@
 #include <barrier>
 #include <chrono>
 #include <cerrno>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <new>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -274,10 +276,18 @@ int pingPong(int reps, const std::vector<int>& cpus) {
     CPU_SET(cpu, &set);
     return ::sched_setaffinity(0, sizeof(set), &set) == 0;
   };
-  // Waits for `want`; yields now and then so that two processes on one CPU (a failed pin) still finish.
+  // Waits for `want`; yields now and then so that two processes on one CPU (a failed pin) still
+  // finish, and gives up after 10 s (the other process died or never runs).
   const auto await = [&](std::uint32_t want) {
-    for (unsigned spins = 1; flag->load(std::memory_order_acquire) != want; ++spins)
-      if (spins % 4096 == 0) ::sched_yield();
+    double since = 0;
+    for (unsigned spins = 1; flag->load(std::memory_order_acquire) != want; ++spins) {
+      if (spins % 4096 != 0) continue;
+      ::sched_yield();
+      const double t = now();
+      if (since == 0) since = t;
+      if (t - since > 10) return false;
+    }
+    return true;
   };
   const std::uint32_t rounds = static_cast<std::uint32_t>(reps + 1) * kBatch;
   std::fflush(stdout);
@@ -287,9 +297,10 @@ int pingPong(int reps, const std::vector<int>& cpus) {
     return 1;
   }
   if (child == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the parent
     pin(cpus[1]);
     for (std::uint32_t i = 0; i < rounds; ++i) {
-      await(2 * i + 1);
+      if (!await(2 * i + 1)) _exit(1);
       flag->store(2 * i + 2, std::memory_order_release);
     }
     _exit(0);
@@ -300,7 +311,12 @@ int pingPong(int reps, const std::vector<int>& cpus) {
   for (std::uint32_t i = 0; i < rounds; ++i) {
     if (i % kBatch == 0) t0 = now();
     flag->store(2 * i + 1, std::memory_order_release);
-    await(2 * i + 2);
+    if (!await(2 * i + 2)) {
+      std::fprintf(stderr, "floors: the process on CPU %d stopped answering\n", cpus[1]);
+      ::kill(child, SIGKILL);
+      ::waitpid(child, nullptr, 0);
+      return 1;
+    }
     if (i % kBatch == kBatch - 1 && i >= kBatch) times.push_back((now() - t0) / kBatch);  // batch 0: warm-up
   }
   int status = 0;

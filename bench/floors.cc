@@ -144,6 +144,15 @@ void memFloor(int workers, std::size_t size, int reps) {
   row("reduce+copy", workers, size, half, both);
 }
 
+// fork() after flushing stdout (so the child does not print the parent's buffered lines again);
+// -1, with the reason on stderr, if it failed.
+pid_t forkChild() {
+  std::fflush(stdout);
+  const pid_t child = ::fork();
+  if (child < 0) std::perror("floors: fork");
+  return child;
+}
+
 bool writeAll(int fd, const char* p, std::size_t n) {
   while (n) {
     ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
@@ -221,12 +230,8 @@ int tcpFloor(const std::vector<std::size_t>& sizes, int reps, int k) {
     std::perror("floors: listen");
     return 1;
   }
-  std::fflush(stdout);
-  pid_t child = ::fork();
-  if (child < 0) {
-    std::perror("floors: fork");
-    return 1;
-  }
+  const pid_t child = forkChild();
+  if (child < 0) return 1;
   if (child == 0) {
     ::close(lis);
     std::vector<int> fds;
@@ -290,12 +295,8 @@ int pingPong(int reps, const std::vector<int>& cpus) {
     return true;
   };
   const std::uint32_t rounds = static_cast<std::uint32_t>(reps + 1) * kBatch;
-  std::fflush(stdout);
-  pid_t child = ::fork();
-  if (child < 0) {
-    std::perror("floors: fork");
-    return 1;
-  }
+  const pid_t child = forkChild();
+  if (child < 0) return 1;
   if (child == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the parent
     pin(cpus[1]);

@@ -20,7 +20,6 @@ Waiter::Waiter(int spinUs, bool oversubscribed) {
   // Spinning only pays when the peer runs on another core; oversubscribed, it steals the peer's core.
   spinUs_ = spinUs >= 0 ? spinUs : (oversubscribed ? 0 : 50);
   yieldUs_ = oversubscribed ? 2000 : 200;
-  if (getenv("XYIELD")) yieldUs_ = atoi(getenv("XYIELD"));
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
   eventFd_.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   epoll_event ev{};

@@ -15,8 +15,8 @@
 //                                  over the connections (a sending and a receiving thread per
 //                                  connection, blocking calls, TCP_NODELAY, kernel-default buffers).
 //   floors pingpong [--cpus A,B]   The cost of one cache line's round trip between two CPUs (default:
-//                                  the first two this process may use; the launcher puts ranks 0
-//                                  and 1 there): two processes, each pinned to one, pass a counter
+//                                  where `braid run` puts ranks 0 and 1, one CPU of each of the
+//                                  first two cores this process may use): two processes, each pinned to one, pass a counter
 //                                  back and forth in shared memory, in batches of 2000 round trips.
 //                                  No exchange between ranks on one host can answer faster, so it
 //                                  is the floor under the shm latency; bench/compare also uses it
@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "bench/peers/sizes.h"
+#include "topology/topology.h"
 
 namespace {
 
@@ -328,22 +329,21 @@ int pingPong(int reps, const std::vector<int>& cpus) {
   return 0;
 }
 
-// The first two CPUs this process may run on; empty if it has fewer.
-std::vector<int> firstTwoCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> out;
-  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return out;
-  for (int c = 0; c < CPU_SETSIZE && out.size() < 2; ++c)
-    if (CPU_ISSET(c, &set)) out.push_back(c);
-  return out;
+// Where `braid run` puts ranks 0 and 1: the first CPU of each of the first two cores this process
+// may use (both on the one core when there is only one); empty with a single CPU.
+std::vector<int> rankZeroAndOneCpus() {
+  const std::vector<std::vector<int>> cores = braid::topology::allowedCores();
+  if (cores.size() >= 2) return {cores[0][0], cores[1][0]};
+  if (cores.size() == 1 && cores[0].size() >= 2) return {cores[0][0], cores[0][1]};
+  return {};
 }
 
 const char* kUsage =
     "usage: floors mem|tcp [--sizes S1,S2,...] [-r REPS] [--conns K1,K2,...]\n"
     "       floors pingpong [-r REPS] [--cpus A,B]\n"
     "  sizes take K, M, G (default 16M,256M); --conns: tcp connections per run (default 1,2);\n"
-    "  pingpong: REPS batches of 2000 cache-line round trips between CPUs A and B (default: the first two)\n";
+    "  pingpong: REPS batches of 2000 cache-line round trips between CPUs A and B (default: where braid run\n"
+    "  puts ranks 0 and 1)\n";
 
 }  // namespace
 
@@ -407,7 +407,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (mode == "pingpong") {
-    if (cpus.empty()) cpus = firstTwoCpus();
+    if (cpus.empty()) cpus = rankZeroAndOneCpus();
     if (cpus.size() < 2) {
       std::fputs("floors: pingpong needs two CPUs and this process may use only one (skipped)\n", stderr);
       return 77;  // what meson counts as a skipped test

@@ -13,7 +13,11 @@
 //                                  (--conns, default 1 and 2: Braid opens BRAID_NSOCKS = 2 per peer),
 //                                  each sending S bytes while it receives S bytes, split evenly
 //                                  over the connections (a sending and a receiving thread per
-//                                  connection, blocking calls, TCP_NODELAY, kernel-default buffers).
+//                                  connection, blocking calls, TCP_NODELAY, kernel-default buffers),
+//                                  with the system's congestion control (kind tcp-bidir) and with
+//                                  each --cc name (default reno, what Braid uses between ranks of
+//                                  one host: kind tcp-bidir-reno); a name that is the system's
+//                                  default is measured once.
 //   floors pingpong [--cpus A,B]   The cost of one cache line's round trip between two CPUs (default:
 //                                  where `braid run` puts ranks 0 and 1, one CPU of each of the
 //                                  first two cores this process may use): two processes, each pinned to one, pass a counter
@@ -180,9 +184,16 @@ bool readAll(int fd, char* p, std::size_t n) {
 // the first (the streams are ordered, so it also marks the end of the previous repetition), then
 // S bytes each way at once, S/k per connection, one sending and one receiving thread per
 // connection (the main thread receives on the first).
-bool tcpSide(const std::vector<int>& fds, const std::vector<std::size_t>& sizes, int reps, bool report) {
+bool tcpSide(const std::vector<int>& fds, const std::vector<std::size_t>& sizes, int reps, const std::string& cc,
+             bool report) {
   const int one = 1;
-  for (int fd : fds) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  for (int fd : fds) {
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (!cc.empty() && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc.data(), static_cast<socklen_t>(cc.size())) != 0) {
+      std::fprintf(stderr, "floors: congestion control '%s': %s\n", cc.c_str(), std::strerror(errno));
+      return false;
+    }
+  }
   const std::size_t k = fds.size();
   const std::size_t maxBytes = *std::max_element(sizes.begin(), sizes.end());
   std::vector<char> out(maxBytes, 'x'), in(maxBytes, 0);
@@ -213,14 +224,14 @@ bool tcpSide(const std::vector<int>& fds, const std::vector<std::size_t>& sizes,
       if (r > 0) times.push_back(now() - t0);
     }
     if (in[0] != 'x' || in[size - 1] != 'x') return false;
-    if (report) row("tcp-bidir", static_cast<int>(k), size, size, times);
+    if (report) row(cc.empty() ? "tcp-bidir" : ("tcp-bidir-" + cc).c_str(), static_cast<int>(k), size, size, times);
   }
   return true;
 }
 
 // Two processes joined by k loopback connections; the child names each connection's index first,
-// so both sides agree on which share goes where.
-int tcpFloor(const std::vector<std::size_t>& sizes, int reps, int k) {
+// so both sides agree on which share goes where. `cc`: the congestion control ("": the system's).
+int tcpFloor(const std::vector<std::size_t>& sizes, int reps, int k, const std::string& cc) {
   int lis = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -243,7 +254,7 @@ int tcpFloor(const std::vector<std::size_t>& sizes, int reps, int k) {
         _exit(1);
       fds.push_back(fd);
     }
-    _exit(tcpSide(fds, sizes, reps, false) ? 0 : 1);
+    _exit(tcpSide(fds, sizes, reps, cc, false) ? 0 : 1);
   }
   std::vector<int> fds(static_cast<std::size_t>(k), -1);
   bool ok = true;
@@ -254,7 +265,7 @@ int tcpFloor(const std::vector<std::size_t>& sizes, int reps, int k) {
     if (ok) fds[static_cast<std::size_t>(index)] = fd;
   }
   ::close(lis);
-  ok = ok && tcpSide(fds, sizes, reps, true);
+  ok = ok && tcpSide(fds, sizes, reps, cc, true);
   for (int fd : fds)
     if (fd >= 0) ::close(fd);
   int status = 0;
@@ -338,10 +349,23 @@ std::vector<int> rankZeroAndOneCpus() {
   return {};
 }
 
+// net.ipv4.tcp_congestion_control: what a new connection gets ("" if unreadable).
+std::string systemCongestion() {
+  std::string name;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r")) {
+    char line[64] = {};
+    if (std::fgets(line, sizeof(line), f)) name = line;
+    std::fclose(f);
+  }
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  return name;
+}
+
 const char* kUsage =
-    "usage: floors mem|tcp [--sizes S1,S2,...] [-r REPS] [--conns K1,K2,...]\n"
+    "usage: floors mem|tcp [--sizes S1,S2,...] [-r REPS] [--conns K1,K2,...] [--cc NAME,...]\n"
     "       floors pingpong [-r REPS] [--cpus A,B]\n"
     "  sizes take K, M, G (default 16M,256M); --conns: tcp connections per run (default 1,2);\n"
+    "  --cc: congestion controls to measure besides the system's (default reno; none: only the system's);\n"
     "  pingpong: REPS batches of 2000 cache-line round trips between CPUs A and B (default: where braid run\n"
     "  puts ranks 0 and 1)\n";
 
@@ -356,6 +380,7 @@ int main(int argc, char** argv) {
   std::vector<std::size_t> sizes;
   int reps = 5;
   std::vector<int> conns = {1, 2};
+  std::vector<std::string> ccs = {"reno"};
   std::vector<int> cpus;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -380,6 +405,13 @@ int main(int argc, char** argv) {
         return 2;
       }
       cpus = {x, y};
+    } else if (a == "--cc") {
+      ccs.clear();
+      for (std::string list = v; !list.empty() && list != "none";) {
+        const std::size_t comma = list.find(',');
+        ccs.push_back(list.substr(0, comma));
+        list = comma == std::string::npos ? "" : list.substr(comma + 1);
+      }
     } else if (a == "--conns") {
       conns.clear();
       for (const char* p = v; *p;) {
@@ -419,8 +451,14 @@ int main(int argc, char** argv) {
   std::printf("# floors %s: %d repetitions per size after one untimed\n", mode.c_str(), reps);
   std::printf("kind,workers,size,bytes,best_s,median_s,best_GBps,median_GBps,reps\n");
   if (mode == "tcp") {
-    for (int k : conns)
-      if (int rc = tcpFloor(sizes, reps, k); rc != 0) return rc;
+    const std::string system = systemCongestion();
+    std::printf("# the system's congestion control: %s\n", system.empty() ? "unknown" : system.c_str());
+    std::vector<std::string> runs = {""};
+    for (const std::string& cc : ccs)
+      if (cc != system && std::find(runs.begin(), runs.end(), cc) == runs.end()) runs.push_back(cc);
+    for (const std::string& cc : runs)
+      for (int k : conns)
+        if (int rc = tcpFloor(sizes, reps, k, cc); rc != 0) return rc;
     return 0;
   }
   for (std::size_t size : sizes)

@@ -78,6 +78,14 @@ const Row kRows[] = {
      [](Config& c, const std::string& s) -> Status { c.socketIfname = s; return Status::Ok(); }},
     {"BRAID_SOCKET_BIND_ALL", "0", "1: listeners (store, tcp) bind to every address (0.0.0.0), not only the chosen interface's",
      [](Config& c, const std::string& s) { return parseBool(s, &c.socketBindAll); }},
+    {"BRAID_TCP_CONGESTION", "auto", "congestion control of the tcp connections between ranks: auto (reno where both ends are on one host, the system's default elsewhere), system (the system's default everywhere), or a name the kernel offers (reno, cubic, bbr, ...) for every connection",
+     [](Config& c, const std::string& s) -> Status {
+       // The kernel's names are short lowercase identifiers (TCP_CA_NAME_MAX is 16 with the NUL).
+       if (s.size() > 15 || s.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
+         return Status::InvalidArgument("expected auto, system or a congestion control's name");
+       c.tcpCongestion = s;
+       return Status::Ok();
+     }},
     {"BRAID_NSOCKS", "2", "channels per peer (tcp sockets, shm rings), 2 to 16; the double binary tree needs 2",
      BRAID_ASSIGN_INT(nsocks, 2, 16)},
     {"BRAID_BUFFSIZE", "1M", "staging buffer per channel and direction (shm ring, tcp receive buffer); power of two",

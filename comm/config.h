@@ -19,6 +19,7 @@ struct Config {
   bool ibDisable = false;            // BRAID_IB_DISABLE
   std::string socketIfname;          // BRAID_SOCKET_IFNAME
   bool socketBindAll = false;        // BRAID_SOCKET_BIND_ALL
+  std::string tcpCongestion = "auto";  // BRAID_TCP_CONGESTION
   int nsocks = 2;                    // BRAID_NSOCKS
   std::size_t buffSize = 1 << 20;    // BRAID_BUFFSIZE
   std::size_t chunkSize = 0;         // BRAID_CHUNKSIZE (0: tuner decides)

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -232,6 +233,40 @@ void setNonBlocking(int fd, bool on) {
 void setNoDelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+bool bothEndsLocal(int fd) {
+  sockaddr_in peer{};
+  socklen_t len = sizeof(peer);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0 || peer.sin_family != AF_INET) return false;
+  char ip[INET_ADDRSTRLEN] = {};
+  if (!inet_ntop(AF_INET, &peer.sin_addr, ip, sizeof(ip))) return false;
+  return isLocalAddress(ip);
+}
+
+std::string congestionOf(int fd) {
+  char name[32] = {};
+  socklen_t len = sizeof(name) - 1;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) return "";
+  return std::string(name, strnlen(name, len));
+}
+
+Status setCongestion(int fd, const std::string& name) {
+  if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), static_cast<socklen_t>(name.size())) == 0)
+    return Status::Ok();
+  const int err = errno;
+  std::string offered;
+  if (FILE* f = std::fopen(err == EPERM ? "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+                                        : "/proc/sys/net/ipv4/tcp_available_congestion_control", "r")) {
+    char line[256] = {};
+    if (std::fgets(line, sizeof(line), f)) offered = line;
+    std::fclose(f);
+    while (!offered.empty() && (offered.back() == '\n' || offered.back() == ' ')) offered.pop_back();
+  }
+  return Status::InvalidArgument("the kernel refused congestion control '" + name + "': " + errnoText(err) +
+                                 (offered.empty() ? std::string()
+                                                  : std::string(err == EPERM ? " (unprivileged processes may use: "
+                                                                             : " (this host offers: ") + offered + ")"));
 }
 
 }  // namespace braid::net

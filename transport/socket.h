@@ -57,6 +57,13 @@ Status recvAll(int fd, void* data, std::size_t n, const Deadline& d);
 
 void setNonBlocking(int fd, bool on);
 void setNoDelay(int fd);
+// True if both ends of the connected socket `fd` are addresses of this host: its traffic goes
+// through the kernel's loopback and never meets a network.
+bool bothEndsLocal(int fd);
+// The congestion control the kernel uses for `fd`'s sends ("" if it cannot tell).
+std::string congestionOf(int fd);
+// Sets it; the error carries the kernel's reason and the names this host offers.
+Status setCongestion(int fd, const std::string& name);
 std::string errnoText(int err);
 
 }  // namespace braid::net

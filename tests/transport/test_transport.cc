@@ -10,6 +10,8 @@
 
 #include "braid/braid.h"
 #include "comm/c_handle.h"
+#include "transport/socket.h"
+#include "transport/tcp/tcp_channel.h"
 #include "transport/transport.h"
 
 namespace braid {
@@ -175,6 +177,95 @@ TEST_P(TransportConformance, BytesSentBeforeThePeerClosesAreStillDelivered) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, TransportConformance, ::testing::Values("shm", "tcp"));
+
+// BRAID_TCP_CONGESTION on two ranks of this host: auto gives every tcp connection reno, system
+// leaves the system's default, a name the kernel does not know fails creation on the rank that sets
+// it, saying which variable to change, and a malformed value is refused before any connection
+// (already by braidGetUniqueId, which reads the configuration too).
+class TcpCongestion : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("BRAID_SHM_DISABLE", "1", 1);
+    setenv("BRAID_TIMEOUT", "20", 1);
+  }
+  void TearDown() override {
+    unsetenv("BRAID_SHM_DISABLE");
+    unsetenv("BRAID_TCP_CONGESTION");
+  }
+  // Creates two ranks under `value`; on success returns what each of rank 0's sockets to rank 1
+  // uses, then destroys both. `error` gets rank 0's message when creation fails.
+  std::vector<std::string> pairUsing(const char* value, braidResult_t* r0, std::string* error) {
+    setenv("BRAID_TCP_CONGESTION", value, 1);
+    braidUniqueId id;
+    *r0 = braidGetUniqueId(&id);  // reads the configuration too
+    if (*r0 != braidSuccess) {
+      *error = braidGetLastError(nullptr);
+      return {};
+    }
+    braidComm_t a = nullptr, b = nullptr;
+    braidResult_t r1 = braidInternalError;
+    std::thread t([&] { r1 = braidCommInitRank(&b, 2, id, 1); });
+    *r0 = braidCommInitRank(&a, 2, id, 0);
+    t.join();
+    std::vector<std::string> used;
+    if (*r0 != braidSuccess) *error = braidGetLastError(nullptr);
+    if (*r0 == braidSuccess && r1 == braidSuccess) {
+      Connection* c = a->impl->connection(1);
+      for (int i = 0; i < c->numChannels(); ++i)
+        used.push_back(net::congestionOf(static_cast<TcpChannel&>(c->channel(i)).fd()));
+    }
+    std::thread d([&] { if (b) braidCommDestroy(b); });
+    if (a) braidCommDestroy(a);
+    d.join();
+    return used;
+  }
+  static std::string systemDefault() {
+    std::string name;
+    if (FILE* f = std::fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r")) {
+      char line[64] = {};
+      if (std::fgets(line, sizeof(line), f)) name = line;
+      std::fclose(f);
+    }
+    while (!name.empty() && name.back() == '\n') name.pop_back();
+    return name;
+  }
+};
+
+TEST_F(TcpCongestion, AutoPicksRenoBetweenRanksOfOneHost) {
+  braidResult_t r = braidInternalError;
+  std::string error;
+  auto used = pairUsing("auto", &r, &error);
+  ASSERT_EQ(r, braidSuccess) << error;
+  ASSERT_EQ(used.size(), 2u);
+  for (const std::string& cc : used) EXPECT_EQ(cc, "reno");
+}
+
+TEST_F(TcpCongestion, SystemLeavesTheDefault) {
+  const std::string def = systemDefault();
+  if (def.empty()) GTEST_SKIP() << "/proc/sys/net/ipv4/tcp_congestion_control is not readable here";
+  braidResult_t r = braidInternalError;
+  std::string error;
+  auto used = pairUsing("system", &r, &error);
+  ASSERT_EQ(r, braidSuccess) << error;
+  for (const std::string& cc : used) EXPECT_EQ(cc, def);
+}
+
+TEST_F(TcpCongestion, UnknownNameFailsCreationNamingTheVariable) {
+  braidResult_t r = braidSuccess;
+  std::string error;
+  pairUsing("nosuchcc", &r, &error);
+  EXPECT_EQ(r, braidInvalidArgument);
+  EXPECT_NE(error.find("BRAID_TCP_CONGESTION='nosuchcc'"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
+}
+
+TEST_F(TcpCongestion, MalformedValueIsRefusedUpFront) {
+  braidResult_t r = braidSuccess;
+  std::string error;
+  pairUsing("Reno!", &r, &error);
+  EXPECT_EQ(r, braidInvalidArgument);
+  EXPECT_NE(error.find("BRAID_TCP_CONGESTION='Reno!'"), std::string::npos) << error;
+}
 
 }  // namespace
 }  // namespace braid

@@ -39,6 +39,27 @@ struct Pending {
   std::string challenge;
   Deadline until = Deadline::after(0);
 };
+
+// BRAID_TCP_CONGESTION for one connection. Between ranks of one host ("auto") reno: the bytes only
+// pass through the kernel's loopback, where a model of a network path (bbr's pacing and its
+// estimate-driven window, the default of many distributions) only holds them back; docs/
+// PERFORMANCE.md has the measurements. Across hosts the system's choice stands unless one is named.
+// True if it set one.
+Result<bool> chooseCongestion(const Config& config, int fd, int peer) {
+  const std::string& want = config.tcpCongestion;
+  if (want == "system") return false;
+  if (want == "auto" && !net::bothEndsLocal(fd)) return false;
+  const std::string name = want == "auto" ? "reno" : want;
+  Status s = net::setCongestion(fd, name);
+  if (s.ok()) return true;
+  if (want == "auto") {  // a kernel without reno: keep its default, it still works
+    BRAID_LOG(kInfo, kNet, "tcp: keeping the system's congestion control toward rank %d: %s", peer, s.message().c_str());
+    return false;
+  }
+  return Status::InvalidArgument("connection to rank " + std::to_string(peer) + ": BRAID_TCP_CONGESTION='" + want +
+                                 "': " + s.message() +
+                                 "; set BRAID_TCP_CONGESTION=auto or system to keep the default");
+}
 }  // namespace
 
 Status TcpTransport::listen(const Config& config, const std::string& rendezvousIp) {
@@ -151,12 +172,21 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
     BRAID_LOG(kWarn, kNet, "tcp: dropped %zu connections in all that did not prove this job's secret", dropped);
   listener_.reset();  // everyone has connected: nobody else may
   std::vector<std::unique_ptr<Connection>> out;
+  int tuned = 0;
   for (int p : peers) {
     std::vector<std::unique_ptr<TcpChannel>> chans;
-    for (auto& fd : socks[p]) chans.push_back(std::make_unique<TcpChannel>(std::move(fd), p, ctx.config.buffSize));
+    for (auto& fd : socks[p]) {
+      auto set = chooseCongestion(ctx.config, fd.get(), p);
+      if (!set.ok()) return set.status();
+      tuned += *set;
+      chans.push_back(std::make_unique<TcpChannel>(std::move(fd), p, ctx.config.buffSize));
+    }
     out.push_back(std::make_unique<TcpConnection>(p, std::move(chans)));
   }
-  if (!peers.empty()) BRAID_LOG(kInfo, kNet, "tcp: %zu peers, %d sockets each, listening on %s", peers.size(), channels, address_.c_str());
+  if (!peers.empty())
+    BRAID_LOG(kInfo, kNet, "tcp: %zu peers, %d sockets each, listening on %s; congestion control %s on %d of them",
+              peers.size(), channels, address_.c_str(),
+              ctx.config.tcpCongestion == "auto" ? "reno" : ctx.config.tcpCongestion.c_str(), tuned);
   return out;
 }
 

@@ -116,7 +116,8 @@ Status Comm::setup(InitParams& p) {
   // Settings that shape the messages on the wire: ranks that differ would misread each other.
   self.settings = "BRAID_NSOCKS=" + std::to_string(config_.nsocks) + " BRAID_BUFFSIZE=" +
                   std::to_string(config_.buffSize) + " BRAID_ALGO=" + config_.algo +
-                  " BRAID_ZERO_COPY=" + (config_.zeroCopy ? "1" : "0") + " BRAID_CMA=" + (config_.cma ? "1" : "0");
+                  " BRAID_ZERO_COPY=" + (config_.zeroCopy ? "1" : "0") + " BRAID_CMA=" + (config_.cma ? "1" : "0") +
+                  " BRAID_TCP_CONGESTION=" + config_.tcpCongestion;
   self.cmaProbe = cmaProbeAddress();
   self.cpus = topology::cpuListText(topology::allowedCpus());
   if (nranks_ > 1) {
@@ -215,7 +216,8 @@ Status Comm::setup(InitParams& p) {
   s = store_->barrier("setup/agreed", nranks_, deadline);
   if (!s.ok()) return s;
   maxChannels_ = config_.nsocks;
-  tuner_ = Tuner(config_, nranks_, maxChannels_, anyTcp_);
+  const bool oneHost = std::all_of(infos.begin(), infos.end(), [&](const PeerInfo& i) { return i.sameHostAs(infos[0]); });
+  tuner_ = Tuner(config_, nranks_, maxChannels_, anyTcp_, oneHost && config_.tcpCongestion == "auto");
   shm_->unlinkAll();  // everyone has mapped everything: nothing stays in /dev/shm
   store_->startWatching([this](const Notice& n) { onNotice(n); });
   trace_.init(config_.traceBuffer, config_.traceDir, {rank_, nranks_, static_cast<long>(getpid()), self.host, commTag_});

@@ -51,6 +51,14 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
   // 2.0-2.3 GB/s busbw with 256 KiB pieces, 1.7-2.0 with 32 KiB).
   const std::size_t lo = in.anyTcp ? 256u << 10 : 32u << 10;
   c.chunk = std::clamp<std::size_t>(perStep / 4, std::min(lo, hi), hi);
+  // tcp on loopback under reno: one socket, and pieces as large as the staging ring. The kernel's
+  // copies and TCP stack are the cost there, per system call and per stream; a second socket only
+  // paid while bbr held each connection's window down (docs/PERFORMANCE.md: 2 ranks, 2 MiB 358
+  // against 480 us, 128 MiB 45 against 61 ms). Rings only: the double tree keeps its two channels.
+  if (in.tcpLoopback && c.algo == Algo::kRing) {
+    c.channels = 1;
+    c.chunk = config.buffSize;
+  }
   if (config.chunkSize) c.chunk = config.chunkSize;
   c.chunk = std::max<std::size_t>(c.chunk & ~std::size_t{63}, 64);  // whole elements of every type
   return c;

@@ -20,6 +20,9 @@ struct TunerInput {
   int nranks;
   int maxChannels;
   bool anyTcp;         // some peer is reached over tcp (the whole communicator agrees on this)
+  // Every rank is on one host and BRAID_TCP_CONGESTION is auto, so every tcp connection is loopback
+  // under reno (every rank derives it from the same PeerInfos and settings).
+  bool tcpLoopback = false;
 };
 
 struct TunerChoice {
@@ -36,11 +39,11 @@ TunerChoice tune(const TunerInput& in, const Config& config);
 class Tuner {
  public:
   Tuner() = default;
-  Tuner(const Config& config, int nranks, int maxChannels, bool anyTcp)
-      : config_(config), nranks_(nranks), maxChannels_(maxChannels), anyTcp_(anyTcp) {}
+  Tuner(const Config& config, int nranks, int maxChannels, bool anyTcp, bool tcpLoopback)
+      : config_(config), nranks_(nranks), maxChannels_(maxChannels), anyTcp_(anyTcp), tcpLoopback_(tcpLoopback) {}
   const TunerChoice& choose(CollKind kind, std::size_t bytes) {
     if (!valid_ || kind != lastKind_ || bytes != lastBytes_) {
-      last_ = tune({kind, bytes, nranks_, maxChannels_, anyTcp_}, config_);
+      last_ = tune({kind, bytes, nranks_, maxChannels_, anyTcp_, anyTcp_ && tcpLoopback_}, config_);
       lastKind_ = kind;
       lastBytes_ = bytes;
       valid_ = true;
@@ -51,7 +54,7 @@ class Tuner {
  private:
   Config config_;
   int nranks_ = 1, maxChannels_ = 1;
-  bool anyTcp_ = false;
+  bool anyTcp_ = false, tcpLoopback_ = false;
   bool valid_ = false;
   CollKind lastKind_{};
   std::size_t lastBytes_ = 0;

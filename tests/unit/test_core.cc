@@ -175,27 +175,50 @@ TEST(Split, PartsCoverEverythingOnce) {
 
 TEST(Tuner, OneShotForTinyTreeForSmallRingForLarge) {
   Config c;
-  auto tiny = tune({CollKind::kAllReduce, 8, 8, 2, false}, c);
-  auto small = tune({CollKind::kAllReduce, 64u << 10, 8, 2, false}, c);
-  auto large = tune({CollKind::kAllReduce, 256u << 20, 8, 2, false}, c);
+  auto tiny = tune({CollKind::kAllReduce, 8, 8, 2, false, false}, c);
+  auto small = tune({CollKind::kAllReduce, 64u << 10, 8, 2, false, false}, c);
+  auto large = tune({CollKind::kAllReduce, 256u << 20, 8, 2, false, false}, c);
   EXPECT_EQ(tiny.algo, Algo::kOneShot);
   EXPECT_EQ(tiny.channels, 1);
-  EXPECT_EQ(tune({CollKind::kBarrier, 0, 8, 2, false}, c).algo, Algo::kOneShot);
+  EXPECT_EQ(tune({CollKind::kBarrier, 0, 8, 2, false, false}, c).algo, Algo::kOneShot);
   EXPECT_EQ(small.algo, Algo::kTree);
   EXPECT_EQ(large.algo, Algo::kRing);
   EXPECT_EQ(large.channels, 2);
-  EXPECT_EQ(tune({CollKind::kAllGather, 8, 8, 2, false}, c).algo, Algo::kRing);  // no tree all-gather
+  EXPECT_EQ(tune({CollKind::kAllGather, 8, 8, 2, false, false}, c).algo, Algo::kRing);  // no tree all-gather
   c.algo = "ring";
-  EXPECT_EQ(tune({CollKind::kAllReduce, 8, 8, 2, false}, c).algo, Algo::kRing);
+  EXPECT_EQ(tune({CollKind::kAllReduce, 8, 8, 2, false, false}, c).algo, Algo::kRing);
   c.algo = "oneshot";
-  EXPECT_EQ(tune({CollKind::kAllReduce, 256u << 20, 8, 2, false}, c).algo, Algo::kOneShot);
-  EXPECT_EQ(tune({CollKind::kAllGather, 8, 8, 2, false}, c).algo, Algo::kRing);  // all-reduce only
-  Tuner memo(c, 8, 2, false);
+  EXPECT_EQ(tune({CollKind::kAllReduce, 256u << 20, 8, 2, false, false}, c).algo, Algo::kOneShot);
+  EXPECT_EQ(tune({CollKind::kAllGather, 8, 8, 2, false, false}, c).algo, Algo::kRing);  // all-reduce only
+  Tuner memo(c, 8, 2, false, false);
   EXPECT_EQ(memo.choose(CollKind::kAllReduce, 8).algo, Algo::kOneShot);
   EXPECT_EQ(memo.choose(CollKind::kAllGather, 8).algo, Algo::kRing);  // a new key is not the old answer
   c.algo = "ring";
   c.chunkSize = 12345;
-  EXPECT_EQ(tune({CollKind::kAllReduce, 8, 8, 2, false}, c).chunk, 12288u);  // whole 64-byte units
+  EXPECT_EQ(tune({CollKind::kAllReduce, 8, 8, 2, false, false}, c).chunk, 12288u);  // whole 64-byte units
+}
+
+// tcp between ranks of one host under reno: one socket and pieces the size of the staging ring
+// for the ring; the double tree keeps its two channels; anywhere else tcp keeps both sockets.
+TEST(Tuner, TcpOnLoopbackUsesOneSocketAndRingSizedPieces) {
+  Config c;
+  auto across = tune({CollKind::kAllReduce, 128u << 20, 2, 2, true, false}, c);
+  auto loop = tune({CollKind::kAllReduce, 128u << 20, 2, 2, true, true}, c);
+  EXPECT_EQ(across.channels, 2);
+  EXPECT_EQ(across.chunk, 512u << 10);
+  EXPECT_EQ(loop.algo, Algo::kRing);
+  EXPECT_EQ(loop.channels, 1);
+  EXPECT_EQ(loop.chunk, c.buffSize);
+  EXPECT_EQ(tune({CollKind::kAllGather, 2u << 20, 2, 2, true, true}, c).channels, 1);
+  auto tree = tune({CollKind::kAllReduce, 96u << 10, 4, 2, true, true}, c);
+  ASSERT_EQ(tree.algo, Algo::kTree);
+  EXPECT_EQ(tree.channels, 2);
+  c.chunkSize = 64u << 10;  // BRAID_CHUNKSIZE still wins
+  EXPECT_EQ(tune({CollKind::kAllReduce, 128u << 20, 2, 2, true, true}, c).chunk, 64u << 10);
+  Tuner memo(c, 2, 2, true, true);
+  EXPECT_EQ(memo.choose(CollKind::kAllReduce, 128u << 20).channels, 1);
+  Tuner shmOnly(c, 2, 2, false, true);  // no tcp anywhere: the rule does not apply
+  EXPECT_EQ(shmOnly.choose(CollKind::kAllReduce, 128u << 20).channels, 2);
 }
 
 TEST(Store, SetGetAddBarrierAcrossClients) {

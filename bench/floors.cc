@@ -64,6 +64,7 @@
 
 #include "bench/peers/sizes.h"
 #include "topology/topology.h"
+#include "transport/socket.h"
 
 namespace {
 
@@ -189,8 +190,9 @@ bool tcpSide(const std::vector<int>& fds, const std::vector<std::size_t>& sizes,
   const int one = 1;
   for (int fd : fds) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (!cc.empty() && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc.data(), static_cast<socklen_t>(cc.size())) != 0) {
-      std::fprintf(stderr, "floors: congestion control '%s': %s\n", cc.c_str(), std::strerror(errno));
+    if (cc.empty()) continue;
+    if (braid::Status s = braid::net::setCongestion(fd, cc); !s.ok()) {
+      std::fprintf(stderr, "floors: %s\n", s.message().c_str());
       return false;
     }
   }
@@ -349,18 +351,6 @@ std::vector<int> rankZeroAndOneCpus() {
   return {};
 }
 
-// net.ipv4.tcp_congestion_control: what a new connection gets ("" if unreadable).
-std::string systemCongestion() {
-  std::string name;
-  if (FILE* f = std::fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r")) {
-    char line[64] = {};
-    if (std::fgets(line, sizeof(line), f)) name = line;
-    std::fclose(f);
-  }
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  return name;
-}
-
 const char* kUsage =
     "usage: floors mem|tcp [--sizes S1,S2,...] [-r REPS] [--conns K1,K2,...] [--cc NAME,...]\n"
     "       floors pingpong [-r REPS] [--cpus A,B]\n"
@@ -451,7 +441,7 @@ int main(int argc, char** argv) {
   std::printf("# floors %s: %d repetitions per size after one untimed\n", mode.c_str(), reps);
   std::printf("kind,workers,size,bytes,best_s,median_s,best_GBps,median_GBps,reps\n");
   if (mode == "tcp") {
-    const std::string system = systemCongestion();
+    const std::string system = braid::net::systemCongestion();
     std::printf("# the system's congestion control: %s\n", system.empty() ? "unknown" : system.c_str());
     std::vector<std::string> runs = {""};
     for (const std::string& cc : ccs)

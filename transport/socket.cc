@@ -251,18 +251,28 @@ std::string congestionOf(int fd) {
   return std::string(name, strnlen(name, len));
 }
 
+namespace {
+// The first line of a /proc/sys file, without its line end ("" if unreadable).
+std::string sysctlLine(const char* path) {
+  std::string text;
+  if (FILE* f = std::fopen(path, "r")) {
+    char line[256] = {};
+    if (std::fgets(line, sizeof(line), f)) text = line;
+    std::fclose(f);
+  }
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+}  // namespace
+
+std::string systemCongestion() { return sysctlLine("/proc/sys/net/ipv4/tcp_congestion_control"); }
+
 Status setCongestion(int fd, const std::string& name) {
   if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), static_cast<socklen_t>(name.size())) == 0)
     return Status::Ok();
   const int err = errno;
-  std::string offered;
-  if (FILE* f = std::fopen(err == EPERM ? "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
-                                        : "/proc/sys/net/ipv4/tcp_available_congestion_control", "r")) {
-    char line[256] = {};
-    if (std::fgets(line, sizeof(line), f)) offered = line;
-    std::fclose(f);
-    while (!offered.empty() && (offered.back() == '\n' || offered.back() == ' ')) offered.pop_back();
-  }
+  const std::string offered = sysctlLine(err == EPERM ? "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+                                                      : "/proc/sys/net/ipv4/tcp_available_congestion_control");
   return Status::InvalidArgument("the kernel refused congestion control '" + name + "': " + errnoText(err) +
                                  (offered.empty() ? std::string()
                                                   : std::string(err == EPERM ? " (unprivileged processes may use: "

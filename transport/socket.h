@@ -62,6 +62,8 @@ void setNoDelay(int fd);
 bool bothEndsLocal(int fd);
 // The congestion control the kernel uses for `fd`'s sends ("" if it cannot tell).
 std::string congestionOf(int fd);
+// What new connections get (net.ipv4.tcp_congestion_control; "" if unreadable).
+std::string systemCongestion();
 // Sets it; the error carries the kernel's reason and the names this host offers.
 Status setCongestion(int fd, const std::string& name);
 std::string errnoText(int err);

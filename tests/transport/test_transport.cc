@@ -219,16 +219,6 @@ class TcpCongestion : public ::testing::Test {
     d.join();
     return used;
   }
-  static std::string systemDefault() {
-    std::string name;
-    if (FILE* f = std::fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r")) {
-      char line[64] = {};
-      if (std::fgets(line, sizeof(line), f)) name = line;
-      std::fclose(f);
-    }
-    while (!name.empty() && name.back() == '\n') name.pop_back();
-    return name;
-  }
 };
 
 TEST_F(TcpCongestion, AutoPicksRenoBetweenRanksOfOneHost) {
@@ -241,7 +231,7 @@ TEST_F(TcpCongestion, AutoPicksRenoBetweenRanksOfOneHost) {
 }
 
 TEST_F(TcpCongestion, SystemLeavesTheDefault) {
-  const std::string def = systemDefault();
+  const std::string def = net::systemCongestion();
   if (def.empty()) GTEST_SKIP() << "/proc/sys/net/ipv4/tcp_congestion_control is not readable here";
   braidResult_t r = braidInternalError;
   std::string error;

@@ -235,15 +235,6 @@ void setNoDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-bool bothEndsLocal(int fd) {
-  sockaddr_in peer{};
-  socklen_t len = sizeof(peer);
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0 || peer.sin_family != AF_INET) return false;
-  char ip[INET_ADDRSTRLEN] = {};
-  if (!inet_ntop(AF_INET, &peer.sin_addr, ip, sizeof(ip))) return false;
-  return isLocalAddress(ip);
-}
-
 std::string congestionOf(int fd) {
   char name[32] = {};
   socklen_t len = sizeof(name) - 1;

@@ -57,9 +57,6 @@ Status recvAll(int fd, void* data, std::size_t n, const Deadline& d);
 
 void setNonBlocking(int fd, bool on);
 void setNoDelay(int fd);
-// True if both ends of the connected socket `fd` are addresses of this host: its traffic goes
-// through the kernel's loopback and never meets a network.
-bool bothEndsLocal(int fd);
 // The congestion control the kernel uses for `fd`'s sends ("" if it cannot tell).
 std::string congestionOf(int fd);
 // What new connections get (net.ipv4.tcp_congestion_control; "" if unreadable).

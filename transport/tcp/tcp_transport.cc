@@ -40,15 +40,15 @@ struct Pending {
   Deadline until = Deadline::after(0);
 };
 
-// BRAID_TCP_CONGESTION for one connection. Between ranks of one host ("auto") reno: the bytes only
-// pass through the kernel's loopback, where a model of a network path (bbr's pacing and its
-// estimate-driven window, the default of many distributions) only holds them back; docs/
-// PERFORMANCE.md has the measurements. Across hosts the system's choice stands unless one is named.
-// True if it set one.
-Result<bool> chooseCongestion(const Config& config, int fd, int peer) {
+// BRAID_TCP_CONGESTION for one connection to `peer`. Between ranks of one host ("auto") reno: the
+// bytes never leave the host, where a model of a network path (bbr's pacing and its estimate-driven
+// window, the default of many distributions) only holds them back; docs/PERFORMANCE.md has the
+// measurements. "One host" is PeerInfo::sameHostAs, the test the tuner's loopback rule uses too.
+// Across hosts the system's choice stands unless one is named. True if it set one.
+Result<bool> chooseCongestion(const Config& config, int fd, int peer, bool sameHost) {
   const std::string& want = config.tcpCongestion;
   if (want == "system") return false;
-  if (want == "auto" && !net::bothEndsLocal(fd)) return false;
+  if (want == "auto" && !sameHost) return false;
   const std::string name = want == "auto" ? "reno" : want;
   Status s = net::setCongestion(fd, name);
   if (s.ok()) return true;
@@ -175,8 +175,9 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
   int tuned = 0;
   for (int p : peers) {
     std::vector<std::unique_ptr<TcpChannel>> chans;
+    const bool sameHost = ctx.peers[static_cast<std::size_t>(p)].sameHostAs(ctx.peers[static_cast<std::size_t>(ctx.rank)]);
     for (auto& fd : socks[p]) {
-      auto set = chooseCongestion(ctx.config, fd.get(), p);
+      auto set = chooseCongestion(ctx.config, fd.get(), p, sameHost);
       if (!set.ok()) return set.status();
       tuned += *set;
       chans.push_back(std::make_unique<TcpChannel>(std::move(fd), p, ctx.config.buffSize));

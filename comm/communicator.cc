@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "braid_build_config.h"
 #include "comm/log.h"
 #include "comm/tuner.h"
 #include "kernels/reduce.h"
@@ -389,9 +390,9 @@ Status Comm::validate(const CollArgs& a) const {
   return Status::Ok();
 }
 
-Status Comm::execute(const CollArgs& a) {
+Status Comm::execute(const CollArgs& a, const DeviceCall* dev) {
   try {
-    return executeCall(a);
+    return executeCall(a, dev);
   } catch (const std::bad_alloc&) {
     // Scratch or a plan could not grow. Other ranks may already wait for this call: end the
     // communicator and tell them, rather than letting them time out.
@@ -402,7 +403,7 @@ Status Comm::execute(const CollArgs& a) {
   }
 }
 
-Status Comm::executeCall(const CollArgs& in) {
+Status Comm::executeCall(const CollArgs& in, const DeviceCall* dev) {
   CollArgs a = in;
   Fingerprint fp;
   fp.kind = a.kind;
@@ -440,6 +441,36 @@ Status Comm::executeCall(const CollArgs& in) {
     if (a.kind != CollKind::kBarrier && a.send != a.recv && bytes && a.recv) std::memmove(a.recv, a.send, bytes);
     return Status::Ok();
   }
+  if (dev) return executeDevice(a, *dev, fp, total);
+  return executeHost(a, fp, total);
+}
+
+Status Comm::executeDevice(const CollArgs& a, const DeviceCall& d, const Fingerprint& fp, std::size_t total) {
+#if BRAID_HAVE_CUDA
+  const bool oneHost = std::all_of(localPeer_.begin(), localPeer_.end(), [](bool local) { return local; });
+  if (a.kind == CollKind::kAllReduce && config_.cudaIpc && oneHost && total > 0) {
+    auto done = cudaIpcAllReduce(a, fp, d.stream);
+    if (!done.ok()) {
+      if (!failed_) fail(done.status().withContext("CUDA IPC all-reduce (BRAID_CUDA_IPC=0 turns it off)"), true);
+      return failure().withContext(failedOn(fp, rank_));
+    }
+    if (*done) {
+      ++cudaIpcCalls_;
+      return Status::Ok();
+    }
+  }
+#endif
+  // Staged: device -> pinned, the host algorithms, pinned -> device. A failed copy ends the
+  // communicator (the other ranks are inside this call too) and is reported to them.
+  CollArgs h = d.host;
+  if (h.kind == CollKind::kBroadcast && h.root != rank_) h.send = h.recv;
+  Status s = d.stage(true);
+  if (s.ok()) s = executeHost(h, fp, total);
+  if (s.ok()) s = d.stage(false);
+  return s;
+}
+
+Status Comm::executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t total) {
   if (a.kind == CollKind::kAllReduce && config_.zeroCopy && !anyTcp_ && total >= kZeroCopyMinBytes) {
     auto done = tryZeroCopyAllReduce(a, fp);
     if (!done.ok()) {
@@ -489,7 +520,11 @@ Status Comm::runPlan() {
   return s;
 }
 
-Status Comm::runBlocking(const CollArgs& a) {
+Status Comm::runDevice(const CollArgs& dev, const DeviceCall& d) { return runInOrder(dev, &d); }
+
+Status Comm::runBlocking(const CollArgs& a) { return runInOrder(a, nullptr); }
+
+Status Comm::runInOrder(const CollArgs& a, const DeviceCall* dev) {
   if (asyncPending_.load(std::memory_order_acquire) > 0) {
     // Calls run in call order: wait for queued asynchronous work first. (A thread's own earlier
     // submit() is always seen here; without one, the common case, no lock is taken.)
@@ -499,7 +534,7 @@ Status Comm::runBlocking(const CollArgs& a) {
   Status s;
   {
     std::lock_guard<std::mutex> g(execMu_);
-    s = closed_ ? Status::Aborted("the communicator was aborted") : execute(a);
+    s = closed_ ? Status::Aborted("the communicator was aborted") : execute(a, dev);
     trace_.end(s);
   }
   return s;

@@ -29,6 +29,7 @@ namespace braid {
 class ShmTransport;
 class TcpTransport;
 class CudaProxy;
+struct CudaIpc;
 struct MailboxSlot;
 
 // comm/algorithms/cma.cc: the address peers use to probe cross-memory attach, the probe of a
@@ -66,6 +67,17 @@ class Comm final : public EngineHost, public Workspace {
   Status validate(const CollArgs& a) const;
   // Runs one call to completion on this thread. `a` has passed validate() (cuda::run does that).
   Status runBlocking(const CollArgs& a);
+  // One call on CUDA device buffers, run by the CUDA proxy (comm/cuda_proxy.cc) on its thread: `dev`
+  // is the call as the user made it; `host` the same call on pinned staging memory, where
+  // stage(true) copies the device buffers in and stage(false) copies the result back; `stream` is
+  // the proxy's own stream (the caller's stream is held meanwhile). An all-reduce whose ranks all sit
+  // on one host reads the ranks' device buffers directly instead (comm/cuda_ipc.cc).
+  struct DeviceCall {
+    CollArgs host;
+    std::function<Status(bool in)> stage;
+    void* stream = nullptr;
+  };
+  Status runDevice(const CollArgs& dev, const DeviceCall& d);
   // Queues one call for the worker thread. `a` has passed validate() (cuda::submit does that).
   std::shared_ptr<WorkState> submit(const CollArgs& a);
 
@@ -85,6 +97,8 @@ class Comm final : public EngineHost, public Workspace {
   const Config& config() const { return config_; }
   // How many all-reduces took the zero-copy path (for tests and `braid perf`).
   std::uint64_t zeroCopyCalls() const { return zeroCopyCalls_; }
+  // How many all-reduces on device buffers read the peers' buffers through CUDA IPC (for tests).
+  std::uint64_t cudaIpcCalls() const { return cudaIpcCalls_; }
   // How many all-gathers and broadcasts took the cross-memory-attach path (for tests).
   std::uint64_t cmaCalls() const { return cmaCalls_; }
   bool cmaUsable() const { return cmaUsable_; }
@@ -114,12 +128,23 @@ class Comm final : public EngineHost, public Workspace {
   friend class CudaProxy;
   Comm() = default;
   Status setup(InitParams& params);
-  Status execute(const CollArgs& a);  // executeCall, with running out of memory as an error
-  Status executeCall(const CollArgs& a);
+  // executeCall, with running out of memory as an error. `dev`: a call on device buffers (runDevice).
+  Status execute(const CollArgs& a, const DeviceCall* dev = nullptr);
+  // runBlocking and runDevice: after queued asynchronous calls, one call at a time.
+  Status runInOrder(const CollArgs& a, const DeviceCall* dev);
+  Status executeCall(const CollArgs& a, const DeviceCall* dev);
+  // After executeCall's bookkeeping: the algorithms on host memory, and the device call around them.
+  Status executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t total);
+  Status executeDevice(const CollArgs& a, const DeviceCall& d, const Fingerprint& fp, std::size_t total);
+  // comm/cuda_ipc.cc (CUDA builds): true if done, false if some rank's buffers cannot be shared.
+  Result<bool> cudaIpcAllReduce(const CollArgs& a, const Fingerprint& fp, void* stream);
   // Runs plan_; a failure ends the communicator and is reported to the other ranks.
   Status runPlan();
   // A barrier of zero-byte messages carrying `fp` (inside a collective).
   Status barrier(const Fingerprint& fp);
+  // Every rank's `bytes` of `mine`, in rank order into `all` (nranks * bytes), inside a collective:
+  // the descriptor exchanges of the zero-copy paths. Also an entry barrier.
+  Status allGatherSmall(const void* mine, void* all, std::size_t bytes, const Fingerprint& fp);
   // comm/algorithms/direct.cc: true if done, false if some rank's buffers are not braidMemAlloc memory.
   Result<bool> tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp);
   // comm/algorithms/cma.cc: single-copy all-gather and broadcast (process_vm_readv, process_vm_writev).
@@ -180,6 +205,8 @@ class Comm final : public EngineHost, public Workspace {
   // incoming channel; returns the first error f returns.
   Status forEachWaitingHeader(const std::function<Status(int, const WireHeader&)>& f);
   std::uint64_t zeroCopyCalls_ = 0;
+  std::uint64_t cudaIpcCalls_ = 0;
+  std::shared_ptr<CudaIpc> cudaIpc_;  // comm/cuda_ipc.cc: what the ranks agreed and the mapped buffers
   std::map<int, std::uint64_t> sendSeq_, recvSeq_;
   Plan plan_;
   FlightRecorder trace_;  // touched only under execMu_

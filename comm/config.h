@@ -31,6 +31,7 @@ struct Config {
   std::size_t traceBuffer = 1000;    // BRAID_TRACE_BUFFER (0: no flight recorder)
   std::string traceDir;              // BRAID_TRACE_DIR ("": the recorder is never written)
   std::string cudaWait = "auto";     // BRAID_CUDA_WAIT
+  bool cudaIpc = true;               // BRAID_CUDA_IPC
 
   // Reads every BRAID_* variable; an unparsable value is an invalid-argument error naming it.
   static Result<Config> fromEnvironment();

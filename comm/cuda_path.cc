@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include "comm/cuda_proxy.h"
+#include "comm/cuda_util.h"
 #endif
 
 namespace braid {
@@ -106,22 +107,7 @@ const Driver* driver() {
 }
 
 #if BRAID_HAVE_CUDA
-std::string cudaText(const char* call, cudaError_t e) {
-  return std::string(call) + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
-}
-
-// Waits for `stream` without blocking forever (host buffers passed with a stream).
-Status waitForStream(void* stream, double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  for (;;) {
-    cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(stream));
-    if (e == cudaSuccess) return Status::Ok();
-    if (e != cudaErrorNotReady) return Status::CudaError(cudaText("cudaStreamQuery (the stream passed with host buffers)", e));
-    if (std::chrono::steady_clock::now() > deadline)
-      return Status::Timeout("the stream passed with host buffers did not finish its earlier work within BRAID_TIMEOUT");
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-}
+using cuda::failedText;
 
 // One rank alone: the result is the input, copied on the stream (no proxy, no thread).
 Status runAlone(Comm& comm, const CollArgs& a, void* stream) {
@@ -129,7 +115,7 @@ Status runAlone(Comm& comm, const CollArgs& a, void* stream) {
   (void)comm;
   const std::size_t bytes = a.count * dataTypeSize(a.dtype);
   cudaError_t e = cudaMemcpyAsync(a.recv, a.send, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream));
-  if (e != cudaSuccess) return Status::CudaError(cudaText("cudaMemcpyAsync (single-rank collective)", e));
+  if (e != cudaSuccess) return Status::CudaError(failedText("cudaMemcpyAsync (single-rank collective)", e));
   return Status::Ok();
 }
 #endif
@@ -248,7 +234,7 @@ Status run(Comm& comm, const CollArgs& a, void* stream) {
   if (!s.ok()) return s;
 #if BRAID_HAVE_CUDA
   if (stream) {
-    s = waitForStream(stream, comm.timeoutSec());
+    s = cuda::waitForStream(static_cast<cudaStream_t>(stream), comm.timeoutSec(), "the stream passed with host buffers");
     if (!s.ok()) return s;
   }
 #endif
@@ -281,7 +267,7 @@ std::shared_ptr<WorkState> submit(Comm& comm, const CollArgs& a, void* stream) {
   if (!s.ok()) return failed(s);
 #if BRAID_HAVE_CUDA
   if (stream) {
-    s = waitForStream(stream, comm.timeoutSec());
+    s = cuda::waitForStream(static_cast<cudaStream_t>(stream), comm.timeoutSec(), "the stream passed with host buffers");
     if (!s.ok()) return failed(s);
   }
 #endif
@@ -305,7 +291,7 @@ std::shared_ptr<CudaProxy> Comm::cudaProxy(bool create) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count < 1) {
-      setLastError(Status::CudaError(cuda::cudaText("cudaGetDeviceCount", e)));
+      setLastError(Status::CudaError(cuda::failedText("cudaGetDeviceCount", e)));
       return nullptr;
     }
     auto le = readLaunchEnv();

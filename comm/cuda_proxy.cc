@@ -18,16 +18,12 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/cuda_util.h"
 #include "comm/log.h"
 
 namespace braid {
-namespace {
 
-Status cudaFailed(const char* call, cudaError_t e) {
-  return Status::CudaError(std::string(call) + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-}
-
-}  // namespace
+using cuda::failed;
 
 struct CudaProxy::Pinned {
   std::byte* data = nullptr;
@@ -38,6 +34,7 @@ struct CudaProxy::Pinned {
 };
 
 struct CudaProxy::Op {
+  CollArgs dev{};           // the call as the user made it
   CollArgs host{};          // the call, pointing into pinned memory
   const void* sendDev = nullptr;
   void* recvDev = nullptr;
@@ -95,13 +92,13 @@ Result<std::shared_ptr<CudaProxy>> CudaProxy::start(Comm& comm, int device) {
   std::shared_ptr<CudaProxy> p(new CudaProxy(comm, device));
   int previous = 0;
   cudaError_t e = cudaGetDevice(&previous);
-  if (e != cudaSuccess) return cudaFailed("cudaGetDevice", e);
-  if ((e = cudaSetDevice(device)) != cudaSuccess) return cudaFailed("cudaSetDevice", e);
+  if (e != cudaSuccess) return failed("cudaGetDevice", e);
+  if ((e = cudaSetDevice(device)) != cudaSuccess) return failed("cudaSetDevice", e);
   cudaStream_t s = nullptr;
   e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   if (e != cudaSuccess) {
     cudaSetDevice(previous);
-    return cudaFailed("cudaStreamCreateWithFlags", e);
+    return failed("cudaStreamCreateWithFlags", e);
   }
   p->stream_ = s;
   const std::string& mode = comm.config().cudaWait;
@@ -116,7 +113,7 @@ Result<std::shared_ptr<CudaProxy>> CudaProxy::start(Comm& comm, int device) {
       why = "cuStreamWaitValue32 not found in the driver";
     } else if ((e = cudaHostAlloc(&word, 64, cudaHostAllocMapped | cudaHostAllocPortable)) != cudaSuccess ||
                (e = cudaHostGetDevicePointer(&wordDev, word, 0)) != cudaSuccess) {
-      why = cudaFailed("mapped pinned memory for the done word", e).message();
+      why = failed("mapped pinned memory for the done word", e).message();
     } else {
       p->waitValue_ = fn;
       p->doneWord_ = static_cast<unsigned*>(word);
@@ -156,6 +153,7 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
 
   auto op = std::make_shared<Op>();
   op->work = std::move(work);
+  op->dev = a;
   op->host = a;
   op->holdSec = 3 * comm_.timeoutSec() + 60;  // the proxy gives up after ~2 timeouts; this is the backstop
   const auto* s = static_cast<const std::byte*>(a.send);
@@ -183,7 +181,7 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
     std::size_t want = std::max(total, pinned_->size * 2);
     void* p = nullptr;
     cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocPortable);
-    if (e != cudaSuccess) return cudaFailed("cudaHostAlloc (staging for device buffers)", e);
+    if (e != cudaSuccess) return failed("cudaHostAlloc (staging for device buffers)", e);
     bigger->data = static_cast<std::byte*>(p);
     bigger->size = want;
     retired_.push_back(std::move(pinned_));
@@ -224,10 +222,10 @@ Status CudaProxy::holdWithValue(Op& op, void* stream, bool* held) {
   auto st = static_cast<cudaStream_t>(stream);
   cudaEvent_t ev = nullptr;
   cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-  if (e != cudaSuccess) return cudaFailed("cudaEventCreateWithFlags", e);
+  if (e != cudaSuccess) return failed("cudaEventCreateWithFlags", e);
   if ((e = cudaEventRecord(ev, st)) != cudaSuccess) {
     cudaEventDestroy(ev);
-    return cudaFailed("cudaEventRecord (on the caller's stream)", e);
+    return failed("cudaEventRecord (on the caller's stream)", e);
   }
   // CUresult cuStreamWaitValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned flags); flags 0 = GEQ:
   // wait until (int32_t)(*word - seq) >= 0, which survives the counter wrapping.
@@ -253,7 +251,7 @@ Status CudaProxy::holdWithHostFn(const std::shared_ptr<Op>& op, void* stream) {
   cudaError_t e = cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), releaseWhenDone, holder);
   if (e != cudaSuccess) {
     delete holder;
-    return cudaFailed("cudaLaunchHostFunc (ordering the call with the stream)", e);
+    return failed("cudaLaunchHostFunc (ordering the call with the stream)", e);
   }
   return Status::Ok();
 }
@@ -309,17 +307,8 @@ Status CudaProxy::stage(Op& op, bool in) {
   cudaError_t e = cudaSuccess;
   if (in && op.sendBytes) e = cudaMemcpyAsync(op.sendHost, op.sendDev, op.sendBytes, cudaMemcpyDefault, s);
   if (!in && op.recvBytes) e = cudaMemcpyAsync(op.recvDev, op.recvHost, op.recvBytes, cudaMemcpyDefault, s);
-  if (e != cudaSuccess) return cudaFailed(in ? "cudaMemcpyAsync (device to pinned host)" : "cudaMemcpyAsync (pinned host to device)", e);
-  // Bounded wait: copies finish, but a wedged device must not hang the proxy.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(comm_.timeoutSec());
-  for (;;) {
-    e = cudaStreamQuery(s);
-    if (e == cudaSuccess) return Status::Ok();
-    if (e != cudaErrorNotReady) return cudaFailed("cudaStreamQuery (staging copy)", e);
-    if (std::chrono::steady_clock::now() > deadline)
-      return Status::Timeout("a staging copy did not finish within BRAID_TIMEOUT");
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+  if (e != cudaSuccess) return failed(in ? "cudaMemcpyAsync (device to pinned host)" : "cudaMemcpyAsync (pinned host to device)", e);
+  return cuda::waitForStream(s, comm_.timeoutSec(), in ? "a staging copy to pinned memory" : "a staging copy from pinned memory");
 }
 
 // Waits until the caller's stream has reached the call (or the communicator failed), at most
@@ -332,7 +321,7 @@ Status CudaProxy::waitReady(Op& op) {
     if (op.readyEvent) {
       cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(op.readyEvent));
       if (e == cudaSuccess) return Status::Ok();
-      if (e != cudaErrorNotReady) return cudaFailed("cudaEventQuery (waiting for the caller's stream)", e);
+      if (e != cudaErrorNotReady) return failed("cudaEventQuery (waiting for the caller's stream)", e);
     } else {
       std::unique_lock<std::mutex> g(op.mu);
       if (op.ready || op.cv.wait_for(g, std::chrono::milliseconds(50), [&] { return op.ready; })) return Status::Ok();
@@ -348,7 +337,7 @@ Status CudaProxy::waitReady(Op& op) {
     }
     if (op.readyEvent ? polls % 256 == 255 : true) {
       cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(stream_));
-      if (e != cudaSuccess && e != cudaErrorNotReady) return cudaFailed("waiting for the caller's stream: the CUDA context failed", e);
+      if (e != cudaSuccess && e != cudaErrorNotReady) return failed("waiting for the caller's stream: the CUDA context failed", e);
     }
   }
 }
@@ -369,13 +358,17 @@ void CudaProxy::process(Op& op) {
     op.finish(s.withContext(what + " on a failed communicator"));
     return;
   }
-  s = stage(op, true);
-  if (s.ok()) s = comm_.runBlocking(op.host);
-  if (s.ok()) {
-    std::lock_guard<std::mutex> g(op.mu);
-    if (op.abandoned) s = Status::Timeout(what + ": the stream stopped waiting for the result");
-  }
-  if (s.ok()) s = stage(op, false);
+  Comm::DeviceCall call;
+  call.host = op.host;
+  call.stream = stream_;
+  call.stage = [&](bool in) {
+    if (!in) {
+      std::lock_guard<std::mutex> g(op.mu);
+      if (op.abandoned) return Status::Timeout(what + ": the stream stopped waiting for the result");
+    }
+    return stage(op, in);
+  };
+  s = comm_.runDevice(op.dev, call);
   if (!s.ok()) {
     s = s.withContext(what);
     if (s.code() == Code::kCudaError || s.code() == Code::kTimeout) comm_.fail(s, true);

@@ -143,6 +143,70 @@ __global__ void __launch_bounds__(kThreads) reduceBytesKernel(unsigned char* d, 
   }
 }
 
+// The n-input fold behind reduceMany: dst[i] = s0[i] (op) s1[i] (op) ... in source order, the
+// accumulation in C::Value (float for fp16/bf16, so a step rounds once). Same layout as reduceKernel:
+// vector body where every pointer shares its offset modulo 16, element-wise heads and tails.
+struct Sources {
+  const unsigned char* p[kMaxFoldSources];
+};
+
+template <class C, class Op>
+__global__ void __launch_bounds__(kThreads) foldKernel(unsigned char* d, Sources src, int nsrc, std::size_t n,
+                                                       std::size_t head, std::size_t nvec) {
+  using S = typename C::Storage;
+  using V = typename C::Value;
+  constexpr std::size_t kPerVec = 16 / sizeof(S);
+  const std::size_t tid = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t off = head * sizeof(S);
+  for (std::size_t v = tid; v < nvec; v += stride) {
+    union { uint4 u; S s[kPerVec]; } x;
+    V acc[kPerVec];
+    x.u = reinterpret_cast<const uint4*>(src.p[0] + off)[v];
+#pragma unroll
+    for (std::size_t k = 0; k < kPerVec; ++k) acc[k] = C::load(x.s[k]);
+    for (int j = 1; j < nsrc; ++j) {
+      x.u = reinterpret_cast<const uint4*>(src.p[j] + off)[v];
+#pragma unroll
+      for (std::size_t k = 0; k < kPerVec; ++k) acc[k] = Op::apply(acc[k], C::load(x.s[k]));
+    }
+#pragma unroll
+    for (std::size_t k = 0; k < kPerVec; ++k) x.s[k] = C::store(acc[k]);
+    reinterpret_cast<uint4*>(d + off)[v] = x.u;
+  }
+  const std::size_t tailStart = head + nvec * kPerVec;
+  const std::size_t scalar = head + (n - tailStart);
+  for (std::size_t k = tid; k < scalar; k += stride) {
+    const std::size_t i = k < head ? k : tailStart + (k - head);
+    V acc = C::load(reinterpret_cast<const S*>(src.p[0])[i]);
+    for (int j = 1; j < nsrc; ++j) acc = Op::apply(acc, C::load(reinterpret_cast<const S*>(src.p[j])[i]));
+    reinterpret_cast<S*>(d)[i] = C::store(acc);
+  }
+}
+
+// The fold for pointers not aligned to the element size; the op is a run-time argument (see above).
+template <class C>
+__global__ void __launch_bounds__(kThreads) foldBytesKernel(unsigned char* d, Sources src, int nsrc, std::size_t n,
+                                                            int op) {
+  using S = typename C::Storage;
+  using V = typename C::Value;
+  const std::size_t tid = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = tid; i < n; i += stride) {
+    V acc = C::load(loadBytes<S>(src.p[0] + i * sizeof(S)));
+    for (int j = 1; j < nsrc; ++j) {
+      const V y = C::load(loadBytes<S>(src.p[j] + i * sizeof(S)));
+      switch (op) {
+        case 1: acc = Prod::apply(acc, y); break;
+        case 2: acc = Max::apply(acc, y); break;
+        case 3: acc = Min::apply(acc, y); break;
+        default: acc = Sum::apply(acc, y); break;
+      }
+    }
+    storeBytes<S>(d + i * sizeof(S), C::store(acc));
+  }
+}
+
 template <class V>
 using DivisorType = std::conditional_t<std::is_integral_v<V>, std::common_type_t<V, int>, V>;
 
@@ -222,6 +286,50 @@ Status reduceFor(void* dst, const void* a, const void* b, std::size_t n, DataTyp
   return Status::InvalidArgument("unknown reduction op " + std::to_string(static_cast<int>(op)));
 }
 
+// One launch of up to kMaxFoldSources sources.
+template <class C, class Op>
+Status launchFold(void* dst, const void* const* srcs, int nsrc, std::size_t n, DataType t, ReduceOp op,
+                  cudaStream_t s) {
+  using S = typename C::Storage;
+  constexpr std::size_t kPerVec = 16 / sizeof(S);
+  Sources src{};
+  const auto ud = reinterpret_cast<std::uintptr_t>(dst);
+  std::uintptr_t any = ud;
+  bool coAligned = true;
+  for (int j = 0; j < nsrc; ++j) {
+    src.p[j] = static_cast<const unsigned char*>(srcs[j]);
+    const auto u = reinterpret_cast<std::uintptr_t>(srcs[j]);
+    any |= u;
+    coAligned = coAligned && u % 16 == ud % 16;
+  }
+  auto* d = static_cast<unsigned char*>(dst);
+  if (any % sizeof(S) != 0) {
+    foldBytesKernel<C><<<gridFor(n), kThreads, 0, s>>>(d, src, nsrc, n, static_cast<int>(op));
+    return launched("byte-wise fold", t, op);
+  }
+  std::size_t head = n, nvec = 0;
+  if (coAligned) {
+    const std::size_t toBoundary = ((16 - ud % 16) % 16) / sizeof(S);
+    head = toBoundary < n ? toBoundary : n;
+    nvec = (n - head) / kPerVec;
+  }
+  const std::size_t work = nvec + head + (n - head - nvec * kPerVec);
+  foldKernel<C, Op><<<gridFor(work), kThreads, 0, s>>>(d, src, nsrc, n, head, nvec);
+  return launched("fold", t, op);
+}
+
+template <class C>
+Status foldFor(void* dst, const void* const* srcs, int nsrc, std::size_t n, DataType t, ReduceOp op, cudaStream_t s) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return launchFold<C, Sum>(dst, srcs, nsrc, n, t, op, s);
+    case ReduceOp::kProd: return launchFold<C, Prod>(dst, srcs, nsrc, n, t, op, s);
+    case ReduceOp::kMax: return launchFold<C, Max>(dst, srcs, nsrc, n, t, op, s);
+    case ReduceOp::kMin: return launchFold<C, Min>(dst, srcs, nsrc, n, t, op, s);
+  }
+  return Status::InvalidArgument("unknown reduction op " + std::to_string(static_cast<int>(op)));
+}
+
 template <class C>
 Status divideFor(void* x, std::size_t n, DataType t, int divisor, cudaStream_t s) {
   const bool aligned = reinterpret_cast<std::uintptr_t>(x) % sizeof(typename C::Storage) == 0;
@@ -255,6 +363,26 @@ Status reduce(void* dst, const void* a, const void* b, std::size_t count, DataTy
   if (count == 0) return Status::Ok();
   auto s = static_cast<cudaStream_t>(stream);
   return withCodec(t, [&]<class C>() { return reduceFor<C>(dst, a, b, count, t, op, s); });
+}
+
+Status reduceMany(void* dst, const void* const* srcs, int nsrc, std::size_t count, DataType t, ReduceOp op,
+                  void* stream) {
+  if (!isValid(t)) return Status::InvalidArgument("unknown data type " + std::to_string(static_cast<int>(t)));
+  if (!isValid(op)) return Status::InvalidArgument("unknown reduction op " + std::to_string(static_cast<int>(op)));
+  if (nsrc < 1) return Status::InvalidArgument("reduceMany needs at least one source");
+  if (count == 0) return Status::Ok();
+  auto s = static_cast<cudaStream_t>(stream);
+  // Groups of kMaxFoldSources: the first folds into dst, each later one folds dst with its sources.
+  const void* group[kMaxFoldSources];
+  int done = 0;
+  while (done < nsrc) {
+    int k = 0;
+    if (done > 0) group[k++] = dst;
+    while (k < kMaxFoldSources && done < nsrc) group[k++] = srcs[done++];
+    Status st = withCodec(t, [&]<class C>() { return foldFor<C>(dst, group, k, count, t, op, s); });
+    if (!st.ok()) return st;
+  }
+  return Status::Ok();
 }
 
 Status divide(void* x, std::size_t count, DataType t, int divisor, void* stream) {

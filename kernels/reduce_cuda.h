@@ -18,6 +18,16 @@ namespace braid::kernels::gpu {
 // of the current device. Errors: invalid argument for a bad type/op; cuda error naming the call otherwise.
 Status reduce(void* dst, const void* a, const void* b, std::size_t count, DataType t, ReduceOp op, void* stream);
 
+// dst[i] = srcs[0][i] (op) srcs[1][i] (op) ... (op) srcs[nsrc-1][i], folded in source order, for the
+// device collectives that read every rank's buffer at once (comm/cuda_ipc.cc). The accumulator is the
+// element type, except fp16 and bf16, which fold in float and round once per group of
+// kMaxFoldSources sources (so results may differ from a chain of reduce() calls in the last bit).
+// dst may equal any of the first kMaxFoldSources sources exactly (each element is read from every
+// source before it is written); other overlaps are not allowed. Alignment as reduce().
+inline constexpr int kMaxFoldSources = 8;
+Status reduceMany(void* dst, const void* const* srcs, int nsrc, std::size_t count, DataType t, ReduceOp op,
+                  void* stream);
+
 // x[i] = x[i] / divisor, the final pass of kAvg, as kernels::divide.
 Status divide(void* x, std::size_t count, DataType t, int divisor, void* stream);
 

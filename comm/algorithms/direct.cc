@@ -36,14 +36,7 @@ Result<bool> Comm::tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp
   mine.recv = mem::describe(a.recv, bytes);
   mine.registered = mine.send.fd >= 0 && mine.recv.fd >= 0;
   std::vector<BufferDesc> all(n);
-  all[r] = mine;
-  plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
-  for (int p = 0; p < nranks_; ++p) {
-    if (p == rank_) continue;
-    plan_.send(p, 0, &mine, sizeof(mine));
-    plan_.recvCopy(p, 0, &all[static_cast<std::size_t>(p)], sizeof(BufferDesc));
-  }
-  Status s = runPlan();
+  Status s = allGatherSmall(&mine, all.data(), sizeof(mine), fp);
   if (!s.ok()) return s;
   for (const BufferDesc& d : all)
     if (!d.registered) return false;  // everyone sees the same descriptors: everyone falls back
@@ -83,6 +76,18 @@ Result<bool> Comm::tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp
   s = barrier(fp);
   if (!s.ok()) return s;
   return true;
+}
+
+Status Comm::allGatherSmall(const void* mine, void* all, std::size_t bytes, const Fingerprint& fp) {
+  auto* out = static_cast<std::byte*>(all);
+  std::memcpy(out + static_cast<std::size_t>(rank_) * bytes, mine, bytes);
+  plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    plan_.send(p, 0, mine, bytes);
+    plan_.recvCopy(p, 0, out + static_cast<std::size_t>(p) * bytes, bytes);
+  }
+  return runPlan();
 }
 
 Status Comm::barrier(const Fingerprint& fp) {

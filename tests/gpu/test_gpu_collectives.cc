@@ -173,19 +173,23 @@ long runCase(int rank, int n, braidComm_t comm, Dev& d, DataType t, ReduceOp op,
   return wrong;
 }
 
-class GpuCollectives : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+// (transport, ranks, CUDA IPC): with IPC on (the default) every all-reduce with elements must have
+// read the peers' buffers directly; with it off, all of them are staged through host memory.
+class GpuCollectives : public ::testing::TestWithParam<std::tuple<std::string, int, bool>> {};
 
 TEST_P(GpuCollectives, EveryTypeOpAndCountIsExactAndStreamOrdered) {
   const std::string transport = std::get<0>(GetParam());
   const int n = std::get<1>(GetParam());
+  const bool ipc = std::get<2>(GetParam());
   Env env = transportEnv(transport);
   env.push_back({"BRAID_TIMEOUT", "60"});
+  env.push_back({"BRAID_CUDA_IPC", ipc ? "1" : "0"});
   auto outcome = runRanks(
       n,
       [&](int rank, braidComm_t comm) {
         Dev d;
         long wrong = 0;
-        int cases = 0;
+        int cases = 0, zeroCases = 0;
         for (int ti = 0; ti < kNumDataTypes; ++ti)
           for (int oi = 0; oi < kNumReduceOps; ++oi) {
             const auto t = static_cast<DataType>(ti);
@@ -196,6 +200,7 @@ TEST_P(GpuCollectives, EveryTypeOpAndCountIsExactAndStreamOrdered) {
                 if (w < 0) return 1;
                 wrong += w;
                 ++cases;
+                zeroCases += count == 0;
               }
             if ((ti + oi) % 5 == n % 5) {  // the large count, sampled so that every type and op gets one
               long w = runCase(rank, n, comm, d, t, op, kBig, (ti + oi) % 2 == 1, 1 + ti % 3);
@@ -204,7 +209,16 @@ TEST_P(GpuCollectives, EveryTypeOpAndCountIsExactAndStreamOrdered) {
               ++cases;
             }
           }
-        if (rank == 0) std::fprintf(stderr, "rank 0: %d cases x 6 collectives on device buffers, %ld wrong elements\n", cases, wrong);
+        // Every case but count 0 made one all-reduce with elements.
+        const std::uint64_t ipcCalls = comm->impl->cudaIpcCalls();
+        const std::uint64_t wantIpc = ipc && n > 1 ? static_cast<std::uint64_t>(cases - zeroCases) : 0;
+        if (rank == 0)
+          std::fprintf(stderr, "rank 0: %d cases x 6 collectives on device buffers, %ld wrong elements, %llu all-reduces through CUDA IPC\n",
+                       cases, wrong, static_cast<unsigned long long>(ipcCalls));
+        if (ipcCalls != wantIpc) {
+          report(rank, "all-reduces through CUDA IPC: " + std::to_string(ipcCalls) + ", expected " + std::to_string(wantIpc));
+          return 3;
+        }
         return wrong ? 2 : 0;
       },
       env, 600);
@@ -215,10 +229,12 @@ TEST_P(GpuCollectives, EveryTypeOpAndCountIsExactAndStreamOrdered) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, GpuCollectives,
-                         ::testing::Values(std::tuple{"shm", 1}, std::tuple{"shm", 2}, std::tuple{"shm", 3},
-                                           std::tuple{"shm", 4}, std::tuple{"tcp", 2}),
+                         ::testing::Values(std::tuple{"shm", 1, true}, std::tuple{"shm", 2, true}, std::tuple{"shm", 3, true},
+                                           std::tuple{"shm", 4, true}, std::tuple{"tcp", 2, true}, std::tuple{"shm", 2, false},
+                                           std::tuple{"shm", 3, false}),
                          [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
+                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks" +
+                                  (std::get<2>(info.param) ? "" : "_staged");
                          });
 
 // Host and device buffers in one call, and the checks that come before any data moves.

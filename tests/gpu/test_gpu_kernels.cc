@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <random>
 #include <vector>
 
@@ -137,12 +138,77 @@ TEST(GpuKernels, DivideMatchesCpuEngine) {
   }
 }
 
+// reduceMany (the CUDA IPC all-reduce's fold) against a chain of the CPU engine's reduce, on small
+// integer values (1 and 2, so every sum and product is exact in every type and the float accumulation
+// of fp16/bf16 cannot differ from the chain): 1 to 12 sources (one group of 8 and beyond), sizes
+// around the vector width, co-aligned, differently aligned and byte-misaligned pointers, dst separate
+// or equal to the first or the sixth source.
+TEST(GpuKernels, ReduceManyMatchesAChainOfCpuReductions) {
+  const std::size_t sizes[] = {0, 1, 7, 17, 33, 4099, (1u << 20) + 7};
+  const int sourceCounts[] = {1, 2, 3, 8, 9, 12};
+  const std::size_t maxBytes = ((1u << 20) + 7) * 8 + 64;
+  std::deque<DeviceBuffer> dSrc;  // (DeviceBuffer does not move)
+  for (int j = 0; j < 12; ++j) dSrc.emplace_back(maxBytes);
+  DeviceBuffer dD(maxBytes);
+  std::vector<std::vector<std::byte>> hSrc(12, std::vector<std::byte>(maxBytes));
+  std::vector<std::byte> want(maxBytes), got(maxBytes);
+  int cases = 0;
+  for (int ti = 0; ti < kNumDataTypes; ++ti) {
+    const auto t = static_cast<DataType>(ti);
+    const std::size_t es = dataTypeSize(t);
+    for (int j = 0; j < 12; ++j)
+      for (std::size_t i = 0; i < maxBytes / es; ++i) kernels::storeFromDouble(hSrc[j].data(), i, t, 1 + (i * 7 + j * 3) % 2);
+    for (int j = 0; j < 12; ++j)
+      ASSERT_EQ(cudaMemcpy(dSrc[j].p, hSrc[j].data(), maxBytes, cudaMemcpyHostToDevice), cudaSuccess);
+    for (int oi = 0; oi < kNumReduceOps; ++oi) {
+      const auto op = static_cast<ReduceOp>(oi);
+      for (int nsrc : sourceCounts)
+        for (std::size_t n : sizes)
+          for (int layout = 0; layout < 3; ++layout)    // co-aligned, element offsets, byte offsets
+            for (int alias = 0; alias < 3; ++alias) {   // none, dst = srcs[0], dst = srcs[5]
+              if ((alias == 2 && nsrc < 6) || (layout == 2 && es == 1)) continue;
+              if (n > 4099 && nsrc != 3 && nsrc != 9) continue;  // the large size: one source count per group shape
+              std::vector<std::size_t> off(static_cast<std::size_t>(nsrc));
+              for (int j = 0; j < nsrc; ++j) off[j] = layout == 0 ? 16 : layout == 1 ? (j % 3) * es : 1 + j % 3;
+              std::size_t offD = layout == 0 ? 16 : layout == 1 ? 2 * es : 3;
+              const std::size_t bytes = n * es;
+              std::vector<const void*> srcs;
+              for (int j = 0; j < nsrc; ++j) srcs.push_back(dSrc[j].at(off[j]));
+              void* dst = dD.at(offD);
+              if (alias) {
+                const int a = alias == 1 ? 0 : 5;
+                dst = const_cast<void*>(srcs[a]);
+                offD = off[a];
+              }
+              // The CPU chain: want = s0 (op) s1 (op) ...
+              std::memcpy(want.data(), hSrc[0].data() + off[0], bytes);
+              for (int j = 1; j < nsrc; ++j) kernels::reduce(want.data(), want.data(), hSrc[j].data() + off[j], n, t, op);
+              Status st = kernels::gpu::reduceMany(dst, srcs.data(), nsrc, n, t, op, nullptr);
+              ASSERT_TRUE(st.ok()) << st.toString();
+              ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+              ASSERT_EQ(cudaMemcpy(got.data(), dst, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+              ASSERT_EQ(countDifferent(got.data(), want.data(), n, t), 0u)
+                  << dataTypeName(t) << " " << reduceOpName(op) << " sources " << nsrc << " n=" << n << " layout " << layout
+                  << " alias " << alias;
+              if (alias) {  // put the overwritten source back
+                const int a = alias == 1 ? 0 : 5;
+                ASSERT_EQ(cudaMemcpy(dSrc[a].p, hSrc[a].data(), maxBytes, cudaMemcpyHostToDevice), cudaSuccess);
+              }
+              ++cases;
+            }
+    }
+  }
+  std::printf("%d fold cases matched\n", cases);
+}
+
 TEST(GpuKernels, RejectsBadArguments) {
   EXPECT_EQ(kernels::gpu::reduce(nullptr, nullptr, nullptr, 1, static_cast<DataType>(99), ReduceOp::kSum, nullptr).code(),
             Code::kInvalidArgument);
   EXPECT_EQ(kernels::gpu::reduce(nullptr, nullptr, nullptr, 1, DataType::kFloat32, static_cast<ReduceOp>(9), nullptr).code(),
             Code::kInvalidArgument);
   EXPECT_TRUE(kernels::gpu::reduce(nullptr, nullptr, nullptr, 0, DataType::kFloat32, ReduceOp::kSum, nullptr).ok());
+  EXPECT_EQ(kernels::gpu::reduceMany(nullptr, nullptr, 0, 1, DataType::kFloat32, ReduceOp::kSum, nullptr).code(),
+            Code::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,0 +1,28 @@
+#include "comm/cuda_util.h"
+
+#include <chrono>
+#include <thread>
+
+namespace braid::cuda {
+
+std::string failedText(const char* call, cudaError_t e) {
+  return std::string(call) + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
+}
+
+Status failed(const char* call, cudaError_t e) { return Status::CudaError(failedText(call, e)); }
+
+Status waitForStream(cudaStream_t stream, double seconds, const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (unsigned polls = 0;; ++polls) {
+    cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return Status::Ok();
+    if (e != cudaErrorNotReady) return Status::CudaError(std::string(what) + ": " + failedText("cudaStreamQuery", e));
+    if (std::chrono::steady_clock::now() > deadline)
+      return Status::Timeout(std::string(what) + " did not finish within BRAID_TIMEOUT (" +
+                             std::to_string(static_cast<long>(seconds)) + " s)");
+    if (polls < 64) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+}  // namespace braid::cuda

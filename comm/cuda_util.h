@@ -1,0 +1,20 @@
+// Small helpers that every CUDA file of comm/ shares (CUDA builds only).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "braid/status.hpp"
+
+namespace braid::cuda {
+
+// "CALL failed: cudaErrorX: text", the words every CUDA error of Braid's uses.
+std::string failedText(const char* call, cudaError_t e);
+// braidCudaError with failedText.
+Status failed(const char* call, cudaError_t e);
+
+// Waits until everything queued on `stream` has finished, polling (spin, then 20 us steps), at most
+// `seconds`: a wedged device must not hang a Braid thread. `what` names the work in the errors.
+Status waitForStream(cudaStream_t stream, double seconds, const char* what);
+
+}  // namespace braid::cuda

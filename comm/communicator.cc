@@ -119,7 +119,7 @@ Status Comm::setup(InitParams& p) {
   self.settings = "BRAID_NSOCKS=" + std::to_string(config_.nsocks) + " BRAID_BUFFSIZE=" +
                   std::to_string(config_.buffSize) + " BRAID_ALGO=" + config_.algo +
                   " BRAID_ZERO_COPY=" + (config_.zeroCopy ? "1" : "0") + " BRAID_CMA=" + (config_.cma ? "1" : "0") +
-                  " BRAID_TCP_CONGESTION=" + config_.tcpCongestion;
+                  " BRAID_TCP_CONGESTION=" + config_.tcpCongestion + " BRAID_CUDA_IPC=" + (config_.cudaIpc ? "1" : "0");
   self.cmaProbe = cmaProbeAddress();
   self.cpus = topology::cpuListText(topology::allowedCpus());
   if (nranks_ > 1) {
@@ -442,7 +442,7 @@ Status Comm::executeCall(const CollArgs& in, const DeviceCall* dev) {
     return Status::Ok();
   }
   if (dev) return executeDevice(a, *dev, fp, total);
-  return executeHost(a, fp, total);
+  return executeHost(a, fp, total, true);
 }
 
 Status Comm::executeDevice(const CollArgs& a, const DeviceCall& d, const Fingerprint& fp, std::size_t total) {
@@ -460,18 +460,20 @@ Status Comm::executeDevice(const CollArgs& a, const DeviceCall& d, const Fingerp
     }
   }
 #endif
-  // Staged: device -> pinned, the host algorithms, pinned -> device. A failed copy ends the
-  // communicator (the other ranks are inside this call too) and is reported to them.
-  CollArgs h = d.host;
-  if (h.kind == CollKind::kBroadcast && h.root != rank_) h.send = h.recv;
-  Status s = d.stage(true);
-  if (s.ok()) s = executeHost(h, fp, total);
-  if (s.ok()) s = d.stage(false);
-  return s;
+  // Staged through pinned host memory: the proxy copies pieces in and out around the host
+  // algorithms, which run here, piece by piece, under this call's fingerprint and sequence number.
+  // Pinned memory is never braidMemAlloc memory, so the host zero-copy exchange is skipped.
+  return d.staged([&](const CollArgs& piece) {
+    CollArgs h = piece;
+    if (h.kind == CollKind::kBroadcast && h.root != rank_) h.send = h.recv;
+    std::size_t bytes = h.count * dataTypeSize(h.dtype);
+    if (h.kind == CollKind::kAllGather || h.kind == CollKind::kReduceScatter) bytes *= static_cast<std::size_t>(nranks_);
+    return executeHost(h, fp, bytes, false);
+  });
 }
 
-Status Comm::executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t total) {
-  if (a.kind == CollKind::kAllReduce && config_.zeroCopy && !anyTcp_ && total >= kZeroCopyMinBytes) {
+Status Comm::executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t total, bool mayZeroCopy) {
+  if (a.kind == CollKind::kAllReduce && mayZeroCopy && config_.zeroCopy && !anyTcp_ && total >= kZeroCopyMinBytes) {
     auto done = tryZeroCopyAllReduce(a, fp);
     if (!done.ok()) {
       if (!failed_) fail(done.status().withContext("zero-copy all-reduce (BRAID_ZERO_COPY=0 turns it off)"), true);

@@ -67,14 +67,15 @@ class Comm final : public EngineHost, public Workspace {
   Status validate(const CollArgs& a) const;
   // Runs one call to completion on this thread. `a` has passed validate() (cuda::run does that).
   Status runBlocking(const CollArgs& a);
-  // One call on CUDA device buffers, run by the CUDA proxy (comm/cuda_proxy.cc) on its thread: `dev`
-  // is the call as the user made it; `host` the same call on pinned staging memory, where
-  // stage(true) copies the device buffers in and stage(false) copies the result back; `stream` is
-  // the proxy's own stream (the caller's stream is held meanwhile). An all-reduce whose ranks all sit
-  // on one host reads the ranks' device buffers directly instead (comm/cuda_ipc.cc).
+  // One call on CUDA device buffers, run by the CUDA proxy (comm/cuda_proxy.cc) on its thread, as
+  // the user made it (`dev`). An all-reduce whose ranks all sit on one host reads the ranks' device
+  // buffers directly (comm/cuda_ipc.cc) on the proxy's `stream` (the caller's stream is held
+  // meanwhile). Otherwise the call is staged: `staged` copies the buffers through pinned host memory
+  // in pieces and calls runHost for each piece (the same collective on part of the data, in pinned
+  // memory), which runs the host algorithms under the call's fingerprint and sequence number.
   struct DeviceCall {
-    CollArgs host;
-    std::function<Status(bool in)> stage;
+    using RunHost = std::function<Status(const CollArgs& piece)>;
+    std::function<Status(const RunHost& runHost)> staged;
     void* stream = nullptr;
   };
   Status runDevice(const CollArgs& dev, const DeviceCall& d);
@@ -134,7 +135,8 @@ class Comm final : public EngineHost, public Workspace {
   Status runInOrder(const CollArgs& a, const DeviceCall* dev);
   Status executeCall(const CollArgs& a, const DeviceCall* dev);
   // After executeCall's bookkeeping: the algorithms on host memory, and the device call around them.
-  Status executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t total);
+  // mayZeroCopy: the buffers may be braidMemAlloc memory (not for staged device calls).
+  Status executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t total, bool mayZeroCopy);
   Status executeDevice(const CollArgs& a, const DeviceCall& d, const Fingerprint& fp, std::size_t total);
   // comm/cuda_ipc.cc (CUDA builds): true if done, false if some rank's buffers cannot be shared.
   Result<bool> cudaIpcAllReduce(const CollArgs& a, const Fingerprint& fp, void* stream);

@@ -41,6 +41,11 @@ struct CudaProxy::Op {
   std::byte* sendHost = nullptr;  // where sendDev's bytes go (may lie inside recvHost's range)
   std::byte* recvHost = nullptr;
   std::size_t sendBytes = 0, recvBytes = 0;  // 0: nothing to copy that way
+  // Pieces (see runStaged): how many, and for all-gather and reduce-scatter in more than one piece
+  // the two pinned slots their pieces alternate between (each n x the largest piece); the natural
+  // layout (sendHost, recvHost) is then not used.
+  std::size_t pieces = 1;
+  std::byte* slots[2] = {nullptr, nullptr};
   // No reference to the pinned buffer: the op may outlive its call inside the host function, and the
   // last reference must never be dropped there (freeing pinned memory is a CUDA call). The proxy keeps
   // every buffer an op may use alive until it is idle.
@@ -101,6 +106,20 @@ Result<std::shared_ptr<CudaProxy>> CudaProxy::start(Comm& comm, int device) {
     return failed("cudaStreamCreateWithFlags", e);
   }
   p->stream_ = s;
+  cudaStream_t out = nullptr;
+  if ((e = cudaStreamCreateWithFlags(&out, cudaStreamNonBlocking)) != cudaSuccess) {
+    cudaSetDevice(previous);
+    return failed("cudaStreamCreateWithFlags", e);
+  }
+  p->outStream_ = out;
+  for (void*& ev : p->events_) {
+    cudaEvent_t created = nullptr;
+    if ((e = cudaEventCreateWithFlags(&created, cudaEventDisableTiming)) != cudaSuccess) {
+      cudaSetDevice(previous);
+      return failed("cudaEventCreateWithFlags (staging)", e);
+    }
+    ev = created;
+  }
   const std::string& mode = comm.config().cudaWait;
   if (mode != "hostfn") {
     void* fn = nullptr;
@@ -136,7 +155,10 @@ Result<std::shared_ptr<CudaProxy>> CudaProxy::start(Comm& comm, int device) {
 
 CudaProxy::~CudaProxy() {
   stop(true);
+  for (void* ev : events_)
+    if (ev) cudaEventDestroy(static_cast<cudaEvent_t>(ev));
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (outStream_) cudaStreamDestroy(static_cast<cudaStream_t>(outStream_));
 }
 
 Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkState> work) {
@@ -161,7 +183,14 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
   // The pinned layout keeps in-place calls in place: a send range inside the recv range (all-gather,
   // all-reduce with send == recv) or a recv range inside the send range (reduce-scatter) keeps its offset.
   std::size_t total = 0, sendOff = 0, recvOff = 0;
-  if (needSend && needRecv && s >= r && s + sendBytes <= r + recvBytes) {
+  const bool blocks = a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter;
+  op->pieces = std::max<std::size_t>(1, std::max(needSend ? sendBytes : 0, needRecv ? recvBytes : 0) / kStagePieceBytes);
+  if (op->pieces > a.count) op->pieces = std::max<std::size_t>(1, a.count);
+  std::size_t slotBytes = 0;
+  if (blocks && op->pieces > 1) {
+    slotBytes = ((a.count + op->pieces - 1) / op->pieces * es * static_cast<std::size_t>(n) + 255) / 256 * 256;
+    total = 2 * slotBytes;
+  } else if (needSend && needRecv && s >= r && s + sendBytes <= r + recvBytes) {
     total = recvBytes;
     sendOff = static_cast<std::size_t>(s - r);
   } else if (needSend && needRecv && r >= s && r + recvBytes <= s + sendBytes) {
@@ -188,6 +217,10 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
     pinned_ = std::move(bigger);
   }
   std::byte* base = pinned_->data;
+  if (slotBytes) {
+    op->slots[0] = base;
+    op->slots[1] = base + slotBytes;
+  }
   const bool recvInSend = needSend && needRecv && r >= s && r + recvBytes <= s + sendBytes && !(s >= r && s + sendBytes <= r + recvBytes);
   if (recvInSend) {
     op->sendHost = base;
@@ -302,13 +335,115 @@ void CudaProxy::loop() {
   }
 }
 
-Status CudaProxy::stage(Op& op, bool in) {
-  auto s = static_cast<cudaStream_t>(stream_);
-  cudaError_t e = cudaSuccess;
-  if (in && op.sendBytes) e = cudaMemcpyAsync(op.sendHost, op.sendDev, op.sendBytes, cudaMemcpyDefault, s);
-  if (!in && op.recvBytes) e = cudaMemcpyAsync(op.recvDev, op.recvHost, op.recvBytes, cudaMemcpyDefault, s);
-  if (e != cudaSuccess) return failed(in ? "cudaMemcpyAsync (device to pinned host)" : "cudaMemcpyAsync (pinned host to device)", e);
-  return cuda::waitForStream(s, comm_.timeoutSec(), in ? "a staging copy to pinned memory" : "a staging copy from pinned memory");
+namespace {
+
+// One copy of `rows` rows of `width` bytes (pitches: bytes from one row to the next), on `stream`.
+Status copyRows(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                std::size_t rows, cudaStream_t stream, const char* what) {
+  if (!width || !rows) return Status::Ok();
+  cudaError_t e = rows == 1 ? cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, stream)
+                            : cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, stream);
+  return e == cudaSuccess ? Status::Ok() : failed(what, e);
+}
+
+// Waits for `ev` (polling, bounded like every wait of the proxy).
+Status waitForEvent(cudaEvent_t ev, double seconds, const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (unsigned polls = 0;; ++polls) {
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return Status::Ok();
+    if (e != cudaErrorNotReady) return failed(what, e);
+    if (std::chrono::steady_clock::now() > deadline) return Status::Timeout(std::string(what) + " did not finish within BRAID_TIMEOUT");
+    if (polls < 64) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+}  // namespace
+
+// The staged path, pipelined: the call is cut into pieces (op.pieces, each at least kStagePieceBytes
+// of the larger buffer); piece k+1 is copied in on one stream while the host collective of piece k
+// runs on this thread, and piece k is copied out on a second stream while piece k+1 runs.
+//   all-reduce, broadcast, reduce, send/recv: piece k is elements [off, off+len) of every buffer, in
+//     the natural pinned layout (in place stays in place).
+//   all-gather, reduce-scatter (in more than one piece): piece k is elements [off, off+len) of every
+//     rank's block, gathered into one of two pinned slots as n blocks of len (2-D copies), where the
+//     host collective runs in place; a slot is refilled only after its previous piece was copied out.
+Status CudaProxy::runStaged(Op& op, const Comm::DeviceCall::RunHost& runHost) {
+  const CollArgs& a = op.dev;
+  const std::size_t n = static_cast<std::size_t>(comm_.nranks()), r = static_cast<std::size_t>(comm_.rank());
+  const std::size_t es = dataTypeSize(a.dtype);
+  const bool blocks = op.slots[0] != nullptr;
+  const bool gather = a.kind == CollKind::kAllGather;
+  auto in = static_cast<cudaStream_t>(stream_), out = static_cast<cudaStream_t>(outStream_);
+  const cudaEvent_t evIn[2] = {static_cast<cudaEvent_t>(events_[0]), static_cast<cudaEvent_t>(events_[1])};
+  const cudaEvent_t evOut[2] = {static_cast<cudaEvent_t>(events_[2]), static_cast<cudaEvent_t>(events_[3])};
+  const double wait = comm_.timeoutSec();
+  const auto* sendDev = static_cast<const std::byte*>(op.sendDev);
+  auto* recvDev = static_cast<std::byte*>(op.recvDev);
+
+  auto copyIn = [&](std::size_t k) -> Status {
+    const Range p = split(a.count, op.pieces, k);
+    Status s;
+    if (!blocks) {
+      if (op.sendBytes) s = copyRows(op.sendHost + p.off * es, 0, sendDev + p.off * es, 0, p.len * es, 1, in, "cudaMemcpyAsync (device to pinned host)");
+    } else {
+      if (k >= 2) {
+        cudaError_t e = cudaStreamWaitEvent(in, evOut[k % 2], 0);  // the slot's last piece is out
+        if (e != cudaSuccess) return failed("cudaStreamWaitEvent (staging slot)", e);
+      }
+      std::byte* slot = op.slots[k % 2];
+      if (gather) s = copyRows(slot + r * p.len * es, 0, sendDev + p.off * es, 0, p.len * es, 1, in, "cudaMemcpyAsync (device to pinned host)");
+      else s = copyRows(slot, p.len * es, sendDev + p.off * es, a.count * es, p.len * es, n, in, "cudaMemcpy2DAsync (device to pinned host)");
+    }
+    if (!s.ok()) return s;
+    cudaError_t e = cudaEventRecord(evIn[k % 2], in);
+    return e == cudaSuccess ? Status::Ok() : failed("cudaEventRecord (staging)", e);
+  };
+  auto copyOut = [&](std::size_t k) -> Status {
+    const Range p = split(a.count, op.pieces, k);
+    Status s;
+    if (!blocks) {
+      if (op.recvBytes) s = copyRows(recvDev + p.off * es, 0, op.recvHost + p.off * es, 0, p.len * es, 1, out, "cudaMemcpyAsync (pinned host to device)");
+    } else {
+      std::byte* slot = op.slots[k % 2];
+      if (gather) s = copyRows(recvDev + p.off * es, a.count * es, slot, p.len * es, p.len * es, n, out, "cudaMemcpy2DAsync (pinned host to device)");
+      else s = copyRows(recvDev + p.off * es, 0, slot + r * p.len * es, 0, p.len * es, 1, out, "cudaMemcpyAsync (pinned host to device)");
+    }
+    if (!s.ok()) return s;
+    cudaError_t e = cudaEventRecord(evOut[k % 2], out);
+    return e == cudaSuccess ? Status::Ok() : failed("cudaEventRecord (staging)", e);
+  };
+  auto pieceArgs = [&](std::size_t k) {
+    const Range p = split(a.count, op.pieces, k);
+    CollArgs h = op.host;
+    h.count = p.len;
+    if (!blocks) {
+      if (h.send) h.send = static_cast<const std::byte*>(h.send) + p.off * es;
+      if (h.recv) h.recv = static_cast<std::byte*>(h.recv) + p.off * es;
+    } else {
+      std::byte* slot = op.slots[k % 2];
+      h.send = gather ? slot + r * p.len * es : slot;
+      h.recv = gather ? slot : slot + r * p.len * es;
+    }
+    return h;
+  };
+
+  Status s = copyIn(0);
+  for (std::size_t k = 0; s.ok() && k < op.pieces; ++k) {
+    if (k + 1 < op.pieces) s = copyIn(k + 1);
+    if (s.ok()) s = waitForEvent(evIn[k % 2], wait, "a staging copy to pinned memory");
+    if (s.ok()) s = runHost(pieceArgs(k));
+    if (s.ok()) {
+      std::lock_guard<std::mutex> g(op.mu);
+      if (op.abandoned) s = Status::Timeout("the stream stopped waiting for the result");
+    }
+    if (s.ok()) s = copyOut(k);
+  }
+  // Nothing may still write pinned memory or the user's buffers once the call is over.
+  Status drained = cuda::waitForStream(in, wait, "the staging copies to pinned memory");
+  if (drained.ok()) drained = cuda::waitForStream(out, wait, "the staging copies from pinned memory");
+  return s.ok() ? drained : s;
 }
 
 // Waits until the caller's stream has reached the call (or the communicator failed), at most
@@ -359,15 +494,8 @@ void CudaProxy::process(Op& op) {
     return;
   }
   Comm::DeviceCall call;
-  call.host = op.host;
   call.stream = stream_;
-  call.stage = [&](bool in) {
-    if (!in) {
-      std::lock_guard<std::mutex> g(op.mu);
-      if (op.abandoned) return Status::Timeout(what + ": the stream stopped waiting for the result");
-    }
-    return stage(op, in);
-  };
+  call.staged = [&](const Comm::DeviceCall::RunHost& runHost) { return runStaged(op, runHost); };
   s = comm_.runDevice(op.dev, call);
   if (!s.ok()) {
     s = s.withContext(what);

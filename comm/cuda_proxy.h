@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -26,6 +27,10 @@ namespace braid {
 
 class Comm;
 struct WorkState;
+
+// Staged calls move in pieces of at least this many bytes (of the larger buffer), so that copying
+// one piece overlaps the collective on the one before. A first guess, to be measured on a GPU.
+inline constexpr std::size_t kStagePieceBytes = 4 << 20;
 
 class CudaProxy {
  public:
@@ -50,7 +55,8 @@ class CudaProxy {
   CudaProxy(Comm& comm, int device) : comm_(comm), device_(device) {}
   void loop();
   void process(Op& op);
-  Status stage(Op& op, bool in);
+  // The staged path (see cuda_proxy.cc): copies in, runHost per piece, copies out, pipelined.
+  Status runStaged(Op& op, const std::function<Status(const CollArgs&)>& runHost);
   Status waitReady(Op& op);
   // Holds `stream` until op is done; false (nothing queued) if the mechanism is not available.
   Status holdWithValue(Op& op, void* stream, bool* held);
@@ -59,6 +65,8 @@ class CudaProxy {
   Comm& comm_;
   const int device_;
   void* stream_ = nullptr;  // cudaStream_t, non-blocking: never waits on the callers' streams
+  void* outStream_ = nullptr;  // the staged path's copies back to the device (stream_ copies in)
+  void* events_[4] = {};       // cudaEvent_t: the staged path's two "in" and two "out" events
   // The value mechanism: cuStreamWaitValue32 from the driver (null: not available or not wanted),
   // the word the callers' streams wait on (mapped pinned memory, never freed: a stream may still
   // read it after the communicator is gone), and the sequence number of the last call queued.

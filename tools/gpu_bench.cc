@@ -1,12 +1,14 @@
 // braid-gpu-bench: the CUDA reduction kernel (dst = a + b) against cudaMemcpy device-to-device, in
 // one run on one GPU. Bandwidth counts the bytes each moves: the reduction reads two buffers and
 // writes one (3 x size), a copy reads one and writes one (2 x size). The ratio to the copy is the
-// figure of merit: a memory-bound kernel can at best match the copy's bandwidth.
+// figure of merit: a memory-bound kernel can at best match the copy's bandwidth. Last, pinned host
+// memory to and from the device (bytes counted once), the bound of the staged path.
 //   braid-gpu-bench [--bytes SIZE] [--iters N] [--json FILE]     (default 1G, 20)
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -87,11 +89,27 @@ int main(int argc, char** argv) {
     r.name = name;
     results.push_back(r);
   }
+  // Pinned host <-> device copies (the bound of the staged path, which moves every byte across once
+  // each way): at most 256 MiB of pinned memory, bytes counted once.
+  const std::size_t pinnedBytes = bytes < (std::size_t{256} << 20) ? bytes : std::size_t{256} << 20;
+  void* pinned = nullptr;
+  if (!check(cudaHostAlloc(&pinned, pinnedBytes, cudaHostAllocDefault), "cudaHostAlloc")) return 1;
+  std::memset(pinned, 1, pinnedBytes);
+  for (auto [kind, name] : {std::pair{cudaMemcpyHostToDevice, "pinned host to device"},
+                            std::pair{cudaMemcpyDeviceToHost, "pinned device to host"}}) {
+    Result r = timeIt([&] {
+      if (kind == cudaMemcpyHostToDevice) cudaMemcpyAsync(c, pinned, pinnedBytes, kind);
+      else cudaMemcpyAsync(pinned, c, pinnedBytes, kind);
+    }, static_cast<double>(pinnedBytes));
+    r.name = name;
+    results.push_back(r);
+  }
   if (!check(cudaDeviceSynchronize(), "cudaDeviceSynchronize")) return 1;
+  cudaFreeHost(pinned);
   std::printf("# braid-gpu-bench: %s, %d SMs, %.2f GiB per buffer, %d iterations\n", prop.name, prop.multiProcessorCount,
               static_cast<double>(bytes) / (1 << 30), iters);
-  std::printf("%-22s %10s %10s %12s\n", "kernel", "ms", "GB/s", "vs memcpy");
-  for (const Result& r : results) std::printf("%-22s %10.3f %10.1f %11.2fx\n", r.name.c_str(), r.ms, r.gbps, r.gbps / copy.gbps);
+  std::printf("%-24s %10s %10s %12s\n", "kernel", "ms", "GB/s", "vs memcpy");
+  for (const Result& r : results) std::printf("%-24s %10.3f %10.1f %11.2fx\n", r.name.c_str(), r.ms, r.gbps, r.gbps / copy.gbps);
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
     if (!f) return std::fprintf(stderr, "cannot write %s\n", json.c_str()), 1;

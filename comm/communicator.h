@@ -147,6 +147,10 @@ class Comm final : public EngineHost, public Workspace {
   // Every rank's `bytes` of `mine`, in rank order into `all` (nranks * bytes), inside a collective:
   // the descriptor exchanges of the zero-copy paths. Also an entry barrier.
   Status allGatherSmall(const void* mine, void* all, std::size_t bytes, const Fingerprint& fp);
+  // Every rank's send and receive buffer of `a` as this process sees them: this rank's own, the
+  // peers' through map(peer, send?) (the zero-copy paths: braidMemAlloc mappings, CUDA IPC).
+  Status peerBuffers(const CollArgs& a, const std::function<Result<std::byte*>(int peer, bool send)>& map,
+                     std::vector<const std::byte*>& sends, std::vector<std::byte*>& recvs) const;
   // comm/algorithms/direct.cc: true if done, false if some rank's buffers are not braidMemAlloc memory.
   Result<bool> tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp);
   // comm/algorithms/cma.cc: single-copy all-gather and broadcast (process_vm_readv, process_vm_writev).

@@ -210,21 +210,10 @@ Result<bool> Comm::cudaIpcAllReduce(const CollArgs& a, const Fingerprint& fp, vo
     if (!d.ok) return false;  // everyone sees the same descriptors: everyone stages this call
 
   if (ipc.mapped.size() + 2 * n > kMaxMapped) ipc.closeMapped();  // nothing is in flight between calls
-  std::vector<const std::byte*> sends(n);
-  std::vector<std::byte*> recvs(n);
-  for (std::size_t q = 0; q < n; ++q) {
-    if (q == r) {
-      sends[q] = static_cast<const std::byte*>(a.send);
-      recvs[q] = static_cast<std::byte*>(a.recv);
-      continue;
-    }
-    auto ps = ipc.map(static_cast<int>(q), rank_, all[q].send);
-    if (!ps.ok()) return ps.status();
-    auto pr = ipc.map(static_cast<int>(q), rank_, all[q].recv);
-    if (!pr.ok()) return pr.status();
-    sends[q] = *ps;
-    recvs[q] = *pr;
-  }
+  std::vector<const std::byte*> sends;
+  std::vector<std::byte*> recvs;
+  s = peerBuffers(a, [&](int q, bool send) { return ipc.map(q, rank_, send ? all[q].send : all[q].recv); }, sends, recvs);
+  if (!s.ok()) return s;
   const double wait = config_.timeoutSec;
   const bool oneShot = bytes <= kOneShotMaxBytes;
   BRAID_LOG(kInfo, kTune, "%s #%llu: CUDA IPC %s", fp.describe().c_str(), static_cast<unsigned long long>(fp.seq),

@@ -250,10 +250,27 @@ Status launched(const char* what, DataType t, ReduceOp op) {
                            "): " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
+// The layout of one launch over n elements of type S whose destination sits at address ud: `head`
+// elements to the 16-byte boundary, `nvec` vectors, the rest element-wise; everything element-wise
+// unless every pointer shares dst's offset modulo 16 (coAligned). `work`: items for the grid.
+struct Split {
+  std::size_t head, nvec, work;
+};
+template <class S>
+Split splitFor(std::uintptr_t ud, bool coAligned, std::size_t n) {
+  constexpr std::size_t kPerVec = 16 / sizeof(S);
+  std::size_t head = n, nvec = 0;
+  if (coAligned) {
+    const std::size_t toBoundary = ((16 - ud % 16) % 16) / sizeof(S);
+    head = toBoundary < n ? toBoundary : n;
+    nvec = (n - head) / kPerVec;
+  }
+  return {head, nvec, nvec + head + (n - head - nvec * kPerVec)};
+}
+
 template <class C, class Op>
 Status launchReduce(void* dst, const void* a, const void* b, std::size_t n, DataType t, ReduceOp op, cudaStream_t s) {
   using S = typename C::Storage;
-  constexpr std::size_t kPerVec = 16 / sizeof(S);
   const auto ud = reinterpret_cast<std::uintptr_t>(dst), ua = reinterpret_cast<std::uintptr_t>(a),
              ub = reinterpret_cast<std::uintptr_t>(b);
   auto* d = static_cast<unsigned char*>(dst);
@@ -263,27 +280,27 @@ Status launchReduce(void* dst, const void* a, const void* b, std::size_t n, Data
     reduceBytesKernel<C><<<gridFor(n), kThreads, 0, s>>>(d, pa, pb, n, static_cast<int>(op));
     return launched("byte-wise reduce", t, op);
   }
-  std::size_t head = n, nvec = 0;
-  if (ud % 16 == ua % 16 && ud % 16 == ub % 16) {
-    const std::size_t toBoundary = ((16 - ud % 16) % 16) / sizeof(S);
-    head = toBoundary < n ? toBoundary : n;
-    nvec = (n - head) / kPerVec;
-  }
-  const std::size_t work = nvec + head + (n - head - nvec * kPerVec);
-  reduceKernel<C, Op><<<gridFor(work), kThreads, 0, s>>>(d, pa, pb, n, head, nvec);
+  const Split sp = splitFor<S>(ud, ud % 16 == ua % 16 && ud % 16 == ub % 16, n);
+  reduceKernel<C, Op><<<gridFor(sp.work), kThreads, 0, s>>>(d, pa, pb, n, sp.head, sp.nvec);
   return launched("reduce", t, op);
+}
+
+// Calls f.template operator()<Op>() for the functor of op (kAvg reduces like kSum).
+template <class F>
+Status withOp(ReduceOp op, F&& f) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return f.template operator()<Sum>();
+    case ReduceOp::kProd: return f.template operator()<Prod>();
+    case ReduceOp::kMax: return f.template operator()<Max>();
+    case ReduceOp::kMin: return f.template operator()<Min>();
+  }
+  return Status::InvalidArgument("unknown reduction op " + std::to_string(static_cast<int>(op)));
 }
 
 template <class C>
 Status reduceFor(void* dst, const void* a, const void* b, std::size_t n, DataType t, ReduceOp op, cudaStream_t s) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg: return launchReduce<C, Sum>(dst, a, b, n, t, op, s);
-    case ReduceOp::kProd: return launchReduce<C, Prod>(dst, a, b, n, t, op, s);
-    case ReduceOp::kMax: return launchReduce<C, Max>(dst, a, b, n, t, op, s);
-    case ReduceOp::kMin: return launchReduce<C, Min>(dst, a, b, n, t, op, s);
-  }
-  return Status::InvalidArgument("unknown reduction op " + std::to_string(static_cast<int>(op)));
+  return withOp(op, [&]<class Op>() { return launchReduce<C, Op>(dst, a, b, n, t, op, s); });
 }
 
 // One launch of up to kMaxFoldSources sources.
@@ -291,7 +308,6 @@ template <class C, class Op>
 Status launchFold(void* dst, const void* const* srcs, int nsrc, std::size_t n, DataType t, ReduceOp op,
                   cudaStream_t s) {
   using S = typename C::Storage;
-  constexpr std::size_t kPerVec = 16 / sizeof(S);
   Sources src{};
   const auto ud = reinterpret_cast<std::uintptr_t>(dst);
   std::uintptr_t any = ud;
@@ -307,27 +323,14 @@ Status launchFold(void* dst, const void* const* srcs, int nsrc, std::size_t n, D
     foldBytesKernel<C><<<gridFor(n), kThreads, 0, s>>>(d, src, nsrc, n, static_cast<int>(op));
     return launched("byte-wise fold", t, op);
   }
-  std::size_t head = n, nvec = 0;
-  if (coAligned) {
-    const std::size_t toBoundary = ((16 - ud % 16) % 16) / sizeof(S);
-    head = toBoundary < n ? toBoundary : n;
-    nvec = (n - head) / kPerVec;
-  }
-  const std::size_t work = nvec + head + (n - head - nvec * kPerVec);
-  foldKernel<C, Op><<<gridFor(work), kThreads, 0, s>>>(d, src, nsrc, n, head, nvec);
+  const Split sp = splitFor<S>(ud, coAligned, n);
+  foldKernel<C, Op><<<gridFor(sp.work), kThreads, 0, s>>>(d, src, nsrc, n, sp.head, sp.nvec);
   return launched("fold", t, op);
 }
 
 template <class C>
 Status foldFor(void* dst, const void* const* srcs, int nsrc, std::size_t n, DataType t, ReduceOp op, cudaStream_t s) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg: return launchFold<C, Sum>(dst, srcs, nsrc, n, t, op, s);
-    case ReduceOp::kProd: return launchFold<C, Prod>(dst, srcs, nsrc, n, t, op, s);
-    case ReduceOp::kMax: return launchFold<C, Max>(dst, srcs, nsrc, n, t, op, s);
-    case ReduceOp::kMin: return launchFold<C, Min>(dst, srcs, nsrc, n, t, op, s);
-  }
-  return Status::InvalidArgument("unknown reduction op " + std::to_string(static_cast<int>(op)));
+  return withOp(op, [&]<class Op>() { return launchFold<C, Op>(dst, srcs, nsrc, n, t, op, s); });
 }
 
 template <class C>

@@ -42,21 +42,11 @@ Result<bool> Comm::tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp
     if (!d.registered) return false;  // everyone sees the same descriptors: everyone falls back
 
   peerMemory_.makeRoom(2 * (n - 1));
-  std::vector<const std::byte*> sends(n);
-  std::vector<std::byte*> recvs(n);
-  for (std::size_t q = 0; q < n; ++q) {
-    if (q == r) {
-      sends[q] = static_cast<const std::byte*>(a.send);
-      recvs[q] = static_cast<std::byte*>(a.recv);
-      continue;
-    }
-    auto ps = peerMemory_.map(all[q].pid, all[q].send);
-    auto pr = peerMemory_.map(all[q].pid, all[q].recv);
-    if (!ps.ok()) return ps.status();
-    if (!pr.ok()) return pr.status();
-    sends[q] = *ps;
-    recvs[q] = *pr;
-  }
+  std::vector<const std::byte*> sends;
+  std::vector<std::byte*> recvs;
+  s = peerBuffers(a, [&](int q, bool send) { return peerMemory_.map(all[q].pid, send ? all[q].send : all[q].recv); },
+                  sends, recvs);
+  if (!s.ok()) return s;
   const std::size_t es = dataTypeSize(a.dtype);
   Range mineBlk = split(a.count, n, r);
   std::byte* dst = recvs[r] + mineBlk.off * es;
@@ -76,6 +66,27 @@ Result<bool> Comm::tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp
   s = barrier(fp);
   if (!s.ok()) return s;
   return true;
+}
+
+Status Comm::peerBuffers(const CollArgs& a, const std::function<Result<std::byte*>(int peer, bool send)>& map,
+                         std::vector<const std::byte*>& sends, std::vector<std::byte*>& recvs) const {
+  sends.assign(static_cast<std::size_t>(nranks_), nullptr);
+  recvs.assign(static_cast<std::size_t>(nranks_), nullptr);
+  for (int q = 0; q < nranks_; ++q) {
+    const auto i = static_cast<std::size_t>(q);
+    if (q == rank_) {
+      sends[i] = static_cast<const std::byte*>(a.send);
+      recvs[i] = static_cast<std::byte*>(a.recv);
+      continue;
+    }
+    auto ps = map(q, true);
+    if (!ps.ok()) return ps.status();
+    auto pr = map(q, false);
+    if (!pr.ok()) return pr.status();
+    sends[i] = *ps;
+    recvs[i] = *pr;
+  }
+  return Status::Ok();
 }
 
 Status Comm::allGatherSmall(const void* mine, void* all, std::size_t bytes, const Fingerprint& fp) {

@@ -462,7 +462,8 @@ Status Comm::executeDevice(const CollArgs& a, const DeviceCall& d, const Fingerp
 #endif
   // Staged through pinned host memory: the proxy copies pieces in and out around the host
   // algorithms, which run here, piece by piece, under this call's fingerprint and sequence number.
-  // Pinned memory is never braidMemAlloc memory, so the host zero-copy exchange is skipped.
+  // The host zero-copy and cross-memory-attach paths are skipped: pinned staging memory is never
+  // braidMemAlloc memory, and the driver's mapping of it may refuse process_vm_readv.
   return d.staged([&](const CollArgs& piece) {
     CollArgs h = piece;
     if (h.kind == CollKind::kBroadcast && h.root != rank_) h.send = h.recv;
@@ -472,8 +473,8 @@ Status Comm::executeDevice(const CollArgs& a, const DeviceCall& d, const Fingerp
   });
 }
 
-Status Comm::executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t total, bool mayZeroCopy) {
-  if (a.kind == CollKind::kAllReduce && mayZeroCopy && config_.zeroCopy && !anyTcp_ && total >= kZeroCopyMinBytes) {
+Status Comm::executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t total, bool userMemory) {
+  if (a.kind == CollKind::kAllReduce && userMemory && config_.zeroCopy && !anyTcp_ && total >= kZeroCopyMinBytes) {
     auto done = tryZeroCopyAllReduce(a, fp);
     if (!done.ok()) {
       if (!failed_) fail(done.status().withContext("zero-copy all-reduce (BRAID_ZERO_COPY=0 turns it off)"), true);
@@ -486,7 +487,7 @@ Status Comm::executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t t
       return Status::Ok();
     }
   }
-  if (cmaFits(a, total)) return cmaCollective(a, fp);
+  if (userMemory && cmaFits(a, total)) return cmaCollective(a, fp);
   const TunerChoice& t = tuner_.choose(a.kind, total);
   const bool viaMailbox = (a.kind == CollKind::kAllReduce || a.kind == CollKind::kBarrier) && mailboxFits(t, total);
   BRAID_LOG(kInfo, kTune, "%s #%llu: %s%s, %d channel(s), chunk %zu (model: ring %.1f us, tree %.1f us, oneshot %.1f us)",

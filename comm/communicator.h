@@ -99,7 +99,7 @@ class Comm final : public EngineHost, public Workspace {
   // How many all-reduces took the zero-copy path (for tests and `braid perf`).
   std::uint64_t zeroCopyCalls() const { return zeroCopyCalls_; }
   // How many all-reduces on device buffers read the peers' buffers through CUDA IPC (for tests).
-  std::uint64_t cudaIpcCalls() const { return cudaIpcCalls_; }
+  std::uint64_t cudaIpcCalls() const { return cudaIpcCalls_.load(std::memory_order_relaxed); }
   // How many all-gathers and broadcasts took the cross-memory-attach path (for tests).
   std::uint64_t cmaCalls() const { return cmaCalls_; }
   bool cmaUsable() const { return cmaUsable_; }
@@ -135,11 +135,14 @@ class Comm final : public EngineHost, public Workspace {
   Status runInOrder(const CollArgs& a, const DeviceCall* dev);
   Status executeCall(const CollArgs& a, const DeviceCall* dev);
   // After executeCall's bookkeeping: the algorithms on host memory, and the device call around them.
-  // mayZeroCopy: the buffers may be braidMemAlloc memory (not for staged device calls).
-  Status executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t total, bool mayZeroCopy);
+  // userMemory: the buffers are the user's (false: the CUDA proxy's pinned staging memory, which is
+  // never braidMemAlloc memory and is kept away from cross-memory attach).
+  Status executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t total, bool userMemory);
   Status executeDevice(const CollArgs& a, const DeviceCall& d, const Fingerprint& fp, std::size_t total);
   // comm/cuda_ipc.cc (CUDA builds): true if done, false if some rank's buffers cannot be shared.
   Result<bool> cudaIpcAllReduce(const CollArgs& a, const Fingerprint& fp, void* stream);
+  // comm/cuda_ipc.cc: unmaps the peers' memory (stopCudaProxy, before destroy's farewell).
+  void releaseCudaIpc();
   // Runs plan_; a failure ends the communicator and is reported to the other ranks.
   Status runPlan();
   // A barrier of zero-byte messages carrying `fp` (inside a collective).
@@ -211,7 +214,7 @@ class Comm final : public EngineHost, public Workspace {
   // incoming channel; returns the first error f returns.
   Status forEachWaitingHeader(const std::function<Status(int, const WireHeader&)>& f);
   std::uint64_t zeroCopyCalls_ = 0;
-  std::uint64_t cudaIpcCalls_ = 0;
+  std::atomic<std::uint64_t> cudaIpcCalls_{0};  // written by the CUDA proxy, read by tests
   std::shared_ptr<CudaIpc> cudaIpc_;  // comm/cuda_ipc.cc: what the ranks agreed and the mapped buffers
   std::map<int, std::uint64_t> sendSeq_, recvSeq_;
   Plan plan_;

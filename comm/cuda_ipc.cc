@@ -1,33 +1,39 @@
-// All-reduce on CUDA device buffers between ranks of one host, through CUDA IPC: every rank maps its
-// peers' buffers (cudaIpcOpenMemHandle) and a kernel reads them directly. The shape is the host
-// zero-copy all-reduce's (comm/algorithms/direct.cc), with the GPU doing the work:
+// All-reduce on CUDA device buffers between ranks of one host, through CUDA IPC: kernels read the
+// peers' memory directly (cudaIpcOpenMemHandle). Synchronization is host barriers between kernels,
+// never flags that kernels spin on (ranks sharing a GPU run in time-sliced contexts).
 //
-//   1. exchange buffer descriptors (IPC handles)   (also the entry barrier: every stream has reached
-//                                                    the call, so every input is ready)
-//   small (up to kOneShotMaxBytes), "one-shot":
-//   2. every rank folds all n send buffers, in rank order, into its receive buffer (into a private
-//      buffer first when in place: the peers still read this rank's input)
-//   3. barrier                                      (nobody reads anyone's buffers any more)
-//   larger, "two-shot":
-//   2. rank r folds block r of all n send buffers into block r of its receive buffer, its own
-//      first so that an in-place block is read before it is overwritten
+// Setup, once, at the first such call: every rank allocates a scratch buffer of two one-shot slots,
+// exports it and opens every peer's (the opening is the test of "can this rank map that one's
+// memory"); the ranks then agree whether all of that worked, or use the staged path from then on.
+//
+// Small (up to kOneShotMaxBytes), "one-shot", through the scratch slots:
+//   1. copy the input into this rank's slot (the slots alternate between calls)
+//   2. barrier                                      (every slot is filled)
+//   3. fold all n slots, in rank order (the same bits on every rank), into the receive buffer
+// No barrier at the end: a rank refills a slot two calls later, after the next call's barrier,
+// which every rank reaches only after finishing this call's fold.
+//
+// Larger, "two-shot", on the user's buffers (exported and mapped per allocation, cached):
+//   1. exchange buffer descriptors                  (also the entry barrier: every input is ready)
+//   2. rank r folds block r of all n send buffers into block r of its receive buffer
 //   3. barrier                                      (every block is final)
 //   4. rank r copies every other block q from rank q's receive buffer
 //   5. barrier                                      (nobody reads anyone's buffers any more)
+// A buffer some rank cannot export (memory from cudaMallocAsync pools or cuMemCreate) or that lives
+// on another GPU than the communicator's makes every rank stage that call, decided alike from the
+// exchanged descriptors.
 //
 // Every kernel and copy runs on the CUDA proxy's stream and is waited for (bounded) before the next
 // barrier, so a barrier always means "my part is in memory". The barriers and the exchange are small
 // plans on the ordinary channels: they carry the call's fingerprint, so mismatched calls are still
-// caught, and a rank that dies is still noticed. The ranks agree once, at their first such call,
-// whether every rank can map every other's memory; after that, a call whose buffers some rank cannot
-// export (memory from cudaMallocAsync pools or cuMemCreate) is staged through pinned host memory
-// instead, decided by every rank alike from the exchanged descriptors.
+// caught, and a rank that dies is still noticed.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -48,15 +54,29 @@ constexpr std::size_t kMaxMapped = 64;
 // cuPointerGetAttributes, with the driver API's types as plain C types.
 using PointerGetAttributesFn = int (*)(unsigned count, int* attributes, void** data, unsigned long long ptr);
 constexpr int kAttrBufferId = 7;        // CU_POINTER_ATTRIBUTE_BUFFER_ID (unique per allocation)
+constexpr int kAttrDeviceOrdinal = 9;   // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 constexpr int kAttrIpcCapable = 10;     // CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
 constexpr int kAttrRangeStart = 11;     // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
 
-// Round 1 of the agreement: who and where each rank is.
+// Round 1 of the agreement: who each rank is, and its scratch.
 struct RankInfo {
-  std::int32_t pid;
-  std::int32_t ready;  // the driver entry point was found and the device is known
-  unsigned char uuid[16];
+  std::uint64_t process;  // processToken(): equal only for threads of one process
+  std::int32_t ready;     // the driver entry point was found and the scratch exported
+  std::int32_t pad;
+  unsigned char uuid[16];  // the GPU
+  std::uint64_t scratchPointer;  // for threads of the same process
+  cudaIpcMemHandle_t scratch;    // for other processes
 };
+
+// Random per process, so that ranks in different PID namespaces (containers) never look like threads
+// of one process even when their pids are equal.
+std::uint64_t processToken() {
+  static const std::uint64_t token = [] {
+    std::random_device rd;
+    return (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(getpid());
+  }();
+  return token;
+}
 
 // One buffer of one call, as the other ranks need it.
 struct BufferDesc {
@@ -76,28 +96,44 @@ struct CallDesc {
 struct CudaIpc {
   bool agreed = false;  // the first call's agreement ran
   bool usable = false;  // every rank can map every other rank's device memory
+  int device = -1;      // the communicator's GPU (the proxy's)
   PointerGetAttributesFn pointerGetAttributes = nullptr;
-  std::vector<std::int32_t> pids;  // by rank
-  void* temp = nullptr;            // one-shot in place: the result before it replaces the input
-  std::map<std::uint64_t, cudaIpcMemHandle_t> exported;          // this rank's allocations, by id
-  std::map<std::pair<int, std::uint64_t>, void*> mapped;         // (peer, allocation id) -> base here
+  std::vector<std::uint64_t> processes;  // by rank: processToken()
+  void* scratch = nullptr;               // two one-shot slots of kOneShotMaxBytes
+  std::vector<std::byte*> peerScratch;   // by rank, as this process sees it
+  std::uint64_t oneShotCalls = 0;        // which slot is next
+  std::map<std::uint64_t, cudaIpcMemHandle_t> exported;   // this rank's allocations, by id
+  std::map<std::pair<int, std::uint64_t>, void*> mapped;  // (peer, allocation id) -> base here
 
   ~CudaIpc() {
-    closeMapped();
-    if (temp) cudaFree(temp);
+    closeAll();
+    if (scratch) cudaFree(scratch);
   }
+  bool sameProcess(std::size_t a, std::size_t b) const { return processes[a] == processes[b]; }
   void closeMapped() {
     for (auto& [key, base] : mapped) cudaIpcCloseMemHandle(base);
     mapped.clear();
   }
+  // Unmaps every peer's memory (Comm::releaseCudaIpc, before destroy's farewell: once every rank
+  // has said farewell, nobody maps anybody's scratch and it may be freed).
+  void closeAll() {
+    closeMapped();
+    for (std::size_t q = 0; q < peerScratch.size(); ++q)
+      if (peerScratch[q] && !sameProcess(q, static_cast<std::size_t>(self))) cudaIpcCloseMemHandle(peerScratch[q]);
+    peerScratch.clear();
+  }
+  int self = 0;
 
-  // Fills `d` for the buffer at `p`; false if its memory cannot be shared through legacy IPC.
+  // Fills `d` for the buffer at `p`; false if its memory cannot be shared through legacy IPC or lives
+  // on another GPU than the communicator's.
   bool describe(const void* p, BufferDesc* d) {
     d->pointer = reinterpret_cast<std::uint64_t>(p);
-    unsigned long long id = 0, capable = 0, start = 0;
-    int attrs[3] = {kAttrBufferId, kAttrIpcCapable, kAttrRangeStart};
-    void* data[3] = {&id, &capable, &start};
-    if (pointerGetAttributes(3, attrs, data, reinterpret_cast<unsigned long long>(p)) != 0 || !capable || !start)
+    // Each attribute writes at most 8 bytes; zeroed 8-byte words read right whatever the width.
+    unsigned long long id = 0, capable = 0, start = 0, ordinal = 0;
+    int attrs[4] = {kAttrBufferId, kAttrIpcCapable, kAttrRangeStart, kAttrDeviceOrdinal};
+    void* data[4] = {&id, &capable, &start, &ordinal};
+    if (pointerGetAttributes(4, attrs, data, reinterpret_cast<unsigned long long>(p)) != 0 || !capable || !start ||
+        static_cast<int>(ordinal & 0xffffffffu) != device)
       return false;
     d->id = id;
     d->offset = reinterpret_cast<std::uint64_t>(p) - start;
@@ -116,8 +152,8 @@ struct CudaIpc {
   }
 
   // Where `peer`'s buffer `d` is in this process.
-  Result<std::byte*> map(int peer, int me, const BufferDesc& d) {
-    if (pids[static_cast<std::size_t>(peer)] == pids[static_cast<std::size_t>(me)])
+  Result<std::byte*> map(int peer, const BufferDesc& d) {
+    if (sameProcess(static_cast<std::size_t>(peer), static_cast<std::size_t>(self)))
       return reinterpret_cast<std::byte*>(d.pointer);  // a thread of this process: same address space
     auto key = std::make_pair(peer, d.id);
     auto it = mapped.find(key);
@@ -134,10 +170,10 @@ struct CudaIpc {
 
 namespace {
 
-// Whether this process can map the memory of the rank described by `peer`: another thread of this
-// process (peer access enabled if it uses another device), the same GPU, or a GPU visible here with
-// peer access from ours.
-bool canReach(const RankInfo& self, const RankInfo& peer, int device) {
+// Whether this process can use the memory of `peer`, another thread of this process: on the same
+// GPU, or on another one with peer access (enabled here). Other processes are tried by opening their
+// scratch instead.
+bool threadCanReach(const RankInfo& self, const RankInfo& peer, int device) {
   if (std::memcmp(self.uuid, peer.uuid, sizeof(self.uuid)) == 0) return true;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) return false;
@@ -147,16 +183,23 @@ bool canReach(const RankInfo& self, const RankInfo& peer, int device) {
     if (std::memcmp(prop.uuid.bytes, peer.uuid, sizeof(peer.uuid)) != 0) continue;
     int can = 0;
     if (cudaDeviceCanAccessPeer(&can, device, j) != cudaSuccess || !can) return false;
-    if (self.pid != peer.pid) return true;  // cudaIpcMemLazyEnablePeerAccess does the rest
     cudaError_t e = cudaDeviceEnablePeerAccess(j, 0);
-    if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+    cudaGetLastError();  // "already enabled" is an error that must not linger
     return e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
   }
-  cudaGetLastError();
-  return false;  // the peer's GPU is not visible in this process (CUDA_VISIBLE_DEVICES)
+  return false;
 }
 
 }  // namespace
+
+void Comm::releaseCudaIpc() {
+  if (!cudaIpc_) return;
+  int previous = -1;
+  const bool switched = cudaIpc_->device >= 0 && cudaGetDevice(&previous) == cudaSuccess && previous != cudaIpc_->device &&
+                        cudaSetDevice(cudaIpc_->device) == cudaSuccess;
+  cudaIpc_->closeAll();
+  if (switched) cudaSetDevice(previous);
+}
 
 Result<bool> Comm::cudaIpcAllReduce(const CollArgs& a, const Fingerprint& fp, void* streamArg) {
   auto stream = static_cast<cudaStream_t>(streamArg);
@@ -167,40 +210,81 @@ Result<bool> Comm::cudaIpcAllReduce(const CollArgs& a, const Fingerprint& fp, vo
   if (!ipc.agreed) {
     // The first call: can every rank map every other's memory? Two small rounds, once.
     ipc.agreed = true;
+    ipc.self = rank_;
     RankInfo self{};
-    self.pid = static_cast<std::int32_t>(getpid());
-    int device = -1;
+    self.process = processToken();
     cudaDeviceProp prop{};
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDevice(&device) == cudaSuccess && cudaGetDeviceProperties(&prop, device) == cudaSuccess &&
+    if (cudaGetDevice(&ipc.device) == cudaSuccess && cudaGetDeviceProperties(&prop, ipc.device) == cudaSuccess &&
         cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &fn, 12000, cudaEnableDefault, &found) == cudaSuccess &&
-        found == cudaDriverEntryPointSuccess && fn) {
+        found == cudaDriverEntryPointSuccess && fn && cudaMalloc(&ipc.scratch, 2 * kOneShotMaxBytes) == cudaSuccess &&
+        cudaIpcGetMemHandle(&self.scratch, ipc.scratch) == cudaSuccess) {
       self.ready = 1;
+      self.scratchPointer = reinterpret_cast<std::uint64_t>(ipc.scratch);
       std::memcpy(self.uuid, prop.uuid.bytes, sizeof(self.uuid));
       ipc.pointerGetAttributes = reinterpret_cast<PointerGetAttributesFn>(fn);
     }
-    cudaGetLastError();
+    cudaGetLastError();  // whatever failed above only turns IPC off
     std::vector<RankInfo> infos(n);
     Status s = allGatherSmall(&self, infos.data(), sizeof(RankInfo), fp);
     if (!s.ok()) return s;
+    for (const RankInfo& i : infos) ipc.processes.push_back(i.process);
+    // Open every peer's scratch: the test that its memory can be mapped here at all.
     std::int32_t ok = self.ready;
-    for (std::size_t q = 0; q < n && ok; ++q) ok = infos[q].ready && (q == r || canReach(self, infos[q], device));
+    ipc.peerScratch.assign(n, nullptr);
+    for (std::size_t q = 0; q < n && ok; ++q) {
+      if (!infos[q].ready) {
+        ok = 0;
+      } else if (q == r) {
+        ipc.peerScratch[q] = static_cast<std::byte*>(ipc.scratch);
+      } else if (infos[q].process == self.process) {
+        // Another thread of this process: its scratch address is valid here as it is.
+        ok = threadCanReach(self, infos[q], ipc.device);
+        ipc.peerScratch[q] = reinterpret_cast<std::byte*>(infos[q].scratchPointer);
+      } else {
+        void* theirs = nullptr;
+        cudaError_t e = cudaIpcOpenMemHandle(&theirs, infos[q].scratch, cudaIpcMemLazyEnablePeerAccess);
+        if (e == cudaSuccess) ipc.peerScratch[q] = static_cast<std::byte*>(theirs);
+        else ok = 0;
+      }
+    }
+    cudaGetLastError();
     std::vector<std::int32_t> oks(n);
     s = allGatherSmall(&ok, oks.data(), sizeof(ok), fp);
     if (!s.ok()) return s;
     ipc.usable = std::all_of(oks.begin(), oks.end(), [](std::int32_t v) { return v != 0; });
-    for (const RankInfo& i : infos) ipc.pids.push_back(i.pid);
-    if (ipc.usable) {
-      cudaError_t e = cudaMalloc(&ipc.temp, kOneShotMaxBytes);
-      if (e != cudaSuccess) return cuda::failed("cudaMalloc (CUDA IPC all-reduce scratch)", e);
-    }
+    if (!ipc.usable) ipc.closeAll();
     BRAID_LOG(kInfo, kInit, "rank %d: CUDA IPC between the ranks' device buffers: %s", rank_,
               ipc.usable ? "on" : "off (some rank cannot map another's GPU memory; all-reduce is staged through host memory)");
   }
   if (!ipc.usable) return false;
 
   const std::size_t es = dataTypeSize(a.dtype), bytes = a.count * es;
+  const double wait = config_.timeoutSec;
+  const bool oneShot = bytes <= kOneShotMaxBytes;
+  BRAID_LOG(kInfo, kTune, "%s #%llu: CUDA IPC %s", fp.describe().c_str(), static_cast<unsigned long long>(fp.seq),
+            oneShot ? "one-shot" : "two-shot");
+  // Rank order where the fold allows it, so that the result's bits (NaN payloads included) do not
+  // depend on which rank folded an element.
+  const auto order = [&](std::size_t k, std::size_t first) { return n <= kernels::gpu::kMaxFoldSources ? k : (first + k) % n; };
+
+  if (oneShot) {
+    const std::size_t slot = (ipc.oneShotCalls++ % 2) * kOneShotMaxBytes;
+    cudaError_t e = cudaMemcpyAsync(ipc.peerScratch[r] + slot, a.send, bytes, cudaMemcpyDeviceToDevice, stream);
+    if (e != cudaSuccess) return cuda::failed("cudaMemcpyAsync (one-shot input into the scratch slot)", e);
+    Status s = cuda::waitForStream(stream, wait, "the one-shot input copy");
+    if (s.ok()) s = barrier(fp);
+    if (!s.ok()) return s;
+    std::vector<const void*> srcs(n);
+    for (std::size_t k = 0; k < n; ++k) srcs[k] = ipc.peerScratch[k] + slot;  // rank order on every rank: same bits
+    s = kernels::gpu::reduceMany(a.recv, srcs.data(), static_cast<int>(n), a.count, a.dtype, a.op, stream);
+    if (s.ok() && a.op == ReduceOp::kAvg) s = kernels::gpu::divide(a.recv, a.count, a.dtype, nranks_, stream);
+    if (s.ok()) s = cuda::waitForStream(stream, wait, "the one-shot fold");
+    if (!s.ok()) return s;
+    return true;
+  }
+
   CallDesc mine;
   mine.ok = ipc.describe(a.send, &mine.send) && ipc.describe(a.recv, &mine.recv);
   std::vector<CallDesc> all(n);
@@ -212,37 +296,15 @@ Result<bool> Comm::cudaIpcAllReduce(const CollArgs& a, const Fingerprint& fp, vo
   if (ipc.mapped.size() + 2 * n > kMaxMapped) ipc.closeMapped();  // nothing is in flight between calls
   std::vector<const std::byte*> sends;
   std::vector<std::byte*> recvs;
-  s = peerBuffers(a, [&](int q, bool send) { return ipc.map(q, rank_, send ? all[q].send : all[q].recv); }, sends, recvs);
+  s = peerBuffers(a, [&](int q, bool send) { return ipc.map(q, send ? all[q].send : all[q].recv); }, sends, recvs);
   if (!s.ok()) return s;
-  const double wait = config_.timeoutSec;
-  const bool oneShot = bytes <= kOneShotMaxBytes;
-  BRAID_LOG(kInfo, kTune, "%s #%llu: CUDA IPC %s", fp.describe().c_str(), static_cast<unsigned long long>(fp.seq),
-            oneShot ? "one-shot" : "two-shot");
-
-  if (oneShot) {
-    // Rank order on every rank, so that every rank gets the same bits.
-    std::vector<const void*> srcs(sends.begin(), sends.end());
-    const auto* rb = static_cast<const std::byte*>(a.recv);
-    const auto* sb = static_cast<const std::byte*>(a.send);
-    const bool overlap = rb < sb + bytes && sb < rb + bytes;
-    void* dst = overlap ? ipc.temp : a.recv;
-    s = kernels::gpu::reduceMany(dst, srcs.data(), static_cast<int>(n), a.count, a.dtype, a.op, stream);
-    if (s.ok() && a.op == ReduceOp::kAvg) s = kernels::gpu::divide(dst, a.count, a.dtype, nranks_, stream);
-    if (s.ok()) s = cuda::waitForStream(stream, wait, "the one-shot fold");
-    if (s.ok()) s = barrier(fp);
-    if (!s.ok()) return s;
-    if (!overlap) return true;
-    cudaError_t e = cudaMemcpyAsync(a.recv, ipc.temp, bytes, cudaMemcpyDeviceToDevice, stream);
-    if (e != cudaSuccess) return cuda::failed("cudaMemcpyAsync (one-shot result into the in-place buffer)", e);
-    s = cuda::waitForStream(stream, wait, "the one-shot result copy");
-    if (!s.ok()) return s;
-    return true;
-  }
 
   const Range blk = split(a.count, n, r);
   if (blk.len) {
+    // dst is this rank's own send block when in place: it must be among the first kMaxFoldSources
+    // sources, which rank order guarantees for n <= 8 and starting with this rank does beyond.
     std::vector<const void*> srcs(n);
-    for (std::size_t k = 0; k < n; ++k) srcs[k] = sends[(r + k) % n] + blk.off * es;
+    for (std::size_t k = 0; k < n; ++k) srcs[k] = sends[order(k, r)] + blk.off * es;
     std::byte* dst = recvs[r] + blk.off * es;
     s = kernels::gpu::reduceMany(dst, srcs.data(), static_cast<int>(n), blk.len, a.dtype, a.op, stream);
     if (s.ok() && a.op == ReduceOp::kAvg) s = kernels::gpu::divide(dst, blk.len, a.dtype, nranks_, stream);

@@ -320,6 +320,7 @@ void Comm::stopCudaProxy(bool abortive) {
     p = cudaProxy_;
   }
   if (p) p->stop(abortive);
+  releaseCudaIpc();  // the proxy thread is gone: nothing uses the peers' memory any more
   std::lock_guard<std::mutex> g(cudaMu_);
   haveCudaProxy_.store(false, std::memory_order_release);
   cudaProxy_.reset();  // its stream and pinned memory go now, not with the last handle

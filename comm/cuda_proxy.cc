@@ -112,6 +112,9 @@ Result<std::shared_ptr<CudaProxy>> CudaProxy::start(Comm& comm, int device) {
     return failed("cudaStreamCreateWithFlags", e);
   }
   p->outStream_ = out;
+  int maxPitch = 0;
+  if (cudaDeviceGetAttribute(&maxPitch, cudaDevAttrMaxPitch, device) == cudaSuccess && maxPitch > 0)
+    p->maxPitch_ = static_cast<std::size_t>(maxPitch);
   for (void*& ev : p->events_) {
     cudaEvent_t created = nullptr;
     if ((e = cudaEventCreateWithFlags(&created, cudaEventDisableTiming)) != cudaSuccess) {
@@ -337,12 +340,22 @@ void CudaProxy::loop() {
 
 namespace {
 
-// One copy of `rows` rows of `width` bytes (pitches: bytes from one row to the next), on `stream`.
+// One copy of `rows` rows of `width` bytes (pitches: bytes from one row to the next), on `stream`:
+// one 2-D copy, or a copy per row where a pitch exceeds what 2-D copies allow (cudaDevAttrMaxPitch,
+// about 2 GiB: blocks that large are rare, and their rows are long enough not to mind).
 Status copyRows(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
-                std::size_t rows, cudaStream_t stream, const char* what) {
+                std::size_t rows, std::size_t maxPitch, cudaStream_t stream, const char* what) {
   if (!width || !rows) return Status::Ok();
-  cudaError_t e = rows == 1 ? cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, stream)
-                            : cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, stream);
+  cudaError_t e = cudaSuccess;
+  if (rows == 1) {
+    e = cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, stream);
+  } else if (dpitch <= maxPitch && spitch <= maxPitch) {
+    e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, stream);
+  } else {
+    for (std::size_t i = 0; i < rows && e == cudaSuccess; ++i)
+      e = cudaMemcpyAsync(static_cast<std::byte*>(dst) + i * dpitch, static_cast<const std::byte*>(src) + i * spitch, width,
+                          cudaMemcpyDefault, stream);
+  }
   return e == cudaSuccess ? Status::Ok() : failed(what, e);
 }
 
@@ -386,15 +399,16 @@ Status CudaProxy::runStaged(Op& op, const Comm::DeviceCall::RunHost& runHost) {
     const Range p = split(a.count, op.pieces, k);
     Status s;
     if (!blocks) {
-      if (op.sendBytes) s = copyRows(op.sendHost + p.off * es, 0, sendDev + p.off * es, 0, p.len * es, 1, in, "cudaMemcpyAsync (device to pinned host)");
+      const std::size_t bytes = op.pieces == 1 ? op.sendBytes : p.len * es;  // one piece: the whole buffer, n blocks or not
+      if (op.sendBytes) s = copyRows(op.sendHost + p.off * es, 0, sendDev + p.off * es, 0, bytes, 1, maxPitch_, in, "cudaMemcpyAsync (device to pinned host)");
     } else {
       if (k >= 2) {
         cudaError_t e = cudaStreamWaitEvent(in, evOut[k % 2], 0);  // the slot's last piece is out
         if (e != cudaSuccess) return failed("cudaStreamWaitEvent (staging slot)", e);
       }
       std::byte* slot = op.slots[k % 2];
-      if (gather) s = copyRows(slot + r * p.len * es, 0, sendDev + p.off * es, 0, p.len * es, 1, in, "cudaMemcpyAsync (device to pinned host)");
-      else s = copyRows(slot, p.len * es, sendDev + p.off * es, a.count * es, p.len * es, n, in, "cudaMemcpy2DAsync (device to pinned host)");
+      if (gather) s = copyRows(slot + r * p.len * es, 0, sendDev + p.off * es, 0, p.len * es, 1, maxPitch_, in, "cudaMemcpyAsync (device to pinned host)");
+      else s = copyRows(slot, p.len * es, sendDev + p.off * es, a.count * es, p.len * es, n, maxPitch_, in, "cudaMemcpy2DAsync (device to pinned host)");
     }
     if (!s.ok()) return s;
     cudaError_t e = cudaEventRecord(evIn[k % 2], in);
@@ -404,11 +418,12 @@ Status CudaProxy::runStaged(Op& op, const Comm::DeviceCall::RunHost& runHost) {
     const Range p = split(a.count, op.pieces, k);
     Status s;
     if (!blocks) {
-      if (op.recvBytes) s = copyRows(recvDev + p.off * es, 0, op.recvHost + p.off * es, 0, p.len * es, 1, out, "cudaMemcpyAsync (pinned host to device)");
+      const std::size_t bytes = op.pieces == 1 ? op.recvBytes : p.len * es;
+      if (op.recvBytes) s = copyRows(recvDev + p.off * es, 0, op.recvHost + p.off * es, 0, bytes, 1, maxPitch_, out, "cudaMemcpyAsync (pinned host to device)");
     } else {
       std::byte* slot = op.slots[k % 2];
-      if (gather) s = copyRows(recvDev + p.off * es, a.count * es, slot, p.len * es, p.len * es, n, out, "cudaMemcpy2DAsync (pinned host to device)");
-      else s = copyRows(recvDev + p.off * es, 0, slot + r * p.len * es, 0, p.len * es, 1, out, "cudaMemcpyAsync (pinned host to device)");
+      if (gather) s = copyRows(recvDev + p.off * es, a.count * es, slot, p.len * es, p.len * es, n, maxPitch_, out, "cudaMemcpy2DAsync (pinned host to device)");
+      else s = copyRows(recvDev + p.off * es, 0, slot + r * p.len * es, 0, p.len * es, 1, maxPitch_, out, "cudaMemcpyAsync (pinned host to device)");
     }
     if (!s.ok()) return s;
     cudaError_t e = cudaEventRecord(evOut[k % 2], out);

@@ -67,6 +67,7 @@ class CudaProxy {
   void* stream_ = nullptr;  // cudaStream_t, non-blocking: never waits on the callers' streams
   void* outStream_ = nullptr;  // the staged path's copies back to the device (stream_ copies in)
   void* events_[4] = {};       // cudaEvent_t: the staged path's two "in" and two "out" events
+  std::size_t maxPitch_ = std::size_t{1} << 30;  // the largest pitch of a 2-D copy (cudaDevAttrMaxPitch)
   // The value mechanism: cuStreamWaitValue32 from the driver (null: not available or not wanted),
   // the word the callers' streams wait on (mapped pinned memory, never freed: a stream may still
   // read it after the communicator is gone), and the sequence number of the last call queued.

@@ -141,8 +141,9 @@ TEST(GpuKernels, DivideMatchesCpuEngine) {
 // reduceMany (the CUDA IPC all-reduce's fold) against a chain of the CPU engine's reduce, on small
 // integer values (1 and 2, so every sum and product is exact in every type and the float accumulation
 // of fp16/bf16 cannot differ from the chain): 1 to 12 sources (one group of 8 and beyond), sizes
-// around the vector width, co-aligned, differently aligned and byte-misaligned pointers, dst separate
-// or equal to the first or the sixth source.
+// around the vector width, co-aligned (on a 16-byte boundary, and one element past one: a head),
+// differently aligned and byte-misaligned pointers, dst separate or equal to the first or the sixth
+// source.
 TEST(GpuKernels, ReduceManyMatchesAChainOfCpuReductions) {
   const std::size_t sizes[] = {0, 1, 7, 17, 33, 4099, (1u << 20) + 7};
   const int sourceCounts[] = {1, 2, 3, 8, 9, 12};
@@ -164,13 +165,14 @@ TEST(GpuKernels, ReduceManyMatchesAChainOfCpuReductions) {
       const auto op = static_cast<ReduceOp>(oi);
       for (int nsrc : sourceCounts)
         for (std::size_t n : sizes)
-          for (int layout = 0; layout < 3; ++layout)    // co-aligned, element offsets, byte offsets
+          for (int layout = 0; layout < 4; ++layout)    // co-aligned, element offsets, byte offsets, co-aligned off 16
             for (int alias = 0; alias < 3; ++alias) {   // none, dst = srcs[0], dst = srcs[5]
               if ((alias == 2 && nsrc < 6) || (layout == 2 && es == 1)) continue;
               if (n > 4099 && nsrc != 3 && nsrc != 9) continue;  // the large size: one source count per group shape
               std::vector<std::size_t> off(static_cast<std::size_t>(nsrc));
-              for (int j = 0; j < nsrc; ++j) off[j] = layout == 0 ? 16 : layout == 1 ? (j % 3) * es : 1 + j % 3;
-              std::size_t offD = layout == 0 ? 16 : layout == 1 ? 2 * es : 3;
+              // Layout 3 puts every pointer one element past a 16-byte boundary: a vector body with a head.
+              for (int j = 0; j < nsrc; ++j) off[j] = layout == 0 ? 16 : layout == 1 ? (j % 3) * es : layout == 2 ? 1 + j % 3 : es;
+              std::size_t offD = layout == 0 ? 16 : layout == 1 ? 2 * es : layout == 2 ? 3 : es;
               const std::size_t bytes = n * es;
               std::vector<const void*> srcs;
               for (int j = 0; j < nsrc; ++j) srcs.push_back(dSrc[j].at(off[j]));

@@ -359,19 +359,6 @@ Status copyRows(void* dst, std::size_t dpitch, const void* src, std::size_t spit
   return e == cudaSuccess ? Status::Ok() : failed(what, e);
 }
 
-// Waits for `ev` (polling, bounded like every wait of the proxy).
-Status waitForEvent(cudaEvent_t ev, double seconds, const char* what) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  for (unsigned polls = 0;; ++polls) {
-    cudaError_t e = cudaEventQuery(ev);
-    if (e == cudaSuccess) return Status::Ok();
-    if (e != cudaErrorNotReady) return failed(what, e);
-    if (std::chrono::steady_clock::now() > deadline) return Status::Timeout(std::string(what) + " did not finish within BRAID_TIMEOUT");
-    if (polls < 64) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-}
-
 }  // namespace
 
 // The staged path, pipelined: the call is cut into pieces (op.pieces, each at least kStagePieceBytes
@@ -447,7 +434,7 @@ Status CudaProxy::runStaged(Op& op, const Comm::DeviceCall::RunHost& runHost) {
   Status s = copyIn(0);
   for (std::size_t k = 0; s.ok() && k < op.pieces; ++k) {
     if (k + 1 < op.pieces) s = copyIn(k + 1);
-    if (s.ok()) s = waitForEvent(evIn[k % 2], wait, "a staging copy to pinned memory");
+    if (s.ok()) s = cuda::waitForEvent(evIn[k % 2], wait, "a staging copy to pinned memory");
     if (s.ok()) s = runHost(pieceArgs(k));
     if (s.ok()) {
       std::lock_guard<std::mutex> g(op.mu);

@@ -11,18 +11,32 @@ std::string failedText(const char* call, cudaError_t e) {
 
 Status failed(const char* call, cudaError_t e) { return Status::CudaError(failedText(call, e)); }
 
-Status waitForStream(cudaStream_t stream, double seconds, const char* what) {
+namespace {
+
+// Polls `query` (cudaStreamQuery, cudaEventQuery) until it says done: spin, then 20 us steps.
+template <class Query>
+Status pollUntilDone(Query query, double seconds, const char* call, const char* what) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   for (unsigned polls = 0;; ++polls) {
-    cudaError_t e = cudaStreamQuery(stream);
+    cudaError_t e = query();
     if (e == cudaSuccess) return Status::Ok();
-    if (e != cudaErrorNotReady) return Status::CudaError(std::string(what) + ": " + failedText("cudaStreamQuery", e));
+    if (e != cudaErrorNotReady) return Status::CudaError(std::string(what) + ": " + failedText(call, e));
     if (std::chrono::steady_clock::now() > deadline)
       return Status::Timeout(std::string(what) + " did not finish within BRAID_TIMEOUT (" +
                              std::to_string(static_cast<long>(seconds)) + " s)");
     if (polls < 64) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
+}
+
+}  // namespace
+
+Status waitForStream(cudaStream_t stream, double seconds, const char* what) {
+  return pollUntilDone([&] { return cudaStreamQuery(stream); }, seconds, "cudaStreamQuery", what);
+}
+
+Status waitForEvent(cudaEvent_t event, double seconds, const char* what) {
+  return pollUntilDone([&] { return cudaEventQuery(event); }, seconds, "cudaEventQuery", what);
 }
 
 }  // namespace braid::cuda

@@ -16,5 +16,7 @@ Status failed(const char* call, cudaError_t e);
 // Waits until everything queued on `stream` has finished, polling (spin, then 20 us steps), at most
 // `seconds`: a wedged device must not hang a Braid thread. `what` names the work in the errors.
 Status waitForStream(cudaStream_t stream, double seconds, const char* what);
+// The same for one event.
+Status waitForEvent(cudaEvent_t event, double seconds, const char* what);
 
 }  // namespace braid::cuda

@@ -1,0 +1,492 @@
+// An emulation of the CUDA runtime and driver calls that Braid and its gpu tests make, built as a
+// library with the driver's name (libcuda.so.1) so that the gpu-collectives program can run on a
+// machine without a GPU. It exists to test Braid's own logic around CUDA (the proxy's stream holds,
+// the staged pipeline's pieces and slots, the IPC all-reduce's protocol), not CUDA:
+//   - a stream is a thread that runs its operations in order; events and cuStreamWaitValue32 are
+//     operations that record or wait; "kernels" are host functions on the stream;
+//   - device memory is shared memory (memfd), so an IPC handle is (pid, fd) and opening it maps
+//     /proc/PID/fd/FD, as braidMemAlloc's peers do; pinned memory is ordinary memory;
+//   - one device, 0, and no peer access.
+// Semantics it does not model: the legacy default stream's implicit synchronization with other
+// streams (synchronous calls wait for the default stream only), concurrency between copies and
+// kernels on one stream, and every error CUDA could return.
+#include <cuda_runtime.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+namespace {
+
+// ---- streams -------------------------------------------------------------------------------------
+
+struct Stream {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> ops;
+  std::uint64_t pushed = 0, done = 0;
+  bool stopping = false;
+  std::thread thread;
+
+  Stream() { thread = std::thread([this] { loop(); }); }
+  ~Stream() {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      stopping = true;
+      cv.notify_all();
+    }
+    thread.join();
+  }
+  void loop() {
+    for (;;) {
+      std::function<void()> op;
+      {
+        std::unique_lock<std::mutex> g(mu);
+        cv.wait(g, [&] { return !ops.empty() || stopping; });
+        if (ops.empty()) return;
+        op = std::move(ops.front());
+        ops.pop_front();
+      }
+      op();
+      std::lock_guard<std::mutex> g(mu);
+      ++done;
+      cv.notify_all();
+    }
+  }
+  void push(std::function<void()> op) {
+    std::lock_guard<std::mutex> g(mu);
+    ops.push_back(std::move(op));
+    ++pushed;
+    cv.notify_all();
+  }
+  bool idle() {
+    std::lock_guard<std::mutex> g(mu);
+    return done == pushed;
+  }
+  void sync() {
+    std::unique_lock<std::mutex> g(mu);
+    cv.wait(g, [&] { return done == pushed; });
+  }
+};
+
+std::mutex registryMu;
+std::set<Stream*>& streams() {
+  static auto* s = new std::set<Stream*>;  // never destroyed: stream threads may outlive static destruction
+  return *s;
+}
+
+Stream* legacyStream() {
+  static Stream* s = [] {
+    auto* created = new Stream;
+    std::lock_guard<std::mutex> g(registryMu);
+    streams().insert(created);
+    return created;
+  }();
+  return s;
+}
+
+Stream* streamOf(cudaStream_t s) { return s ? reinterpret_cast<Stream*>(s) : legacyStream(); }
+
+struct Event {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::uint64_t recorded = 0, completed = 0;  // generations
+};
+
+// ---- memory --------------------------------------------------------------------------------------
+
+struct Range {
+  std::size_t size;
+  int fd;               // memfd (device memory), -1 for pinned host memory
+  std::uint64_t id;     // CU_POINTER_ATTRIBUTE_BUFFER_ID
+  bool device;
+  bool imported;        // mapped from another process's handle
+};
+std::map<std::uintptr_t, Range>& ranges() {
+  static auto* r = new std::map<std::uintptr_t, Range>;
+  return *r;
+}
+std::atomic<std::uint64_t> nextId{1};
+
+// The range that contains p (a copy: another thread may unmap it meanwhile), and its start.
+bool find(const void* p, Range* out, std::uintptr_t* base) {
+  const auto u = reinterpret_cast<std::uintptr_t>(p);
+  std::lock_guard<std::mutex> g(registryMu);
+  auto it = ranges().upper_bound(u);
+  if (it == ranges().begin()) return false;
+  --it;
+  if (u >= it->first + it->second.size) return false;
+  *out = it->second;
+  if (base) *base = it->first;
+  return true;
+}
+
+struct IpcHandle {  // inside cudaIpcMemHandle_t (64 bytes)
+  std::uint32_t magic;
+  std::int32_t pid;
+  std::int32_t fd;
+  std::int32_t pad;
+  std::uint64_t size;
+};
+constexpr std::uint32_t kIpcMagic = 0x46414b45;  // "FAKE"
+
+thread_local cudaError_t lastError = cudaSuccess;
+thread_local bool contextCurrent = false;
+thread_local int currentDevice = 0;
+
+cudaError_t fail(cudaError_t e) {
+  lastError = e;
+  return e;
+}
+void touch() { contextCurrent = true; }
+
+std::size_t roundToPage(std::size_t n) {
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  return n == 0 ? page : (n + page - 1) / page * page;
+}
+
+void copy2D(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width, std::size_t rows) {
+  for (std::size_t i = 0; i < rows; ++i)
+    std::memmove(static_cast<char*>(dst) + i * dpitch, static_cast<const char*>(src) + i * spitch, width);
+}
+
+// ---- driver entry points -------------------------------------------------------------------------
+
+constexpr int kCuSuccess = 0, kCuInvalidValue = 1;
+
+int fakeStreamWaitValue32(void* stream, unsigned long long addr, unsigned value, unsigned flags) {
+  if (flags != 0) return kCuInvalidValue;  // only GEQ is emulated
+  streamOf(static_cast<cudaStream_t>(stream))->push([addr, value] {
+    auto* word = reinterpret_cast<unsigned*>(addr);
+    while (static_cast<int>(__atomic_load_n(word, __ATOMIC_ACQUIRE) - value) < 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+  });
+  return kCuSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+// The driver API (the names Braid looks up with dlsym or cudaGetDriverEntryPointByVersion), with its
+// types as plain C types.
+int cuPointerGetAttribute(void* data, int attribute, unsigned long long ptr) {
+  Range r{};
+  if (!find(reinterpret_cast<const void*>(ptr), &r, nullptr) || attribute != 2) return kCuInvalidValue;  // 2: MEMORY_TYPE
+  *static_cast<unsigned*>(data) = r.device ? 2u : 1u;  // CU_MEMORYTYPE_DEVICE / _HOST
+  return kCuSuccess;
+}
+
+int cuPointerGetAttributes(unsigned count, int* attributes, void** data, unsigned long long ptr) {
+  std::uintptr_t base = 0;
+  Range r{};
+  const bool known = find(reinterpret_cast<const void*>(ptr), &r, &base);
+  for (unsigned i = 0; i < count; ++i) {
+    switch (attributes[i]) {
+      case 7: *static_cast<unsigned long long*>(data[i]) = known ? r.id : 0; break;    // BUFFER_ID
+      case 9: *static_cast<int*>(data[i]) = 0; break;                                 // DEVICE_ORDINAL
+      case 10: *static_cast<unsigned char*>(data[i]) = known && r.device && !r.imported; break;  // LEGACY_IPC_CAPABLE
+      case 11: *static_cast<unsigned long long*>(data[i]) = known ? base : 0; break;   // RANGE_START_ADDR
+      default: return kCuInvalidValue;
+    }
+  }
+  return kCuSuccess;
+}
+
+int cuCtxGetCurrent(void** ctx) {
+  *ctx = contextCurrent ? reinterpret_cast<void*>(0x1) : nullptr;
+  return kCuSuccess;
+}
+
+int cuCtxGetDevice(int* device) {
+  *device = currentDevice;
+  return kCuSuccess;
+}
+
+// ---- the runtime API -----------------------------------------------------------------------------
+
+cudaError_t cudaGetLastError() {
+  cudaError_t e = lastError;
+  lastError = cudaSuccess;
+  return e;
+}
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorPeerAccessUnsupported: return "cudaErrorPeerAccessUnsupported";
+    default: return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated CUDA error"; }
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  touch();
+  *device = currentDevice;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  touch();
+  currentDevice = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  std::memset(prop, 0, sizeof(*prop));
+  std::strcpy(prop->name, "emulated CUDA device (tests/fakecuda)");
+  std::memcpy(prop->uuid.bytes, "fakecuda-device0", 16);
+  prop->multiProcessorCount = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  *value = attr == cudaDevAttrMaxPitch ? (1 << 22) : attr == cudaDevAttrMultiProcessorCount ? 1 : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceCanAccessPeer(int* can, int, int) {
+  *can = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceEnablePeerAccess(int, unsigned) { return fail(cudaErrorPeerAccessUnsupported); }
+cudaError_t cudaDeviceSynchronize() {
+  std::set<Stream*> all;
+  {
+    std::lock_guard<std::mutex> g(registryMu);
+    all = streams();
+  }
+  for (Stream* s : all) s->sync();
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned, unsigned long long,
+                                             cudaDriverEntryPointQueryResult* status) {
+  const std::string name = symbol;
+  *fn = name == "cuStreamWaitValue32"     ? reinterpret_cast<void*>(&fakeStreamWaitValue32)
+        : name == "cuPointerGetAttributes" ? reinterpret_cast<void*>(&cuPointerGetAttributes)
+                                           : nullptr;
+  if (status) *status = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+  touch();
+  auto* created = new Stream;
+  std::lock_guard<std::mutex> g(registryMu);
+  streams().insert(created);
+  *s = reinterpret_cast<cudaStream_t>(created);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (!s) return fail(cudaErrorInvalidResourceHandle);
+  Stream* st = streamOf(s);
+  st->sync();
+  {
+    std::lock_guard<std::mutex> g(registryMu);
+    streams().erase(st);
+  }
+  delete st;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) { return streamOf(s)->idle() ? cudaSuccess : cudaErrorNotReady; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  streamOf(s)->sync();
+  return cudaSuccess;
+}
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* data) {
+  streamOf(s)->push([fn, data] { fn(data); });
+  return cudaSuccess;
+}
+
+// A cudaEvent_t is a box holding a shared Event: operations still queued keep the Event alive after
+// cudaEventDestroy, which CUDA allows while a record is pending.
+using EventBox = std::shared_ptr<Event>;
+std::shared_ptr<Event> eventOf(cudaEvent_t ev) { return *reinterpret_cast<EventBox*>(ev); }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* ev, unsigned) {
+  *ev = reinterpret_cast<cudaEvent_t>(new EventBox(std::make_shared<Event>()));
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t ev) {
+  delete reinterpret_cast<EventBox*>(ev);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
+  auto e = eventOf(ev);
+  std::uint64_t gen = 0;
+  {
+    std::lock_guard<std::mutex> g(e->mu);
+    gen = ++e->recorded;
+  }
+  streamOf(s)->push([e, gen] {
+    std::lock_guard<std::mutex> g(e->mu);
+    if (e->completed < gen) e->completed = gen;
+    e->cv.notify_all();
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t ev) {
+  auto e = eventOf(ev);
+  std::lock_guard<std::mutex> g(e->mu);
+  return e->completed >= e->recorded ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned) {
+  auto e = eventOf(ev);
+  std::uint64_t gen = 0;
+  {
+    std::lock_guard<std::mutex> g(e->mu);
+    gen = e->recorded;  // the most recent record at the time of the call
+  }
+  streamOf(s)->push([e, gen] {
+    std::unique_lock<std::mutex> g(e->mu);
+    e->cv.wait(g, [&] { return e->completed >= gen; });
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** p, std::size_t size) {
+  touch();
+  const std::size_t bytes = roundToPage(size);
+  const int fd = memfd_create("fakecuda", 0);
+  if (fd < 0) return fail(cudaErrorMemoryAllocation);
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    close(fd);
+    return fail(cudaErrorMemoryAllocation);
+  }
+  void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    close(fd);
+    return fail(cudaErrorMemoryAllocation);
+  }
+  std::lock_guard<std::mutex> g(registryMu);
+  ranges()[reinterpret_cast<std::uintptr_t>(m)] = Range{bytes, fd, nextId++, true, false};
+  *p = m;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  touch();
+  if (!p) return cudaSuccess;  // "create the context"
+  cudaDeviceSynchronize();     // as CUDA's cudaFree does
+  std::lock_guard<std::mutex> g(registryMu);
+  auto it = ranges().find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == ranges().end() || !it->second.device || it->second.imported) return fail(cudaErrorInvalidValue);
+  munmap(p, it->second.size);
+  close(it->second.fd);
+  ranges().erase(it);
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** p, std::size_t size, unsigned) {
+  touch();
+  const std::size_t bytes = roundToPage(size);
+  void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> g(registryMu);
+  ranges()[reinterpret_cast<std::uintptr_t>(m)] = Range{bytes, -1, nextId++, false, false};
+  *p = m;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* p) {
+  cudaDeviceSynchronize();
+  std::lock_guard<std::mutex> g(registryMu);
+  auto it = ranges().find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == ranges().end() || it->second.device) return fail(cudaErrorInvalidValue);
+  munmap(p, it->second.size);
+  ranges().erase(it);
+  return cudaSuccess;
+}
+cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned) {
+  *dev = host;
+  return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
+  std::memset(attr, 0, sizeof(*attr));
+  Range r{};
+  const bool known = find(p, &r, nullptr);
+  attr->type = !known ? cudaMemoryTypeUnregistered : r.device ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind, cudaStream_t s) {
+  streamOf(s)->push([=] { std::memmove(dst, src, n); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                              std::size_t rows, cudaMemcpyKind, cudaStream_t s) {
+  int maxPitch = 0;
+  cudaDeviceGetAttribute(&maxPitch, cudaDevAttrMaxPitch, 0);
+  if (width > dpitch || width > spitch || dpitch > static_cast<std::size_t>(maxPitch) ||
+      spitch > static_cast<std::size_t>(maxPitch))
+    return fail(cudaErrorInvalidValue);
+  streamOf(s)->push([=] { copy2D(dst, dpitch, src, spitch, width, rows); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind) {
+  legacyStream()->sync();
+  std::memmove(dst, src, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t s) {
+  streamOf(s)->push([=] { std::memset(p, value, n); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p) {
+  std::lock_guard<std::mutex> g(registryMu);
+  auto it = ranges().find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == ranges().end() || !it->second.device || it->second.imported) return fail(cudaErrorInvalidValue);
+  IpcHandle h{kIpcMagic, static_cast<std::int32_t>(getpid()), it->second.fd, 0, it->second.size};
+  std::memset(handle, 0, sizeof(*handle));
+  std::memcpy(handle->reserved, &h, sizeof(h));
+  return cudaSuccess;
+}
+cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned) {
+  IpcHandle h{};
+  std::memcpy(&h, handle.reserved, sizeof(h));
+  if (h.magic != kIpcMagic) return fail(cudaErrorInvalidValue);
+  if (h.pid == getpid()) return fail(cudaErrorInvalidResourceHandle);  // CUDA refuses the exporting process too
+  const std::string path = "/proc/" + std::to_string(h.pid) + "/fd/" + std::to_string(h.fd);
+  const int fd = open(path.c_str(), O_RDWR);
+  if (fd < 0) return fail(cudaErrorInvalidResourceHandle);
+  void* m = mmap(nullptr, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    close(fd);
+    return fail(cudaErrorMemoryAllocation);
+  }
+  std::lock_guard<std::mutex> g(registryMu);
+  ranges()[reinterpret_cast<std::uintptr_t>(m)] = Range{h.size, fd, nextId++, true, true};
+  *p = m;
+  return cudaSuccess;
+}
+cudaError_t cudaIpcCloseMemHandle(void* p) {
+  std::lock_guard<std::mutex> g(registryMu);
+  auto it = ranges().find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == ranges().end() || !it->second.imported) return fail(cudaErrorInvalidValue);
+  munmap(p, it->second.size);
+  close(it->second.fd);
+  ranges().erase(it);
+  return cudaSuccess;
+}
+
+}  // extern "C"

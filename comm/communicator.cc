@@ -448,10 +448,10 @@ Status Comm::executeCall(const CollArgs& in, const DeviceCall* dev) {
 Status Comm::executeDevice(const CollArgs& a, const DeviceCall& d, const Fingerprint& fp, std::size_t total) {
 #if BRAID_HAVE_CUDA
   const bool oneHost = std::all_of(localPeer_.begin(), localPeer_.end(), [](bool local) { return local; });
-  if (a.kind == CollKind::kAllReduce && config_.cudaIpc && oneHost && total > 0) {
-    auto done = cudaIpcAllReduce(a, fp, d.stream);
+  if (a.kind != CollKind::kSendRecv && a.kind != CollKind::kBarrier && config_.cudaIpc && oneHost && total > 0) {
+    auto done = cudaIpcCollective(a, fp, d.stream);
     if (!done.ok()) {
-      if (!failed_) fail(done.status().withContext("CUDA IPC all-reduce (BRAID_CUDA_IPC=0 turns it off)"), true);
+      if (!failed_) fail(done.status().withContext("CUDA IPC (BRAID_CUDA_IPC=0 turns it off)"), true);
       return failure().withContext(failedOn(fp, rank_));
     }
     if (*done) {

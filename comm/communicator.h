@@ -68,9 +68,9 @@ class Comm final : public EngineHost, public Workspace {
   // Runs one call to completion on this thread. `a` has passed validate() (cuda::run does that).
   Status runBlocking(const CollArgs& a);
   // One call on CUDA device buffers, run by the CUDA proxy (comm/cuda_proxy.cc) on its thread, as
-  // the user made it (`dev`). An all-reduce whose ranks all sit on one host reads the ranks' device
-  // buffers directly (comm/cuda_ipc.cc) on the proxy's `stream` (the caller's stream is held
-  // meanwhile). Otherwise the call is staged: `staged` copies the buffers through pinned host memory
+  // the user made it (`dev`). A collective other than send/recv whose ranks all sit on one host reads
+  // the ranks' device buffers directly (comm/cuda_ipc.cc) on the proxy's `stream` (the caller's
+  // stream is held meanwhile). Otherwise the call is staged: `staged` copies the buffers through pinned host memory
   // in pieces and calls runHost for each piece (the same collective on part of the data, in pinned
   // memory), which runs the host algorithms under the call's fingerprint and sequence number.
   struct DeviceCall {
@@ -98,7 +98,7 @@ class Comm final : public EngineHost, public Workspace {
   const Config& config() const { return config_; }
   // How many all-reduces took the zero-copy path (for tests and `braid perf`).
   std::uint64_t zeroCopyCalls() const { return zeroCopyCalls_; }
-  // How many all-reduces on device buffers read the peers' buffers through CUDA IPC (for tests).
+  // How many collectives on device buffers read the peers' buffers through CUDA IPC (for tests).
   std::uint64_t cudaIpcCalls() const { return cudaIpcCalls_.load(std::memory_order_relaxed); }
   // How many all-gathers and broadcasts took the cross-memory-attach path (for tests).
   std::uint64_t cmaCalls() const { return cmaCalls_; }
@@ -139,8 +139,9 @@ class Comm final : public EngineHost, public Workspace {
   // never braidMemAlloc memory and is kept away from cross-memory attach).
   Status executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t total, bool userMemory);
   Status executeDevice(const CollArgs& a, const DeviceCall& d, const Fingerprint& fp, std::size_t total);
-  // comm/cuda_ipc.cc (CUDA builds): true if done, false if some rank's buffers cannot be shared.
-  Result<bool> cudaIpcAllReduce(const CollArgs& a, const Fingerprint& fp, void* stream);
+  // comm/cuda_ipc.cc (CUDA builds): all-reduce, all-gather, reduce-scatter, broadcast and reduce
+  // through CUDA IPC; true if done, false if some rank's buffers cannot be shared (then staged).
+  Result<bool> cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, void* stream);
   // comm/cuda_ipc.cc: unmaps the peers' memory (stopCudaProxy, before destroy's farewell).
   void releaseCudaIpc();
   // Runs plan_; a failure ends the communicator and is reported to the other ranks.

@@ -131,7 +131,7 @@ const Row kRows[] = {
        c.cudaWait = s;
        return Status::Ok();
      }},
-    {"BRAID_CUDA_IPC", "1", "1: all-reduce on device buffers, all ranks on one host: kernels read the other ranks' buffers through CUDA IPC (0: staged through pinned host memory)",
+    {"BRAID_CUDA_IPC", "1", "1: collectives on device buffers (not send/recv), all ranks on one host: kernels and copies read the other ranks' buffers through CUDA IPC (0: staged through pinned host memory)",
      [](Config& c, const std::string& s) { return parseBool(s, &c.cudaIpc); }},
     {"BRAID_SPIN_US", "-1", "microseconds to spin before yielding and then blocking (-1: auto: 50, or 0 when oversubscribed)",
      BRAID_ASSIGN_INT(spinUs, -1, 1000000)},

@@ -201,7 +201,7 @@ void Comm::releaseCudaIpc() {
   if (switched) cudaSetDevice(previous);
 }
 
-Result<bool> Comm::cudaIpcAllReduce(const CollArgs& a, const Fingerprint& fp, void* streamArg) {
+Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, void* streamArg) {
   auto stream = static_cast<cudaStream_t>(streamArg);
   const std::size_t n = static_cast<std::size_t>(nranks_), r = static_cast<std::size_t>(rank_);
   if (!cudaIpc_) cudaIpc_ = std::make_shared<CudaIpc>();
@@ -262,31 +262,46 @@ Result<bool> Comm::cudaIpcAllReduce(const CollArgs& a, const Fingerprint& fp, vo
 
   const std::size_t es = dataTypeSize(a.dtype), bytes = a.count * es;
   const double wait = config_.timeoutSec;
-  const bool oneShot = bytes <= kOneShotMaxBytes;
-  BRAID_LOG(kInfo, kTune, "%s #%llu: CUDA IPC %s", fp.describe().c_str(), static_cast<unsigned long long>(fp.seq),
-            oneShot ? "one-shot" : "two-shot");
+  const bool allReduce = a.kind == CollKind::kAllReduce;
+  const bool oneShot = allReduce && bytes <= kOneShotMaxBytes;
+  BRAID_LOG(kInfo, kTune, "%s #%llu: CUDA IPC%s", fp.describe().c_str(), static_cast<unsigned long long>(fp.seq),
+            !allReduce ? "" : oneShot ? " one-shot" : " two-shot");
   // Rank order where the fold allows it, so that the result's bits (NaN payloads included) do not
-  // depend on which rank folded an element.
+  // depend on which rank folded an element. Beyond kMaxFoldSources ranks the fold starts with `first`,
+  // the rank whose send buffer may be the destination (in place), which must be among the first 8.
   const auto order = [&](std::size_t k, std::size_t first) { return n <= kernels::gpu::kMaxFoldSources ? k : (first + k) % n; };
+  // Folds the n sources source(q) into dst, with kAvg's division, and waits for it.
+  const auto fold = [&](void* dst, std::size_t count, std::size_t first, auto source) -> Status {
+    if (!count) return Status::Ok();
+    std::vector<const void*> srcs(n);
+    for (std::size_t k = 0; k < n; ++k) srcs[k] = source(order(k, first));
+    Status st = kernels::gpu::reduceMany(dst, srcs.data(), static_cast<int>(n), count, a.dtype, a.op, stream);
+    if (st.ok() && a.op == ReduceOp::kAvg) st = kernels::gpu::divide(dst, count, a.dtype, nranks_, stream);
+    if (st.ok()) st = cuda::waitForStream(stream, wait, "the fold of the ranks' buffers");
+    return st;
+  };
+  const auto copy = [&](void* dst, const void* src, std::size_t n2, const char* what) -> Status {
+    if (!n2 || dst == src) return Status::Ok();
+    cudaError_t e = cudaMemcpyAsync(dst, src, n2, cudaMemcpyDeviceToDevice, stream);
+    return e == cudaSuccess ? Status::Ok() : cuda::failed(what, e);
+  };
 
   if (oneShot) {
     const std::size_t slot = (ipc.oneShotCalls++ % 2) * kOneShotMaxBytes;
-    cudaError_t e = cudaMemcpyAsync(ipc.peerScratch[r] + slot, a.send, bytes, cudaMemcpyDeviceToDevice, stream);
-    if (e != cudaSuccess) return cuda::failed("cudaMemcpyAsync (one-shot input into the scratch slot)", e);
-    Status s = cuda::waitForStream(stream, wait, "the one-shot input copy");
+    Status s = copy(ipc.peerScratch[r] + slot, a.send, bytes, "cudaMemcpyAsync (one-shot input into the scratch slot)");
+    if (s.ok()) s = cuda::waitForStream(stream, wait, "the one-shot input copy");
     if (s.ok()) s = barrier(fp);
-    if (!s.ok()) return s;
-    std::vector<const void*> srcs(n);
-    for (std::size_t k = 0; k < n; ++k) srcs[k] = ipc.peerScratch[k] + slot;  // rank order on every rank: same bits
-    s = kernels::gpu::reduceMany(a.recv, srcs.data(), static_cast<int>(n), a.count, a.dtype, a.op, stream);
-    if (s.ok() && a.op == ReduceOp::kAvg) s = kernels::gpu::divide(a.recv, a.count, a.dtype, nranks_, stream);
-    if (s.ok()) s = cuda::waitForStream(stream, wait, "the one-shot fold");
+    // Every rank folds in rank order (n <= 8 or not: the slots are never the destination).
+    if (s.ok()) s = fold(a.recv, a.count, 0, [&](std::size_t q) { return ipc.peerScratch[q] + slot; });
     if (!s.ok()) return s;
     return true;
   }
 
+  // The buffers the peers read: every send buffer (broadcast: the root's only), and for all-reduce
+  // the receive buffers too.
+  const auto sendShared = [&](std::size_t q) { return a.kind != CollKind::kBroadcast || static_cast<int>(q) == a.root; };
   CallDesc mine;
-  mine.ok = ipc.describe(a.send, &mine.send) && ipc.describe(a.recv, &mine.recv);
+  mine.ok = (!sendShared(r) || ipc.describe(a.send, &mine.send)) && (!allReduce || ipc.describe(a.recv, &mine.recv));
   std::vector<CallDesc> all(n);
   Status s = allGatherSmall(&mine, all.data(), sizeof(CallDesc), fp);
   if (!s.ok()) return s;
@@ -294,32 +309,50 @@ Result<bool> Comm::cudaIpcAllReduce(const CollArgs& a, const Fingerprint& fp, vo
     if (!d.ok) return false;  // everyone sees the same descriptors: everyone stages this call
 
   if (ipc.mapped.size() + 2 * n > kMaxMapped) ipc.closeMapped();  // nothing is in flight between calls
+  // Only what this rank reads is mapped: rooted collectives read only on the root (reduce) or only
+  // the root's buffer (broadcast).
+  const auto reads = [&](std::size_t q, bool send) {
+    if (!send) return allReduce;
+    if (a.kind == CollKind::kBroadcast) return static_cast<int>(q) == a.root;
+    if (a.kind == CollKind::kReduce) return rank_ == a.root;
+    return true;
+  };
   std::vector<const std::byte*> sends;
   std::vector<std::byte*> recvs;
-  s = peerBuffers(a, [&](int q, bool send) { return ipc.map(q, send ? all[q].send : all[q].recv); }, sends, recvs);
+  s = peerBuffers(a, [&](int q, bool send) -> Result<std::byte*> {
+    if (!reads(static_cast<std::size_t>(q), send)) return static_cast<std::byte*>(nullptr);
+    return ipc.map(q, send ? all[q].send : all[q].recv);
+  }, sends, recvs);
   if (!s.ok()) return s;
 
-  const Range blk = split(a.count, n, r);
-  if (blk.len) {
-    // dst is this rank's own send block when in place: it must be among the first kMaxFoldSources
-    // sources, which rank order guarantees for n <= 8 and starting with this rank does beyond.
-    std::vector<const void*> srcs(n);
-    for (std::size_t k = 0; k < n; ++k) srcs[k] = sends[order(k, r)] + blk.off * es;
-    std::byte* dst = recvs[r] + blk.off * es;
-    s = kernels::gpu::reduceMany(dst, srcs.data(), static_cast<int>(n), blk.len, a.dtype, a.op, stream);
-    if (s.ok() && a.op == ReduceOp::kAvg) s = kernels::gpu::divide(dst, blk.len, a.dtype, nranks_, stream);
-    if (s.ok()) s = cuda::waitForStream(stream, wait, "the two-shot fold");
-    if (!s.ok()) return s;
+  switch (a.kind) {
+    case CollKind::kAllGather:  // block q of the receive buffer is rank q's send buffer
+      for (std::size_t q = 0; q < n && s.ok(); ++q)
+        s = copy(static_cast<std::byte*>(a.recv) + q * bytes, sends[q], bytes, "cudaMemcpyAsync (all-gather block)");
+      if (s.ok()) s = cuda::waitForStream(stream, wait, "the all-gather copies");
+      break;
+    case CollKind::kBroadcast:
+      s = copy(a.recv, sends[static_cast<std::size_t>(a.root)], bytes, "cudaMemcpyAsync (broadcast from the root's buffer)");
+      if (s.ok()) s = cuda::waitForStream(stream, wait, "the broadcast copy");
+      break;
+    case CollKind::kReduceScatter:  // block r of every send buffer, folded into the receive buffer
+      s = fold(a.recv, a.count, r, [&](std::size_t q) { return sends[q] + r * bytes; });
+      break;
+    case CollKind::kReduce:
+      if (rank_ == a.root) s = fold(a.recv, a.count, r, [&](std::size_t q) { return sends[q]; });
+      break;
+    default: {  // all-reduce, two-shot: block r folded here, then every other block copied from its rank
+      const Range blk = split(a.count, n, r);
+      s = fold(recvs[r] + blk.off * es, blk.len, r, [&](std::size_t q) { return sends[q] + blk.off * es; });
+      if (s.ok()) s = barrier(fp);  // every block is final
+      for (std::size_t q = 0; q < n && s.ok(); ++q) {
+        const Range b = split(a.count, n, q);
+        if (q != r) s = copy(recvs[r] + b.off * es, recvs[q] + b.off * es, b.len * es, "cudaMemcpyAsync (all-reduce block)");
+      }
+      if (s.ok()) s = cuda::waitForStream(stream, wait, "the two-shot block copies");
+    }
   }
-  s = barrier(fp);
-  if (!s.ok()) return s;
-  for (std::size_t q = 0; q < n; ++q) {
-    const Range b = split(a.count, n, q);
-    if (q == r || !b.len) continue;
-    cudaError_t e = cudaMemcpyAsync(recvs[r] + b.off * es, recvs[q] + b.off * es, b.len * es, cudaMemcpyDeviceToDevice, stream);
-    if (e != cudaSuccess) return cuda::failed(("cudaMemcpyAsync (block of rank " + std::to_string(q) + ")").c_str(), e);
-  }
-  s = cuda::waitForStream(stream, wait, "the two-shot block copies");
+  // Nobody reads anyone's buffers after this: the callers' streams may go on.
   if (s.ok()) s = barrier(fp);
   if (!s.ok()) return s;
   return true;

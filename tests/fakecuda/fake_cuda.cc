@@ -447,6 +447,11 @@ cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind
   std::memmove(dst, src, n);
   return cudaSuccess;
 }
+cudaError_t cudaMemset(void* p, int value, std::size_t n) {
+  legacyStream()->sync();
+  std::memset(p, value, n);
+  return cudaSuccess;
+}
 cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t s) {
   streamOf(s)->push([=] { std::memset(p, value, n); });
   return cudaSuccess;

@@ -13,12 +13,14 @@
 // No barrier at the end: a rank refills a slot two calls later, after the next call's barrier,
 // which every rank reaches only after finishing this call's fold.
 //
-// Larger, "two-shot", on the user's buffers (exported and mapped per allocation, cached):
+// Larger, on the user's buffers (exported and mapped per allocation, cached):
 //   1. exchange buffer descriptors                  (also the entry barrier: every input is ready)
-//   2. rank r folds block r of all n send buffers into block r of its receive buffer
-//   3. barrier                                      (every block is final)
-//   4. rank r copies every other block q from rank q's receive buffer
-//   5. barrier                                      (nobody reads anyone's buffers any more)
+//   2. rank r folds block r of all n send buffers and writes it into block r of every receive buffer
+//      (up to 8 ranks: each rank's input read once, its output written once, the least traffic);
+//      beyond 8 ranks into its own receive buffer, then a barrier, then every rank copies the other
+//      blocks from their ranks ("two-shot")
+//   3. barrier                                      (nobody reads anyone's buffers any more)
+// All-gather, reduce-scatter, broadcast and reduce take the same steps with their own step 2.
 // A buffer some rank cannot export (memory from cudaMallocAsync pools or cuMemCreate) or that lives
 // on another GPU than the communicator's makes every rank stage that call, decided alike from the
 // exchanged descriptors.
@@ -270,13 +272,14 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
   // depend on which rank folded an element. Beyond kMaxFoldSources ranks the fold starts with `first`,
   // the rank whose send buffer may be the destination (in place), which must be among the first 8.
   const auto order = [&](std::size_t k, std::size_t first) { return n <= kernels::gpu::kMaxFoldSources ? k : (first + k) % n; };
-  // Folds the n sources source(q) into dst, with kAvg's division, and waits for it.
-  const auto fold = [&](void* dst, std::size_t count, std::size_t first, auto source) -> Status {
+  // Folds the n sources source(q), with kAvg's division, into each of `dsts`, and waits for it.
+  const auto fold = [&](std::vector<void*> dsts, std::size_t count, std::size_t first, auto source) -> Status {
     if (!count) return Status::Ok();
     std::vector<const void*> srcs(n);
     for (std::size_t k = 0; k < n; ++k) srcs[k] = source(order(k, first));
-    Status st = kernels::gpu::reduceMany(dst, srcs.data(), static_cast<int>(n), count, a.dtype, a.op, stream);
-    if (st.ok() && a.op == ReduceOp::kAvg) st = kernels::gpu::divide(dst, count, a.dtype, nranks_, stream);
+    const int divisor = a.op == ReduceOp::kAvg ? nranks_ : 0;
+    Status st = kernels::gpu::reduceMany(dsts.data(), static_cast<int>(dsts.size()), srcs.data(), static_cast<int>(n),
+                                         count, a.dtype, a.op, divisor, stream);
     if (st.ok()) st = cuda::waitForStream(stream, wait, "the fold of the ranks' buffers");
     return st;
   };
@@ -292,7 +295,7 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
     if (s.ok()) s = cuda::waitForStream(stream, wait, "the one-shot input copy");
     if (s.ok()) s = barrier(fp);
     // Every rank folds in rank order (n <= 8 or not: the slots are never the destination).
-    if (s.ok()) s = fold(a.recv, a.count, 0, [&](std::size_t q) { return ipc.peerScratch[q] + slot; });
+    if (s.ok()) s = fold({a.recv}, a.count, 0, [&](std::size_t q) { return ipc.peerScratch[q] + slot; });
     if (!s.ok()) return s;
     return true;
   }
@@ -336,14 +339,24 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
       if (s.ok()) s = cuda::waitForStream(stream, wait, "the broadcast copy");
       break;
     case CollKind::kReduceScatter:  // block r of every send buffer, folded into the receive buffer
-      s = fold(a.recv, a.count, r, [&](std::size_t q) { return sends[q] + r * bytes; });
+      s = fold({a.recv}, a.count, r, [&](std::size_t q) { return sends[q] + r * bytes; });
       break;
     case CollKind::kReduce:
-      if (rank_ == a.root) s = fold(a.recv, a.count, r, [&](std::size_t q) { return sends[q]; });
+      if (rank_ == a.root) s = fold({a.recv}, a.count, r, [&](std::size_t q) { return sends[q]; });
       break;
-    default: {  // all-reduce, two-shot: block r folded here, then every other block copied from its rank
+    default: {  // all-reduce: rank r folds block r of every send buffer
       const Range blk = split(a.count, n, r);
-      s = fold(recvs[r] + blk.off * es, blk.len, r, [&](std::size_t q) { return sends[q] + blk.off * es; });
+      const auto block = [&](std::size_t q) { return sends[q] + blk.off * es; };
+      if (n <= static_cast<std::size_t>(kernels::gpu::kMaxFoldSources)) {
+        // ... and writes it into block r of every receive buffer: each rank's input is read once and
+        // its output written once, the least memory traffic there is.
+        std::vector<void*> dsts(n);
+        for (std::size_t q = 0; q < n; ++q) dsts[q] = recvs[q] + blk.off * es;
+        s = fold(dsts, blk.len, r, block);
+        break;
+      }
+      // Beyond 8 ranks, into its own receive buffer; then every rank copies the other blocks.
+      s = fold({recvs[r] + blk.off * es}, blk.len, r, block);
       if (s.ok()) s = barrier(fp);  // every block is final
       for (std::size_t q = 0; q < n && s.ok(); ++q) {
         const Range b = split(a.count, n, q);

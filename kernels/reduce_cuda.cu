@@ -143,16 +143,30 @@ __global__ void __launch_bounds__(kThreads) reduceBytesKernel(unsigned char* d, 
   }
 }
 
-// The n-input fold behind reduceMany: dst[i] = s0[i] (op) s1[i] (op) ... in source order, the
-// accumulation in C::Value (float for fp16/bf16, so a step rounds once). Same layout as reduceKernel:
-// vector body where every pointer shares its offset modulo 16, element-wise heads and tails.
+template <class V>
+using DivisorType = std::conditional_t<std::is_integral_v<V>, std::common_type_t<V, int>, V>;
+
+// The n-input fold behind reduceMany: r = s0[i] (op) s1[i] (op) ... in source order, the accumulation
+// in C::Value (float for fp16/bf16, so a launch rounds once), divided by `divisor` if above 1 (kAvg,
+// as divideKernel does it), and written to every destination. Same layout as reduceKernel: vector
+// body where every pointer shares its offset modulo 16, element-wise heads and tails. Every element
+// is read from all sources before any destination is written, so destinations may be sources.
 struct Sources {
   const unsigned char* p[kMaxFoldSources];
 };
+struct Outputs {
+  unsigned char* p[kMaxFoldSources];
+};
+
+template <class C>
+__device__ __forceinline__ typename C::Value divided(typename C::Value v, int divisor) {
+  using V = typename C::Value;
+  return divisor > 1 ? static_cast<V>(v / static_cast<DivisorType<V>>(divisor)) : v;
+}
 
 template <class C, class Op>
-__global__ void __launch_bounds__(kThreads) foldKernel(unsigned char* d, Sources src, int nsrc, std::size_t n,
-                                                       std::size_t head, std::size_t nvec) {
+__global__ void __launch_bounds__(kThreads) foldKernel(Outputs dst, int ndst, Sources src, int nsrc, std::size_t n,
+                                                       std::size_t head, std::size_t nvec, int divisor) {
   using S = typename C::Storage;
   using V = typename C::Value;
   constexpr std::size_t kPerVec = 16 / sizeof(S);
@@ -171,8 +185,8 @@ __global__ void __launch_bounds__(kThreads) foldKernel(unsigned char* d, Sources
       for (std::size_t k = 0; k < kPerVec; ++k) acc[k] = Op::apply(acc[k], C::load(x.s[k]));
     }
 #pragma unroll
-    for (std::size_t k = 0; k < kPerVec; ++k) x.s[k] = C::store(acc[k]);
-    reinterpret_cast<uint4*>(d + off)[v] = x.u;
+    for (std::size_t k = 0; k < kPerVec; ++k) x.s[k] = C::store(divided<C>(acc[k], divisor));
+    for (int o = 0; o < ndst; ++o) reinterpret_cast<uint4*>(dst.p[o] + off)[v] = x.u;
   }
   const std::size_t tailStart = head + nvec * kPerVec;
   const std::size_t scalar = head + (n - tailStart);
@@ -180,14 +194,15 @@ __global__ void __launch_bounds__(kThreads) foldKernel(unsigned char* d, Sources
     const std::size_t i = k < head ? k : tailStart + (k - head);
     V acc = C::load(reinterpret_cast<const S*>(src.p[0])[i]);
     for (int j = 1; j < nsrc; ++j) acc = Op::apply(acc, C::load(reinterpret_cast<const S*>(src.p[j])[i]));
-    reinterpret_cast<S*>(d)[i] = C::store(acc);
+    const S r = C::store(divided<C>(acc, divisor));
+    for (int o = 0; o < ndst; ++o) reinterpret_cast<S*>(dst.p[o])[i] = r;
   }
 }
 
 // The fold for pointers not aligned to the element size; the op is a run-time argument (see above).
 template <class C>
-__global__ void __launch_bounds__(kThreads) foldBytesKernel(unsigned char* d, Sources src, int nsrc, std::size_t n,
-                                                            int op) {
+__global__ void __launch_bounds__(kThreads) foldBytesKernel(Outputs dst, int ndst, Sources src, int nsrc, std::size_t n,
+                                                            int op, int divisor) {
   using S = typename C::Storage;
   using V = typename C::Value;
   const std::size_t tid = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
@@ -203,12 +218,10 @@ __global__ void __launch_bounds__(kThreads) foldBytesKernel(unsigned char* d, So
         default: acc = Sum::apply(acc, y); break;
       }
     }
-    storeBytes<S>(d + i * sizeof(S), C::store(acc));
+    const S r = C::store(divided<C>(acc, divisor));
+    for (int o = 0; o < ndst; ++o) storeBytes<S>(dst.p[o] + i * sizeof(S), r);
   }
 }
-
-template <class V>
-using DivisorType = std::conditional_t<std::is_integral_v<V>, std::common_type_t<V, int>, V>;
 
 template <class C>
 __global__ void __launch_bounds__(kThreads) divideKernel(unsigned char* x, std::size_t n, int divisor, bool aligned) {
@@ -303,34 +316,42 @@ Status reduceFor(void* dst, const void* a, const void* b, std::size_t n, DataTyp
   return withOp(op, [&]<class Op>() { return launchReduce<C, Op>(dst, a, b, n, t, op, s); });
 }
 
-// One launch of up to kMaxFoldSources sources.
+// One launch: up to kMaxFoldSources sources and destinations.
 template <class C, class Op>
-Status launchFold(void* dst, const void* const* srcs, int nsrc, std::size_t n, DataType t, ReduceOp op,
-                  cudaStream_t s) {
+Status launchFold(void* const* dsts, int ndst, const void* const* srcs, int nsrc, std::size_t n, DataType t, ReduceOp op,
+                  int divisor, cudaStream_t s) {
   using S = typename C::Storage;
   Sources src{};
-  const auto ud = reinterpret_cast<std::uintptr_t>(dst);
-  std::uintptr_t any = ud;
+  Outputs dst{};
+  const auto ud = reinterpret_cast<std::uintptr_t>(dsts[0]);
+  std::uintptr_t any = 0;
   bool coAligned = true;
-  for (int j = 0; j < nsrc; ++j) {
-    src.p[j] = static_cast<const unsigned char*>(srcs[j]);
-    const auto u = reinterpret_cast<std::uintptr_t>(srcs[j]);
+  const auto note = [&](const void* p) {
+    const auto u = reinterpret_cast<std::uintptr_t>(p);
     any |= u;
     coAligned = coAligned && u % 16 == ud % 16;
+  };
+  for (int j = 0; j < nsrc; ++j) {
+    src.p[j] = static_cast<const unsigned char*>(srcs[j]);
+    note(srcs[j]);
   }
-  auto* d = static_cast<unsigned char*>(dst);
+  for (int o = 0; o < ndst; ++o) {
+    dst.p[o] = static_cast<unsigned char*>(dsts[o]);
+    note(dsts[o]);
+  }
   if (any % sizeof(S) != 0) {
-    foldBytesKernel<C><<<gridFor(n), kThreads, 0, s>>>(d, src, nsrc, n, static_cast<int>(op));
+    foldBytesKernel<C><<<gridFor(n), kThreads, 0, s>>>(dst, ndst, src, nsrc, n, static_cast<int>(op), divisor);
     return launched("byte-wise fold", t, op);
   }
   const Split sp = splitFor<S>(ud, coAligned, n);
-  foldKernel<C, Op><<<gridFor(sp.work), kThreads, 0, s>>>(d, src, nsrc, n, sp.head, sp.nvec);
+  foldKernel<C, Op><<<gridFor(sp.work), kThreads, 0, s>>>(dst, ndst, src, nsrc, n, sp.head, sp.nvec, divisor);
   return launched("fold", t, op);
 }
 
 template <class C>
-Status foldFor(void* dst, const void* const* srcs, int nsrc, std::size_t n, DataType t, ReduceOp op, cudaStream_t s) {
-  return withOp(op, [&]<class Op>() { return launchFold<C, Op>(dst, srcs, nsrc, n, t, op, s); });
+Status foldFor(void* const* dsts, int ndst, const void* const* srcs, int nsrc, std::size_t n, DataType t, ReduceOp op,
+               int divisor, cudaStream_t s) {
+  return withOp(op, [&]<class Op>() { return launchFold<C, Op>(dsts, ndst, srcs, nsrc, n, t, op, divisor, s); });
 }
 
 template <class C>
@@ -368,21 +389,24 @@ Status reduce(void* dst, const void* a, const void* b, std::size_t count, DataTy
   return withCodec(t, [&]<class C>() { return reduceFor<C>(dst, a, b, count, t, op, s); });
 }
 
-Status reduceMany(void* dst, const void* const* srcs, int nsrc, std::size_t count, DataType t, ReduceOp op,
-                  void* stream) {
+Status reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc, std::size_t count, DataType t,
+                  ReduceOp op, int divisor, void* stream) {
   if (!isValid(t)) return Status::InvalidArgument("unknown data type " + std::to_string(static_cast<int>(t)));
   if (!isValid(op)) return Status::InvalidArgument("unknown reduction op " + std::to_string(static_cast<int>(op)));
-  if (nsrc < 1) return Status::InvalidArgument("reduceMany needs at least one source");
+  if (nsrc < 1 || ndst < 1 || ndst > kMaxFoldSources || (ndst > 1 && nsrc > kMaxFoldSources))
+    return Status::InvalidArgument("reduceMany: 1 to 8 destinations, and more than one only with at most 8 sources");
   if (count == 0) return Status::Ok();
   auto s = static_cast<cudaStream_t>(stream);
-  // Groups of kMaxFoldSources: the first folds into dst, each later one folds dst with its sources.
+  // Groups of kMaxFoldSources (one destination only): the first folds into dst, each later one folds
+  // dst with its sources; the division comes with the last.
   const void* group[kMaxFoldSources];
   int done = 0;
   while (done < nsrc) {
     int k = 0;
-    if (done > 0) group[k++] = dst;
+    if (done > 0) group[k++] = dsts[0];
     while (k < kMaxFoldSources && done < nsrc) group[k++] = srcs[done++];
-    Status st = withCodec(t, [&]<class C>() { return foldFor<C>(dst, group, k, count, t, op, s); });
+    const int d = done == nsrc ? divisor : 0;
+    Status st = withCodec(t, [&]<class C>() { return foldFor<C>(dsts, ndst, group, k, count, t, op, d, s); });
     if (!st.ok()) return st;
   }
   return Status::Ok();

@@ -18,15 +18,18 @@ namespace braid::kernels::gpu {
 // of the current device. Errors: invalid argument for a bad type/op; cuda error naming the call otherwise.
 Status reduce(void* dst, const void* a, const void* b, std::size_t count, DataType t, ReduceOp op, void* stream);
 
-// dst[i] = srcs[0][i] (op) srcs[1][i] (op) ... (op) srcs[nsrc-1][i], folded in source order, for the
-// device collectives that read every rank's buffer at once (comm/cuda_ipc.cc). The accumulator is the
-// element type, except fp16 and bf16, which fold in float and round once per group of
-// kMaxFoldSources sources (so results may differ from a chain of reduce() calls in the last bit).
-// dst may equal any of the first kMaxFoldSources sources exactly (each element is read from every
-// source before it is written); other overlaps are not allowed. Alignment as reduce().
+// r[i] = srcs[0][i] (op) srcs[1][i] (op) ... (op) srcs[nsrc-1][i], folded in source order, divided by
+// `divisor` when it is above 1 (kAvg's last step, as divide() does it), and written to each of the
+// ndst destinations: the device collectives that read every rank's buffer at once (comm/cuda_ipc.cc).
+// The accumulator is the element type, except fp16 and bf16, which fold (and divide) in float and
+// round once per launch (so results may differ from a chain of reduce() calls in the last bit).
+// Up to kMaxFoldSources sources run as one launch, where every element is read from all sources
+// before any destination is written, so destinations may equal sources exactly. More sources
+// (one destination only) chain launches through dst, which may then equal only one of the first
+// kMaxFoldSources sources. Alignment as reduce(). 1 to kMaxFoldSources destinations.
 inline constexpr int kMaxFoldSources = 8;
-Status reduceMany(void* dst, const void* const* srcs, int nsrc, std::size_t count, DataType t, ReduceOp op,
-                  void* stream);
+Status reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc, std::size_t count, DataType t,
+                  ReduceOp op, int divisor, void* stream);
 
 // x[i] = x[i] / divisor, the final pass of kAvg, as kernels::divide.
 Status divide(void* x, std::size_t count, DataType t, int divisor, void* stream);

@@ -39,18 +39,21 @@ Status reduce(void* dst, const void* a, const void* b, std::size_t count, DataTy
   return launch(stream, [=] { kernels::reduce(dst, a, b, count, t, op); });
 }
 
-Status reduceMany(void* dst, const void* const* srcs, int nsrc, std::size_t count, DataType t, ReduceOp op,
-                  void* stream) {
-  if (!isValid(t) || !isValid(op) || nsrc < 1) return Status::InvalidArgument("bad type, op or source count");
+Status reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc, std::size_t count, DataType t,
+                  ReduceOp op, int divisor, void* stream) {
+  if (!isValid(t) || !isValid(op) || nsrc < 1 || ndst < 1 || ndst > kMaxFoldSources || (ndst > 1 && nsrc > kMaxFoldSources))
+    return Status::InvalidArgument("bad type, op, source or destination count");
   if (count == 0) return Status::Ok();
   std::vector<const void*> sources(srcs, srcs + nsrc);
+  std::vector<void*> outputs(dsts, dsts + ndst);
   return launch(stream, [=] {
-    // Into a temporary first: dst may be one of the sources.
+    // Into a temporary first: destinations may be sources.
     const std::size_t bytes = count * dataTypeSize(t);
     std::vector<std::byte> acc(bytes);
     std::memcpy(acc.data(), sources[0], bytes);
     for (std::size_t j = 1; j < sources.size(); ++j) kernels::reduce(acc.data(), acc.data(), sources[j], count, t, op);
-    std::memcpy(dst, acc.data(), bytes);
+    if (divisor > 1) kernels::divide(acc.data(), count, t, divisor);
+    for (void* d : outputs) std::memcpy(d, acc.data(), bytes);
   });
 }
 

@@ -185,7 +185,7 @@ TEST(GpuKernels, ReduceManyMatchesAChainOfCpuReductions) {
               // The CPU chain: want = s0 (op) s1 (op) ...
               std::memcpy(want.data(), hSrc[0].data() + off[0], bytes);
               for (int j = 1; j < nsrc; ++j) kernels::reduce(want.data(), want.data(), hSrc[j].data() + off[j], n, t, op);
-              Status st = kernels::gpu::reduceMany(dst, srcs.data(), nsrc, n, t, op, nullptr);
+              Status st = kernels::gpu::reduceMany(&dst, 1, srcs.data(), nsrc, n, t, op, 0, nullptr);
               ASSERT_TRUE(st.ok()) << st.toString();
               ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
               ASSERT_EQ(cudaMemcpy(got.data(), dst, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -203,13 +203,58 @@ TEST(GpuKernels, ReduceManyMatchesAChainOfCpuReductions) {
   std::printf("%d fold cases matched\n", cases);
 }
 
+// reduceMany with several destinations and a divisor (the all-reduce's reduce-and-broadcast step): 2 to
+// 8 sources, every destination equal to one source (in place everywhere), kAvg's division fused;
+// every destination must hold the CPU engine's chain followed by its divide.
+TEST(GpuKernels, ReduceManyWritesEveryDestinationInPlaceWithTheDivision) {
+  const std::size_t n = 4099;
+  for (int ti = 0; ti < kNumDataTypes; ++ti) {
+    const auto t = static_cast<DataType>(ti);
+    const std::size_t es = dataTypeSize(t);
+    for (int nsrc : {2, 3, 8}) {
+      for (std::size_t shift : {std::size_t{0}, es, std::size_t{1}}) {
+        if (shift == 1 && es == 1) continue;
+        std::vector<std::vector<std::byte>> h(static_cast<std::size_t>(nsrc), std::vector<std::byte>(n * es + 16));
+        std::deque<DeviceBuffer> d;
+        std::vector<const void*> srcs;
+        std::vector<void*> dsts;
+        for (int j = 0; j < nsrc; ++j) {
+          for (std::size_t i = 0; i < n; ++i) kernels::storeFromDouble(h[j].data() + shift, i, t, static_cast<double>((i + 3 * j) % 5));
+          d.emplace_back(n * es + 16);
+          ASSERT_EQ(cudaMemcpy(d.back().p, h[j].data(), n * es + 16, cudaMemcpyHostToDevice), cudaSuccess);
+          srcs.push_back(d.back().at(shift));
+          dsts.push_back(d.back().at(shift));
+        }
+        std::vector<std::byte> want(n * es);
+        std::memcpy(want.data(), h[0].data() + shift, n * es);
+        for (int j = 1; j < nsrc; ++j) kernels::reduce(want.data(), want.data(), h[j].data() + shift, n, t, ReduceOp::kSum);
+        kernels::divide(want.data(), n, t, nsrc);
+        Status st = kernels::gpu::reduceMany(dsts.data(), nsrc, srcs.data(), nsrc, n, t, ReduceOp::kAvg, nsrc, nullptr);
+        ASSERT_TRUE(st.ok()) << st.toString();
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<std::byte> got(n * es);
+        for (int j = 0; j < nsrc; ++j) {
+          ASSERT_EQ(cudaMemcpy(got.data(), dsts[j], n * es, cudaMemcpyDeviceToHost), cudaSuccess);
+          ASSERT_EQ(countDifferent(got.data(), want.data(), n, t), 0u)
+              << dataTypeName(t) << " sources " << nsrc << " shift " << shift << " destination " << j;
+        }
+      }
+    }
+  }
+}
+
 TEST(GpuKernels, RejectsBadArguments) {
   EXPECT_EQ(kernels::gpu::reduce(nullptr, nullptr, nullptr, 1, static_cast<DataType>(99), ReduceOp::kSum, nullptr).code(),
             Code::kInvalidArgument);
   EXPECT_EQ(kernels::gpu::reduce(nullptr, nullptr, nullptr, 1, DataType::kFloat32, static_cast<ReduceOp>(9), nullptr).code(),
             Code::kInvalidArgument);
   EXPECT_TRUE(kernels::gpu::reduce(nullptr, nullptr, nullptr, 0, DataType::kFloat32, ReduceOp::kSum, nullptr).ok());
-  EXPECT_EQ(kernels::gpu::reduceMany(nullptr, nullptr, 0, 1, DataType::kFloat32, ReduceOp::kSum, nullptr).code(),
+  void* none = nullptr;
+  EXPECT_EQ(kernels::gpu::reduceMany(&none, 1, nullptr, 0, 1, DataType::kFloat32, ReduceOp::kSum, 0, nullptr).code(),
+            Code::kInvalidArgument);
+  const void* nine[9] = {};
+  void* two[2] = {};
+  EXPECT_EQ(kernels::gpu::reduceMany(two, 2, nine, 9, 1, DataType::kFloat32, ReduceOp::kSum, 0, nullptr).code(),
             Code::kInvalidArgument);
 }
 

@@ -1,19 +1,19 @@
-// All-reduce on CUDA device buffers between ranks of one host, through CUDA IPC: kernels read the
-// peers' memory directly (cudaIpcOpenMemHandle). Synchronization is host barriers between kernels,
+// Collectives on CUDA device buffers between ranks of one host, through CUDA IPC: kernels and copies
+// read the peers' memory directly (cudaIpcOpenMemHandle). Synchronization is host barriers between kernels,
 // never flags that kernels spin on (ranks sharing a GPU run in time-sliced contexts).
 //
 // Setup, once, at the first such call: every rank allocates a scratch buffer of two one-shot slots,
 // exports it and opens every peer's (the opening is the test of "can this rank map that one's
 // memory"); the ranks then agree whether all of that worked, or use the staged path from then on.
 //
-// Small (up to kOneShotMaxBytes), "one-shot", through the scratch slots:
+// All-reduce up to kOneShotMaxBytes, "one-shot", through the scratch slots:
 //   1. copy the input into this rank's slot (the slots alternate between calls)
 //   2. barrier                                      (every slot is filled)
 //   3. fold all n slots, in rank order (the same bits on every rank), into the receive buffer
 // No barrier at the end: a rank refills a slot two calls later, after the next call's barrier,
 // which every rank reaches only after finishing this call's fold.
 //
-// Larger, on the user's buffers (exported and mapped per allocation, cached):
+// Larger all-reduces, on the user's buffers (exported and mapped per allocation, cached):
 //   1. exchange buffer descriptors                  (also the entry barrier: every input is ready)
 //   2. rank r folds block r of all n send buffers and writes it into block r of every receive buffer
 //      (up to 8 ranks: each rank's input read once, its output written once, the least traffic);
@@ -70,14 +70,15 @@ struct RankInfo {
   cudaIpcMemHandle_t scratch;    // for other processes
 };
 
-// Random per process, so that ranks in different PID namespaces (containers) never look like threads
-// of one process even when their pids are equal.
+// Equal only for threads of one process: random per process image (ranks in different PID
+// namespaces may have equal pids) and mixed with the pid at each use (a child forked after the token
+// was drawn shares it, not its pid).
 std::uint64_t processToken() {
-  static const std::uint64_t token = [] {
+  static const std::uint64_t random = [] {
     std::random_device rd;
-    return (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(getpid());
+    return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
   }();
-  return token;
+  return random ^ (static_cast<std::uint64_t>(getpid()) * 0x9e3779b97f4a7c15ull);
 }
 
 // One buffer of one call, as the other ranks need it.

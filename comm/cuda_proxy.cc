@@ -46,6 +46,10 @@ struct CudaProxy::Op {
   // layout (sendHost, recvHost) is then not used.
   std::size_t pieces = 1;
   std::byte* slots[2] = {nullptr, nullptr};
+  // The pinned layout, decided by enqueue and placed by placeStaging when the call is staged (calls
+  // that go through CUDA IPC need no pinned memory): bytes in all, and where each buffer starts.
+  std::size_t stagingBytes = 0, sendOff = 0, recvOff = 0, slotBytes = 0;
+  bool recvInSend = false;
   // No reference to the pinned buffer: the op may outlive its call inside the host function, and the
   // last reference must never be dropped there (freeing pinned memory is a CUDA call). The proxy keeps
   // every buffer an op may use alive until it is idle.
@@ -199,46 +203,24 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
   } else if (needSend && needRecv && r >= s && r + recvBytes <= s + sendBytes) {
     total = sendBytes;
     recvOff = static_cast<std::size_t>(r - s);
+    op->recvInSend = true;
   } else {
     recvOff = 0;
     sendOff = needRecv ? (recvBytes + 255) / 256 * 256 : 0;
     total = sendOff + (needSend ? sendBytes : 0);
   }
-
-  std::unique_lock<std::mutex> g(mu_);
-  if (stopping_) return Status::InvalidUsage("the communicator was destroyed or aborted");
-  if (!busy_ && queue_.empty()) retired_.clear();  // no stream is held: outgrown buffers may go now
-  if (pinned_->size < total) {
-    auto bigger = std::make_shared<Pinned>();
-    std::size_t want = std::max(total, pinned_->size * 2);
-    void* p = nullptr;
-    cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocPortable);
-    if (e != cudaSuccess) return failed("cudaHostAlloc (staging for device buffers)", e);
-    bigger->data = static_cast<std::byte*>(p);
-    bigger->size = want;
-    retired_.push_back(std::move(pinned_));
-    pinned_ = std::move(bigger);
-  }
-  std::byte* base = pinned_->data;
-  if (slotBytes) {
-    op->slots[0] = base;
-    op->slots[1] = base + slotBytes;
-  }
-  const bool recvInSend = needSend && needRecv && r >= s && r + recvBytes <= s + sendBytes && !(s >= r && s + sendBytes <= r + recvBytes);
-  if (recvInSend) {
-    op->sendHost = base;
-    op->recvHost = base + recvOff;
-  } else {
-    op->recvHost = base;
-    op->sendHost = base + sendOff;
-  }
+  op->stagingBytes = total;
+  op->sendOff = sendOff;
+  op->recvOff = recvOff;
+  op->slotBytes = slotBytes;
   op->sendDev = needSend ? a.send : nullptr;
   op->recvDev = needRecv ? a.recv : nullptr;
   op->sendBytes = needSend ? sendBytes : 0;
   op->recvBytes = needRecv ? recvBytes : 0;
-  op->host.send = a.send ? op->sendHost : nullptr;
-  op->host.recv = a.recv ? op->recvHost : nullptr;
 
+  std::unique_lock<std::mutex> g(mu_);
+  if (stopping_) return Status::InvalidUsage("the communicator was destroyed or aborted");
+  if (!busy_ && queue_.empty()) retired_.clear();  // no stream is held: outgrown buffers may go now
   op->seq = ++seq_;
   bool held = false;
   if (waitValue_) {
@@ -361,6 +343,37 @@ Status copyRows(void* dst, std::size_t dpitch, const void* src, std::size_t spit
 
 }  // namespace
 
+// Points the op's staging at the pinned buffer, grown first if the op needs more. Runs on the proxy
+// thread, one call at a time, so one buffer serves every call; an outgrown buffer is retired, not
+// freed (freeing pinned memory may synchronize the device while a caller's stream is held).
+Status CudaProxy::placeStaging(Op& op) {
+  std::byte* base = nullptr;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (pinned_->size < op.stagingBytes) {
+      auto bigger = std::make_shared<Pinned>();
+      const std::size_t want = std::max(op.stagingBytes, pinned_->size * 2);
+      void* p = nullptr;
+      cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocPortable);
+      if (e != cudaSuccess) return failed("cudaHostAlloc (staging for device buffers)", e);
+      bigger->data = static_cast<std::byte*>(p);
+      bigger->size = want;
+      retired_.push_back(std::move(pinned_));
+      pinned_ = std::move(bigger);
+    }
+    base = pinned_->data;
+  }
+  if (op.slotBytes) {
+    op.slots[0] = base;
+    op.slots[1] = base + op.slotBytes;
+  }
+  op.sendHost = op.recvInSend ? base : base + op.sendOff;
+  op.recvHost = op.recvInSend ? base + op.recvOff : base;
+  op.host.send = op.dev.send ? op.sendHost : nullptr;
+  op.host.recv = op.dev.recv ? op.recvHost : nullptr;
+  return Status::Ok();
+}
+
 // The staged path, pipelined: the call is cut into pieces (op.pieces, each at least kStagePieceBytes
 // of the larger buffer); piece k+1 is copied in on one stream while the host collective of piece k
 // runs on this thread, and piece k is copied out on a second stream while piece k+1 runs.
@@ -370,6 +383,7 @@ Status copyRows(void* dst, std::size_t dpitch, const void* src, std::size_t spit
 //     rank's block, gathered into one of two pinned slots as n blocks of len (2-D copies), where the
 //     host collective runs in place; a slot is refilled only after its previous piece was copied out.
 Status CudaProxy::runStaged(Op& op, const Comm::DeviceCall::RunHost& runHost) {
+  if (Status placed = placeStaging(op); !placed.ok()) return placed;
   const CollArgs& a = op.dev;
   const std::size_t n = static_cast<std::size_t>(comm_.nranks()), r = static_cast<std::size_t>(comm_.rank());
   const std::size_t es = dataTypeSize(a.dtype);

@@ -55,7 +55,9 @@ class CudaProxy {
   CudaProxy(Comm& comm, int device) : comm_(comm), device_(device) {}
   void loop();
   void process(Op& op);
-  // The staged path (see cuda_proxy.cc): copies in, runHost per piece, copies out, pipelined.
+  // The staged path (see cuda_proxy.cc): pinned memory placed, then copies in, runHost per piece,
+  // copies out, pipelined.
+  Status placeStaging(Op& op);
   Status runStaged(Op& op, const std::function<Status(const CollArgs&)>& runHost);
   Status waitReady(Op& op);
   // Holds `stream` until op is done; false (nothing queued) if the mechanism is not available.
@@ -83,8 +85,8 @@ class CudaProxy {
   bool stopping_ = false;
   bool abortive_ = false;
   std::thread thread_;
-  // Staging memory: the proxy runs one call at a time, so one buffer (grown by enqueue(), on the
-  // caller's thread) serves them all. Buffers outgrown are kept until the proxy is idle: freeing
+  // Staging memory: the proxy runs one call at a time, so one buffer (grown by placeStaging, on the
+  // proxy's thread, only for calls that are staged) serves them all. Buffers outgrown are kept until the proxy is idle: freeing
   // pinned memory may synchronize the device, which must never happen while a stream is held.
   std::shared_ptr<Pinned> pinned_;
   std::vector<std::shared_ptr<Pinned>> retired_;

@@ -20,6 +20,8 @@
 
 #include "braid/braid.h"
 #include "braid_version.h"
+#include "comm/c_handle.h"
+#include "comm/communicator.h"
 #include "comm/config.h"
 #include "kernels/reduce.h"
 #include "tools/pattern.h"
@@ -382,6 +384,12 @@ int runPerf(int argc, char** argv) {
       }
   if (rank == 0) {
     report.printFooter(run.totalWrong);
+    if (o.device == "cuda") {
+      // Which path the device calls took: the figures mean different things for the two.
+      const auto ipc = static_cast<unsigned long long>(run.comm->impl->cudaIpcCalls());
+      std::printf("# Device path: %llu call(s) on rank 0 through CUDA IPC, the rest staged through pinned host memory%s\n",
+                  ipc, run.comm->impl->config().cudaIpc ? "" : " (BRAID_CUDA_IPC=0)");
+    }
     if (!o.json.empty() && !report.writeJson(o.json, run.totalWrong))
       std::fprintf(stderr, "braid perf: cannot write %s\n", o.json.c_str());
     if (!o.plot.empty() && !writePlot(o, report)) plotFailed = true;

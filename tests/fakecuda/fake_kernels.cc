@@ -47,13 +47,22 @@ Status reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc
   std::vector<const void*> sources(srcs, srcs + nsrc);
   std::vector<void*> outputs(dsts, dsts + ndst);
   return launch(stream, [=] {
-    // Into a temporary first: destinations may be sources.
+    // Launch by launch as the GPU version chains them: groups of kMaxFoldSources sources, each later
+    // group folding the first destination with its sources, so that a destination aliasing a source
+    // beyond the first group shows as wrong results here too. Within a launch every element is read
+    // from all sources before any destination is written: a temporary.
     const std::size_t bytes = count * dataTypeSize(t);
     std::vector<std::byte> acc(bytes);
-    std::memcpy(acc.data(), sources[0], bytes);
-    for (std::size_t j = 1; j < sources.size(); ++j) kernels::reduce(acc.data(), acc.data(), sources[j], count, t, op);
-    if (divisor > 1) kernels::divide(acc.data(), count, t, divisor);
-    for (void* d : outputs) std::memcpy(d, acc.data(), bytes);
+    std::size_t done = 0;
+    while (done < sources.size()) {
+      std::vector<const void*> group;
+      if (done > 0) group.push_back(outputs[0]);
+      while (group.size() < static_cast<std::size_t>(kMaxFoldSources) && done < sources.size()) group.push_back(sources[done++]);
+      std::memcpy(acc.data(), group[0], bytes);
+      for (std::size_t j = 1; j < group.size(); ++j) kernels::reduce(acc.data(), acc.data(), group[j], count, t, op);
+      if (divisor > 1 && done == sources.size()) kernels::divide(acc.data(), count, t, divisor);
+      for (void* d : outputs) std::memcpy(d, acc.data(), bytes);
+    }
   });
 }
 

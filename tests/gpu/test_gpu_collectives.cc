@@ -237,6 +237,35 @@ INSTANTIATE_TEST_SUITE_P(Ranks, GpuCollectives,
                                   (std::get<2>(info.param) ? "" : "_staged");
                          });
 
+// Nine ranks: more than the fold's 8 sources per launch, so the IPC all-reduce takes its two-shot
+// form and every fold chains two launches (the destination among the first 8 sources when in place).
+// A few types, ops and counts only (nine processes on one GPU), each collective checked exactly.
+TEST(GpuManyRanks, NineRanksTakeTheTwoShotFormAndChainedFolds) {
+  auto outcome = runRanks(
+      9,
+      [](int rank, braidComm_t comm) {
+        Dev d;
+        long wrong = 0;
+        for (DataType t : {DataType::kFloat32, DataType::kBfloat16})
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg})
+            for (std::size_t count : {std::size_t{7}, kBig})
+              for (int inPlace = 0; inPlace < 2; ++inPlace) {
+                long w = runCase(rank, 9, comm, d, t, op, count, inPlace, static_cast<std::size_t>(inPlace));
+                if (w < 0) return 1;
+                wrong += w;
+              }
+        if (rank == 0)
+          std::fprintf(stderr, "rank 0: 9 ranks, %ld wrong elements, %llu collectives through CUDA IPC\n", wrong,
+                       static_cast<unsigned long long>(comm->impl->cudaIpcCalls()));
+        return wrong ? 2 : 0;
+      },
+      {{"BRAID_TIMEOUT", "120"}}, 900);
+  for (std::size_t r = 0; r < outcome.size(); ++r) {
+    EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;
+    EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  }
+}
+
 // Host and device buffers in one call, and the checks that come before any data moves.
 TEST(GpuArguments, MixedMemoryTypesAreInvalidArguments) {
   auto outcome = runRanks(2, [](int rank, braidComm_t comm) {

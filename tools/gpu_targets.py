@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The CUDA issue's targets, computed from what tools/gpu-run wrote under OUT (run last by gpu-run).
 Usage: gpu_targets.py OUT     Prints one line per target with the figures, the formula and PASS/FAIL;
-exit status 0 only if every target that could be computed passed (a missing input is MISSING).
+exit status 0 only if every target was computed and passed (a missing input is MISSING, and fails).
 
 Formulas (S: bytes per rank, n: ranks on the one GPU, B_copy: cudaMemcpy D2D bandwidth counted as
 read + write, i.e. 2 x size / time, as braid-gpu-bench reports it):
@@ -36,6 +36,7 @@ def verdict(name, ok, text):
     global failed
     if ok is None:
         print(f"MISSING {name}: {text}")
+        failed = True
         return
     failed = failed or not ok
     print(f"{'PASS' if ok else 'FAIL'}    {name}: {text}")

@@ -144,6 +144,16 @@ class Comm final : public EngineHost, public Workspace {
   Result<bool> cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, void* stream);
   // comm/cuda_ipc.cc: unmaps the peers' memory (stopCudaProxy, before destroy's farewell).
   void releaseCudaIpc();
+ public:
+  // comm/cuda_ipc.cc, for the CUDA proxy. prepareCudaIpc: the IPC scratch, allocated on `device` when
+  // the proxy starts, before any stream is held. cudaIpcTakes: whether `a` will go through CUDA IPC
+  // (unless some rank's buffers cannot be shared), so needs no pinned staging memory; callable from
+  // any thread. trimCudaIpc: closes peers' mappings beyond the cache's size; only while no stream is
+  // held (closing may synchronize the device).
+  void prepareCudaIpc(int device);
+  bool cudaIpcTakes(const CollArgs& a) const;
+  void trimCudaIpc();
+ private:
   // Runs plan_; a failure ends the communicator and is reported to the other ranks.
   Status runPlan();
   // A barrier of zero-byte messages carrying `fp` (inside a collective).

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <random>
@@ -50,7 +51,8 @@ namespace {
 // At or below this many bytes every rank reduces the whole buffer itself (one kernel, one barrier
 // fewer); above it, each rank reduces 1/n and copies the rest. A first guess, to be measured on a GPU.
 constexpr std::size_t kOneShotMaxBytes = 256 << 10;
-// Peers' allocations kept mapped per communicator; the map starts over when a call might not fit.
+// Peers' allocations kept mapped per communicator; beyond this many, all are closed when the proxy is
+// next idle (Comm::trimCudaIpc).
 constexpr std::size_t kMaxMapped = 64;
 
 // cuPointerGetAttributes, with the driver API's types as plain C types.
@@ -102,7 +104,12 @@ struct CudaIpc {
   int device = -1;      // the communicator's GPU (the proxy's)
   PointerGetAttributesFn pointerGetAttributes = nullptr;
   std::vector<std::uint64_t> processes;  // by rank: processToken()
-  void* scratch = nullptr;               // two one-shot slots of kOneShotMaxBytes
+  // Two one-shot slots of kOneShotMaxBytes that the peers read, and a third for a one-shot result
+  // whose receive buffer is on another GPU; allocated by Comm::prepareCudaIpc before any stream is
+  // held (a device allocation may synchronize with other streams).
+  void* scratch = nullptr;
+  std::atomic<bool> usableFlag{false};   // `usable`, for CudaProxy::enqueue on the callers' threads
+  bool trimWanted = false;               // more than kMaxMapped peers' allocations are open
   std::vector<std::byte*> peerScratch;   // by rank, as this process sees it
   std::uint64_t oneShotCalls = 0;        // which slot is next
   std::map<std::uint64_t, cudaIpcMemHandle_t> exported;   // this rank's allocations, by id
@@ -110,7 +117,11 @@ struct CudaIpc {
 
   ~CudaIpc() {
     closeAll();
-    if (scratch) cudaFree(scratch);
+    if (!scratch) return;
+    int previous = -1;
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device && cudaSetDevice(device) == cudaSuccess;
+    cudaFree(scratch);
+    if (switched) cudaSetDevice(previous);
   }
   bool sameProcess(std::size_t a, std::size_t b) const { return processes[a] == processes[b]; }
   void closeMapped() {
@@ -152,6 +163,15 @@ struct CudaIpc {
     }
     d->handle = it->second;
     return true;
+  }
+
+  // Whether `p` is memory of the communicator's GPU (a fold kernel may write it directly).
+  bool onDevice(const void* p) const {
+    unsigned long long ordinal = 0;
+    int attr = kAttrDeviceOrdinal;
+    void* data = &ordinal;
+    return pointerGetAttributes(1, &attr, &data, reinterpret_cast<unsigned long long>(p)) == 0 &&
+           static_cast<int>(ordinal & 0xffffffffu) == device;
   }
 
   // Where `peer`'s buffer `d` is in this process.
@@ -204,9 +224,38 @@ void Comm::releaseCudaIpc() {
   if (switched) cudaSetDevice(previous);
 }
 
+void Comm::prepareCudaIpc(int device) {
+  const bool oneHost = std::all_of(localPeer_.begin(), localPeer_.end(), [](bool local) { return local; });
+  if (cudaIpc_ || !config_.cudaIpc || nranks_ < 2 || !oneHost) return;
+  auto ipc = std::make_shared<CudaIpc>();
+  ipc->device = device;
+  int previous = -1;
+  const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device && cudaSetDevice(device) == cudaSuccess;
+  if (cudaMalloc(&ipc->scratch, 3 * kOneShotMaxBytes) != cudaSuccess) {
+    ipc->scratch = nullptr;  // the first call's agreement then turns IPC off, on every rank
+    cudaGetLastError();
+  }
+  if (switched) cudaSetDevice(previous);
+  cudaIpc_ = std::move(ipc);
+}
+
+bool Comm::cudaIpcTakes(const CollArgs& a) const {
+  return cudaIpc_ && cudaIpc_->usableFlag.load(std::memory_order_acquire) && a.kind != CollKind::kSendRecv &&
+         a.kind != CollKind::kBarrier;
+}
+
+void Comm::trimCudaIpc() {
+  if (cudaIpc_ && cudaIpc_->trimWanted) {
+    cudaIpc_->closeMapped();
+    cudaIpc_->trimWanted = false;
+  }
+}
+
 Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, void* streamArg) {
   auto stream = static_cast<cudaStream_t>(streamArg);
   const std::size_t n = static_cast<std::size_t>(nranks_), r = static_cast<std::size_t>(rank_);
+  // prepareCudaIpc made it when the proxy started, under the same conditions that lead here; an
+  // empty one (no scratch) still takes part in the agreement, which then says no on every rank.
   if (!cudaIpc_) cudaIpc_ = std::make_shared<CudaIpc>();
   CudaIpc& ipc = *cudaIpc_;
 
@@ -219,10 +268,9 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
     cudaDeviceProp prop{};
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDevice(&ipc.device) == cudaSuccess && cudaGetDeviceProperties(&prop, ipc.device) == cudaSuccess &&
+    if (ipc.scratch && cudaGetDevice(&ipc.device) == cudaSuccess && cudaGetDeviceProperties(&prop, ipc.device) == cudaSuccess &&
         cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &fn, 12000, cudaEnableDefault, &found) == cudaSuccess &&
-        found == cudaDriverEntryPointSuccess && fn && cudaMalloc(&ipc.scratch, 2 * kOneShotMaxBytes) == cudaSuccess &&
-        cudaIpcGetMemHandle(&self.scratch, ipc.scratch) == cudaSuccess) {
+        found == cudaDriverEntryPointSuccess && fn && cudaIpcGetMemHandle(&self.scratch, ipc.scratch) == cudaSuccess) {
       self.ready = 1;
       self.scratchPointer = reinterpret_cast<std::uint64_t>(ipc.scratch);
       std::memcpy(self.uuid, prop.uuid.bytes, sizeof(self.uuid));
@@ -257,9 +305,10 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
     s = allGatherSmall(&ok, oks.data(), sizeof(ok), fp);
     if (!s.ok()) return s;
     ipc.usable = std::all_of(oks.begin(), oks.end(), [](std::int32_t v) { return v != 0; });
+    ipc.usableFlag.store(ipc.usable, std::memory_order_release);
     if (!ipc.usable) ipc.closeAll();
     BRAID_LOG(kInfo, kInit, "rank %d: CUDA IPC between the ranks' device buffers: %s", rank_,
-              ipc.usable ? "on" : "off (some rank cannot map another's GPU memory; all-reduce is staged through host memory)");
+              ipc.usable ? "on" : "off (some rank cannot map another's GPU memory; device calls are staged through host memory)");
   }
   if (!ipc.usable) return false;
 
@@ -296,7 +345,12 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
     if (s.ok()) s = cuda::waitForStream(stream, wait, "the one-shot input copy");
     if (s.ok()) s = barrier(fp);
     // Every rank folds in rank order (n <= 8 or not: the slots are never the destination).
-    if (s.ok()) s = fold({a.recv}, a.count, 0, [&](std::size_t q) { return ipc.peerScratch[q] + slot; });
+    // A receive buffer on another GPU is not written by the kernel: the third region, then a copy.
+    const bool direct = ipc.onDevice(a.recv);
+    void* result = direct ? a.recv : ipc.peerScratch[r] + 2 * kOneShotMaxBytes;
+    if (s.ok()) s = fold({result}, a.count, 0, [&](std::size_t q) { return ipc.peerScratch[q] + slot; });
+    if (s.ok() && !direct) s = copy(a.recv, result, bytes, "cudaMemcpyAsync (one-shot result to another GPU)");
+    if (s.ok() && !direct) s = cuda::waitForStream(stream, wait, "the one-shot result copy");
     if (!s.ok()) return s;
     return true;
   }
@@ -305,14 +359,17 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
   // the receive buffers too.
   const auto sendShared = [&](std::size_t q) { return a.kind != CollKind::kBroadcast || static_cast<int>(q) == a.root; };
   CallDesc mine;
-  mine.ok = (!sendShared(r) || ipc.describe(a.send, &mine.send)) && (!allReduce || ipc.describe(a.recv, &mine.recv));
+  // A fold kernel writes the receive buffer of reduce-scatter and of reduce's root directly: it must
+  // be on this GPU (copies, as in all-gather and broadcast, reach any GPU).
+  const bool foldsIntoRecv = a.kind == CollKind::kReduceScatter || (a.kind == CollKind::kReduce && rank_ == a.root);
+  mine.ok = (!sendShared(r) || ipc.describe(a.send, &mine.send)) && (!allReduce || ipc.describe(a.recv, &mine.recv)) &&
+            (!foldsIntoRecv || ipc.onDevice(a.recv));
   std::vector<CallDesc> all(n);
   Status s = allGatherSmall(&mine, all.data(), sizeof(CallDesc), fp);
   if (!s.ok()) return s;
   for (const CallDesc& d : all)
     if (!d.ok) return false;  // everyone sees the same descriptors: everyone stages this call
 
-  if (ipc.mapped.size() + 2 * n > kMaxMapped) ipc.closeMapped();  // nothing is in flight between calls
   // Only what this rank reads is mapped: rooted collectives read only on the root (reduce) or only
   // the root's buffer (broadcast).
   const auto reads = [&](std::size_t q, bool send) {
@@ -366,6 +423,9 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
       if (s.ok()) s = cuda::waitForStream(stream, wait, "the two-shot block copies");
     }
   }
+  // Closing mappings may synchronize the device, so it waits for a moment when no stream is held
+  // (Comm::trimCudaIpc, called by the proxy when it is idle).
+  ipc.trimWanted = ipc.mapped.size() > kMaxMapped;
   // Nobody reads anyone's buffers after this: the callers' streams may go on.
   if (s.ok()) s = barrier(fp);
   if (!s.ok()) return s;

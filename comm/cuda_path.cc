@@ -304,6 +304,7 @@ std::shared_ptr<CudaProxy> Comm::cudaProxy(bool create) {
     return nullptr;
   }
   cudaProxy_ = *p;
+  prepareCudaIpc(device);  // its device allocation happens now, before any stream is held
   haveCudaProxy_.store(true, std::memory_order_release);
   return cudaProxy_;
 #else

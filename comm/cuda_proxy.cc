@@ -221,6 +221,12 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
   std::unique_lock<std::mutex> g(mu_);
   if (stopping_) return Status::InvalidUsage("the communicator was destroyed or aborted");
   if (!busy_ && queue_.empty()) retired_.clear();  // no stream is held: outgrown buffers may go now
+  // Pinned memory is allocated here, before this call's stream is held (an allocation may
+  // synchronize with other streams), unless the call goes through CUDA IPC and needs none.
+  if (!comm_.cudaIpcTakes(a)) {
+    Status grown = growPinned(total);
+    if (!grown.ok()) return grown;
+  }
   op->seq = ++seq_;
   bool held = false;
   if (waitValue_) {
@@ -316,6 +322,12 @@ void CudaProxy::loop() {
     process(*op);
     std::lock_guard<std::mutex> g(mu_);
     busy_ = false;
+    if (queue_.empty()) {
+      // Idle, and under mu_ no call can queue a hold meanwhile: no stream is held, so what may
+      // synchronize the device may run now.
+      retired_.clear();
+      comm_.trimCudaIpc();
+    }
     cv_.notify_all();
   }
 }
@@ -346,21 +358,29 @@ Status copyRows(void* dst, std::size_t dpitch, const void* src, std::size_t spit
 // Points the op's staging at the pinned buffer, grown first if the op needs more. Runs on the proxy
 // thread, one call at a time, so one buffer serves every call; an outgrown buffer is retired, not
 // freed (freeing pinned memory may synchronize the device while a caller's stream is held).
+Status CudaProxy::growPinned(std::size_t bytes) {
+  if (pinned_->size >= bytes) return Status::Ok();
+  auto bigger = std::make_shared<Pinned>();
+  const std::size_t want = std::max(bytes, pinned_->size * 2);
+  void* p = nullptr;
+  cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocPortable);
+  if (e != cudaSuccess) return failed("cudaHostAlloc (staging for device buffers)", e);
+  bigger->data = static_cast<std::byte*>(p);
+  bigger->size = want;
+  retired_.push_back(std::move(pinned_));
+  pinned_ = std::move(bigger);
+  return Status::Ok();
+}
+
 Status CudaProxy::placeStaging(Op& op) {
   std::byte* base = nullptr;
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (pinned_->size < op.stagingBytes) {
-      auto bigger = std::make_shared<Pinned>();
-      const std::size_t want = std::max(op.stagingBytes, pinned_->size * 2);
-      void* p = nullptr;
-      cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocPortable);
-      if (e != cudaSuccess) return failed("cudaHostAlloc (staging for device buffers)", e);
-      bigger->data = static_cast<std::byte*>(p);
-      bigger->size = want;
-      retired_.push_back(std::move(pinned_));
-      pinned_ = std::move(bigger);
-    }
+    if (pinned_->size < op.stagingBytes)
+      BRAID_LOG(kInfo, kColl, "rank %d: staging a call that was to go through CUDA IPC: allocating %zu bytes of pinned "
+                "memory while streams are held", comm_.rank(), op.stagingBytes);
+    Status grown = growPinned(op.stagingBytes);
+    if (!grown.ok()) return grown;
     base = pinned_->data;
   }
   if (op.slotBytes) {

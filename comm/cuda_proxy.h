@@ -58,6 +58,8 @@ class CudaProxy {
   // The staged path (see cuda_proxy.cc): pinned memory placed, then copies in, runHost per piece,
   // copies out, pipelined.
   Status placeStaging(Op& op);
+  // Grows the pinned buffer to at least `bytes` (the outgrown one is retired); under mu_.
+  Status growPinned(std::size_t bytes);
   Status runStaged(Op& op, const std::function<Status(const CollArgs&)>& runHost);
   Status waitReady(Op& op);
   // Holds `stream` until op is done; false (nothing queued) if the mechanism is not available.
@@ -85,8 +87,9 @@ class CudaProxy {
   bool stopping_ = false;
   bool abortive_ = false;
   std::thread thread_;
-  // Staging memory: the proxy runs one call at a time, so one buffer (grown by placeStaging, on the
-  // proxy's thread, only for calls that are staged) serves them all. Buffers outgrown are kept until the proxy is idle: freeing
+  // Staging memory: the proxy runs one call at a time, so one buffer serves them all, grown by
+  // enqueue() before the call's stream is held (except for calls that go through CUDA IPC; a staged
+  // fallback of those grows it in placeStaging). Buffers outgrown are kept until the proxy is idle: freeing
   // pinned memory may synchronize the device, which must never happen while a stream is held.
   std::shared_ptr<Pinned> pinned_;
   std::vector<std::shared_ptr<Pinned>> retired_;

@@ -73,7 +73,7 @@ for n in (2, 4):
         continue
     bound_us = 2 * n * S / (copy * 1e9) * 1e6
     for place in ("out_of_place", "in_place"):
-        t = r[place]["time_us"]
+        t = max(r[place]["time_us"], 1e-9)
         eff = bound_us / t
         verdict(f"HBM bound, {n} ranks, 256 MiB, {place.replace('_', '-')}", eff >= 0.70 and r[place]["wrong"] == 0,
                 f"{t:.0f} us against 2*{n}*S/B_copy = {bound_us:.0f} us: {eff:.1%} (target 70%), {r[place]['wrong']} wrong")
@@ -93,7 +93,7 @@ if r is None or None in pinned:
 else:
     b = min(pinned)
     bound_us = 2 * S / (b * 1e9) * 1e6
-    t = r["out_of_place"]["time_us"]
+    t = max(r["out_of_place"]["time_us"], 1e-9)
     floor_us = max(bound_us, host["out_of_place"]["time_us"]) if host else bound_us
     verdict("staging, 2 ranks, 256 MiB", bound_us / t >= 0.80,
             f"{t:.0f} us against n*S/B_pinned = {bound_us:.0f} us ({b:.1f} GB/s): {bound_us / t:.1%} (target 80%); "

@@ -203,40 +203,48 @@ TEST(GpuKernels, ReduceManyMatchesAChainOfCpuReductions) {
   std::printf("%d fold cases matched\n", cases);
 }
 
-// reduceMany with several destinations and a divisor (the all-reduce's reduce-and-broadcast step): 2 to
-// 8 sources, every destination equal to one source (in place everywhere), kAvg's division fused;
-// every destination must hold the CPU engine's chain followed by its divide.
+// reduceMany with several destinations (the all-reduce's reduce-and-broadcast step): 2 to 8 sources,
+// every op (kAvg with its division fused), destinations equal to the sources (in place everywhere)
+// or separate buffers; every destination must hold the CPU engine's chain (and divide).
 TEST(GpuKernels, ReduceManyWritesEveryDestinationInPlaceWithTheDivision) {
   const std::size_t n = 4099;
   for (int ti = 0; ti < kNumDataTypes; ++ti) {
     const auto t = static_cast<DataType>(ti);
     const std::size_t es = dataTypeSize(t);
-    for (int nsrc : {2, 3, 8}) {
+    for (int nsrc : {2, 3, 8})
+    for (ReduceOp op : {ReduceOp::kAvg, ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax, ReduceOp::kMin})
+    for (bool separate : {false, true}) {
       for (std::size_t shift : {std::size_t{0}, es, std::size_t{1}}) {
         if (shift == 1 && es == 1) continue;
+        if (separate && op != ReduceOp::kAvg && shift != 0) continue;  // separate buffers: one layout per op
         std::vector<std::vector<std::byte>> h(static_cast<std::size_t>(nsrc), std::vector<std::byte>(n * es + 16));
-        std::deque<DeviceBuffer> d;
+        std::deque<DeviceBuffer> d, out;
         std::vector<const void*> srcs;
         std::vector<void*> dsts;
         for (int j = 0; j < nsrc; ++j) {
-          for (std::size_t i = 0; i < n; ++i) kernels::storeFromDouble(h[j].data() + shift, i, t, static_cast<double>((i + 3 * j) % 5));
+          // 1 to 2 for products (exact in every type), 0 to 4 otherwise.
+          for (std::size_t i = 0; i < n; ++i)
+            kernels::storeFromDouble(h[j].data() + shift, i, t, op == ReduceOp::kProd ? 1 + (i + j) % 2 : static_cast<double>((i + 3 * j) % 5));
           d.emplace_back(n * es + 16);
           ASSERT_EQ(cudaMemcpy(d.back().p, h[j].data(), n * es + 16, cudaMemcpyHostToDevice), cudaSuccess);
           srcs.push_back(d.back().at(shift));
-          dsts.push_back(d.back().at(shift));
+          if (separate) out.emplace_back(n * es + 16);
+          dsts.push_back(separate ? out.back().at(shift) : d.back().at(shift));
         }
         std::vector<std::byte> want(n * es);
         std::memcpy(want.data(), h[0].data() + shift, n * es);
-        for (int j = 1; j < nsrc; ++j) kernels::reduce(want.data(), want.data(), h[j].data() + shift, n, t, ReduceOp::kSum);
-        kernels::divide(want.data(), n, t, nsrc);
-        Status st = kernels::gpu::reduceMany(dsts.data(), nsrc, srcs.data(), nsrc, n, t, ReduceOp::kAvg, nsrc, nullptr);
+        for (int j = 1; j < nsrc; ++j) kernels::reduce(want.data(), want.data(), h[j].data() + shift, n, t, op);
+        if (op == ReduceOp::kAvg) kernels::divide(want.data(), n, t, nsrc);
+        Status st = kernels::gpu::reduceMany(dsts.data(), nsrc, srcs.data(), nsrc, n, t, op,
+                                             op == ReduceOp::kAvg ? nsrc : 0, nullptr);
         ASSERT_TRUE(st.ok()) << st.toString();
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         std::vector<std::byte> got(n * es);
         for (int j = 0; j < nsrc; ++j) {
           ASSERT_EQ(cudaMemcpy(got.data(), dsts[j], n * es, cudaMemcpyDeviceToHost), cudaSuccess);
           ASSERT_EQ(countDifferent(got.data(), want.data(), n, t), 0u)
-              << dataTypeName(t) << " sources " << nsrc << " shift " << shift << " destination " << j;
+              << dataTypeName(t) << " " << reduceOpName(op) << " sources " << nsrc << " shift " << shift
+              << (separate ? " separate" : " in place") << " destination " << j;
         }
       }
     }

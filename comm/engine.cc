@@ -239,7 +239,8 @@ struct PlanRunner {
                               std::to_string(h.bytes) + " bytes where rank " + std::to_string(plan.rank_) +
                               " expected message " + std::to_string(op.step) + " of " + std::to_string(op.bytes) +
                               " bytes in " + fp.describe() + " #" + std::to_string(fp.seq) +
-                              " (ranks chose different algorithms: set the same BRAID_ALGO/BRAID_NSOCKS everywhere)");
+                              " (ranks chose different algorithms: set the same BRAID_ALGO/BRAID_NSOCKS everywhere, and pass "
+                              "the same kind of memory, host or CUDA device, on every rank)");
     return Status::Ok();
   }
 

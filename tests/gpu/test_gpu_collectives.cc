@@ -286,6 +286,32 @@ TEST(GpuArguments, MixedMemoryTypesAreInvalidArguments) {
   for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
 }
 
+// Host memory on one rank and device memory on the other, in the same all-reduce: not supported (as in
+// NCCL), but it must end in an error that says so on both ranks, not in a hang.
+TEST(GpuArguments, HostMemoryOnOneRankAndDeviceOnAnotherIsAnErrorNotAHang) {
+  auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
+    const std::size_t n = 1 << 18;
+    std::vector<float> host(n, 1.0f);
+    void* dev = nullptr;
+    if (cudaMalloc(&dev, n * sizeof(float)) != cudaSuccess) return 10;
+    braidResult_t res = rank == 0 ? braidAllReduce(dev, dev, n, braidFloat32, braidSum, comm, nullptr)
+                                  : braidAllReduce(host.data(), host.data(), n, braidFloat32, braidSum, comm, nullptr);
+    if (rank == 0) {  // asynchronous: the failure shows afterwards
+      cudaDeviceSynchronize();
+      braidCommGetAsyncError(comm, &res);
+    }
+    const std::string why = braidGetLastError(comm);
+    report(rank, std::string("as expected: ") + braidGetErrorString(res) + ": " + why);
+    if (res == braidSuccess) return 11;
+    if (rank == 1 && why.find("kind of memory") == std::string::npos) return 12;
+    return 0;
+  }, {{"BRAID_TIMEOUT", "20"}}, 120);
+  for (std::size_t r = 0; r < outcome.size(); ++r) {
+    EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;
+    EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  }
+}
+
 // The C++ API: device buffers with a stream, braid::Work finishing with the call; host work queued
 // after device work runs after it on every rank.
 TEST(GpuCpp, WorkOnDeviceBuffersAndHostCallsAfterThem) {

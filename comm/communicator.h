@@ -68,11 +68,12 @@ class Comm final : public EngineHost, public Workspace {
   // Runs one call to completion on this thread. `a` has passed validate() (cuda::run does that).
   Status runBlocking(const CollArgs& a);
   // One call on CUDA device buffers, run by the CUDA proxy (comm/cuda_proxy.cc) on its thread, as
-  // the user made it (`dev`). A collective other than send/recv whose ranks all sit on one host reads
-  // the ranks' device buffers directly (comm/cuda_ipc.cc) on the proxy's `stream` (the caller's
-  // stream is held meanwhile). Otherwise the call is staged: `staged` copies the buffers through pinned host memory
-  // in pieces and calls runHost for each piece (the same collective on part of the data, in pinned
-  // memory), which runs the host algorithms under the call's fingerprint and sequence number.
+  // the user made it (`dev`). A collective other than send/recv whose ranks all sit on one host
+  // reads the ranks' device buffers directly (comm/cuda_ipc.cc) on the proxy's `stream` (the
+  // caller's stream is held meanwhile). Otherwise the call is staged: `staged` copies the buffers
+  // through pinned host memory in pieces and calls runHost for each piece (the same collective on
+  // part of the data, in pinned memory), which runs the host algorithms under the call's
+  // fingerprint and sequence number.
   struct DeviceCall {
     using RunHost = std::function<Status(const CollArgs& piece)>;
     std::function<Status(const RunHost& runHost)> staged;
@@ -144,8 +145,7 @@ class Comm final : public EngineHost, public Workspace {
   Result<bool> cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, void* stream);
   // comm/cuda_ipc.cc: unmaps the peers' memory (stopCudaProxy, before destroy's farewell).
   void releaseCudaIpc();
- public:
-  // comm/cuda_ipc.cc, for the CUDA proxy. prepareCudaIpc: the IPC scratch, allocated on `device` when
+  // comm/cuda_ipc.cc, for the CUDA proxy (a friend). prepareCudaIpc: the IPC scratch, allocated on `device` when
   // the proxy starts, before any stream is held. cudaIpcTakes: whether `a` will go through CUDA IPC
   // (unless some rank's buffers cannot be shared), so needs no pinned staging memory; callable from
   // any thread. trimCudaIpc: closes peers' mappings beyond the cache's size; only while no stream is
@@ -153,7 +153,6 @@ class Comm final : public EngineHost, public Workspace {
   void prepareCudaIpc(int device);
   bool cudaIpcTakes(const CollArgs& a) const;
   void trimCudaIpc();
- private:
   // Runs plan_; a failure ends the communicator and is reported to the other ranks.
   Status runPlan();
   // A barrier of zero-byte messages carrying `fp` (inside a collective).

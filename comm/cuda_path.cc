@@ -14,7 +14,6 @@
 #include <cstddef>
 #include <chrono>
 #include <string>
-#include <thread>
 
 #include "braid_build_config.h"
 #include "comm/communicator.h"
@@ -107,15 +106,13 @@ const Driver* driver() {
 }
 
 #if BRAID_HAVE_CUDA
-using cuda::failedText;
-
 // One rank alone: the result is the input, copied on the stream (no proxy, no thread).
 Status runAlone(Comm& comm, const CollArgs& a, void* stream) {
   if (a.kind == CollKind::kBarrier || a.send == a.recv || !a.send || !a.recv || a.count == 0) return Status::Ok();
   (void)comm;
   const std::size_t bytes = a.count * dataTypeSize(a.dtype);
   cudaError_t e = cudaMemcpyAsync(a.recv, a.send, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream));
-  if (e != cudaSuccess) return Status::CudaError(failedText("cudaMemcpyAsync (single-rank collective)", e));
+  if (e != cudaSuccess) return cuda::failed("cudaMemcpyAsync (single-rank collective)", e);
   return Status::Ok();
 }
 #endif

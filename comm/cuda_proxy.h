@@ -1,11 +1,12 @@
-// The CUDA proxy of one communicator: a thread that moves calls with device buffers through pinned
-// host memory and the host collectives, in call order, ordered with the callers' streams.
+// The CUDA proxy of one communicator: a thread that runs the calls with device buffers, in call
+// order, ordered with the callers' streams: through CUDA IPC when every rank is on this host
+// (comm/cuda_ipc.cc), else staged through pinned host memory and the host collectives.
 //
 // For each call, enqueue() (on the caller's thread) puts two things on the caller's stream and queues
 // the call: a "ready" signal (the stream has finished everything before the call) and a hold (the
-// stream waits until the proxy says "done"). The proxy waits for "ready", copies device -> pinned,
-// runs the host collective (Comm::runBlocking), copies pinned -> device and says "done"; the stream
-// resumes and later work sees the result. Two mechanisms (BRAID_CUDA_WAIT):
+// stream waits until the proxy says "done"). The proxy waits for "ready", runs the call
+// (Comm::runDevice: IPC, or runStaged's pipelined copies around the host collective) and says
+// "done"; the stream resumes and later work sees the result. Two mechanisms (BRAID_CUDA_WAIT):
 //   value   ready = an event recorded on the stream; hold = cuStreamWaitValue32 on a word of mapped
 //           pinned memory that the proxy sets to the call's sequence number when it is done.
 //   hostfn  one host function (cudaLaunchHostFunc): it signals ready, then blocks until done.
@@ -89,8 +90,8 @@ class CudaProxy {
   std::thread thread_;
   // Staging memory: the proxy runs one call at a time, so one buffer serves them all, grown by
   // enqueue() before the call's stream is held (except for calls that go through CUDA IPC; a staged
-  // fallback of those grows it in placeStaging). Buffers outgrown are kept until the proxy is idle: freeing
-  // pinned memory may synchronize the device, which must never happen while a stream is held.
+  // fallback of those grows it in placeStaging). Buffers outgrown are kept until the proxy is idle:
+  // freeing pinned memory may synchronize the device, which must never happen while a stream is held.
   std::shared_ptr<Pinned> pinned_;
   std::vector<std::shared_ptr<Pinned>> retired_;
 };

@@ -1,9 +1,10 @@
 // Braid: the CUDA reduction kernels behind kernels/reduce_cuda.h.
 //
-// One kernel template per (type, op) pair: 10 types x 4 ops (kAvg is kSum), plus one byte-wise kernel and
-// one divide kernel per type, 60 kernels in all, which keeps nvcc's time for this file modest.
+// One fold kernel template per (type, op) pair: 10 types x 4 ops (kAvg is kSum, its division fused),
+// plus one byte-wise fold and one divide kernel per type, 60 kernels in all, which keeps nvcc's time
+// for this file modest. reduce() is the fold of two sources into one destination.
 //
-// Layout of one launch over n elements whose three pointers share their offset modulo 16:
+// Layout of one launch over n elements whose pointers all share their offset modulo 16:
 //   [0, head)                        element-wise, until the 16-byte boundary
 //   [head, head + nvec * kPerVec)    16-byte vector loads and stores (uint4)
 //   [head + nvec * kPerVec, n)       element-wise tail
@@ -71,41 +72,6 @@ struct Min {
   __device__ static T apply(T x, T y) { return y < x ? y : x; }
 };
 
-template <class C, class Op>
-__device__ __forceinline__ typename C::Storage combine(typename C::Storage x, typename C::Storage y) {
-  return C::store(Op::apply(C::load(x), C::load(y)));
-}
-
-template <class C, class Op>
-__global__ void __launch_bounds__(kThreads) reduceKernel(unsigned char* d, const unsigned char* a, const unsigned char* b,
-                                                         std::size_t n, std::size_t head, std::size_t nvec) {
-  using S = typename C::Storage;
-  constexpr std::size_t kPerVec = 16 / sizeof(S);
-  const std::size_t tid = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  const std::size_t off = head * sizeof(S);
-  const auto* av = reinterpret_cast<const uint4*>(a + off);
-  const auto* bv = reinterpret_cast<const uint4*>(b + off);
-  auto* dv = reinterpret_cast<uint4*>(d + off);
-  for (std::size_t v = tid; v < nvec; v += stride) {
-    union { uint4 u; S s[kPerVec]; } x, y, r;
-    x.u = av[v];
-    y.u = bv[v];
-#pragma unroll
-    for (std::size_t k = 0; k < kPerVec; ++k) r.s[k] = combine<C, Op>(x.s[k], y.s[k]);
-    dv[v] = r.u;
-  }
-  const std::size_t tailStart = head + nvec * kPerVec;
-  const std::size_t scalar = head + (n - tailStart);
-  const auto* as = reinterpret_cast<const S*>(a);
-  const auto* bs = reinterpret_cast<const S*>(b);
-  auto* ds = reinterpret_cast<S*>(d);
-  for (std::size_t k = tid; k < scalar; k += stride) {
-    const std::size_t i = k < head ? k : tailStart + (k - head);
-    ds[i] = combine<C, Op>(as[i], bs[i]);
-  }
-}
-
 template <class S>
 __device__ __forceinline__ S loadBytes(const unsigned char* p) {
   S v;
@@ -121,35 +87,13 @@ __device__ __forceinline__ void storeBytes(unsigned char* p, S v) {
   for (std::size_t k = 0; k < sizeof(S); ++k) p[k] = i[k];
 }
 
-// Pointers not aligned to the element size (legal in Braid's API, rare in practice): the op is a
-// run-time argument here so that this slow path costs one kernel per type, not one per (type, op).
-template <class C>
-__global__ void __launch_bounds__(kThreads) reduceBytesKernel(unsigned char* d, const unsigned char* a,
-                                                              const unsigned char* b, std::size_t n, int op) {
-  using S = typename C::Storage;
-  const std::size_t tid = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = tid; i < n; i += stride) {
-    const S x = loadBytes<S>(a + i * sizeof(S));
-    const S y = loadBytes<S>(b + i * sizeof(S));
-    S r;
-    switch (op) {
-      case 1: r = combine<C, Prod>(x, y); break;
-      case 2: r = combine<C, Max>(x, y); break;
-      case 3: r = combine<C, Min>(x, y); break;
-      default: r = combine<C, Sum>(x, y); break;
-    }
-    storeBytes<S>(d + i * sizeof(S), r);
-  }
-}
-
 template <class V>
 using DivisorType = std::conditional_t<std::is_integral_v<V>, std::common_type_t<V, int>, V>;
 
 // The n-input fold behind reduceMany: r = s0[i] (op) s1[i] (op) ... in source order, the accumulation
 // in C::Value (float for fp16/bf16, so a launch rounds once), divided by `divisor` if above 1 (kAvg,
-// as divideKernel does it), and written to every destination. Same layout as reduceKernel: vector
-// body where every pointer shares its offset modulo 16, element-wise heads and tails. Every element
+// as divideKernel does it), and written to every destination. Layout as in the file's head comment:
+// vector body where every pointer shares its offset modulo 16, element-wise heads and tails. Every element
 // is read from all sources before any destination is written, so destinations may be sources.
 struct Sources {
   const unsigned char* p[kMaxFoldSources];
@@ -199,7 +143,8 @@ __global__ void __launch_bounds__(kThreads) foldKernel(Outputs dst, int ndst, So
   }
 }
 
-// The fold for pointers not aligned to the element size; the op is a run-time argument (see above).
+// The fold for pointers not aligned to the element size (legal in Braid's API, rare in practice): the
+// op is a run-time argument here so that this slow path costs one kernel per type, not one per (type, op).
 template <class C>
 __global__ void __launch_bounds__(kThreads) foldBytesKernel(Outputs dst, int ndst, Sources src, int nsrc, std::size_t n,
                                                             int op, int divisor) {
@@ -281,23 +226,6 @@ Split splitFor(std::uintptr_t ud, bool coAligned, std::size_t n) {
   return {head, nvec, nvec + head + (n - head - nvec * kPerVec)};
 }
 
-template <class C, class Op>
-Status launchReduce(void* dst, const void* a, const void* b, std::size_t n, DataType t, ReduceOp op, cudaStream_t s) {
-  using S = typename C::Storage;
-  const auto ud = reinterpret_cast<std::uintptr_t>(dst), ua = reinterpret_cast<std::uintptr_t>(a),
-             ub = reinterpret_cast<std::uintptr_t>(b);
-  auto* d = static_cast<unsigned char*>(dst);
-  const auto* pa = static_cast<const unsigned char*>(a);
-  const auto* pb = static_cast<const unsigned char*>(b);
-  if ((ud | ua | ub) % sizeof(S) != 0) {
-    reduceBytesKernel<C><<<gridFor(n), kThreads, 0, s>>>(d, pa, pb, n, static_cast<int>(op));
-    return launched("byte-wise reduce", t, op);
-  }
-  const Split sp = splitFor<S>(ud, ud % 16 == ua % 16 && ud % 16 == ub % 16, n);
-  reduceKernel<C, Op><<<gridFor(sp.work), kThreads, 0, s>>>(d, pa, pb, n, sp.head, sp.nvec);
-  return launched("reduce", t, op);
-}
-
 // Calls f.template operator()<Op>() for the functor of op (kAvg reduces like kSum).
 template <class F>
 Status withOp(ReduceOp op, F&& f) {
@@ -309,11 +237,6 @@ Status withOp(ReduceOp op, F&& f) {
     case ReduceOp::kMin: return f.template operator()<Min>();
   }
   return Status::InvalidArgument("unknown reduction op " + std::to_string(static_cast<int>(op)));
-}
-
-template <class C>
-Status reduceFor(void* dst, const void* a, const void* b, std::size_t n, DataType t, ReduceOp op, cudaStream_t s) {
-  return withOp(op, [&]<class Op>() { return launchReduce<C, Op>(dst, a, b, n, t, op, s); });
 }
 
 // One launch: up to kMaxFoldSources sources and destinations.
@@ -384,9 +307,10 @@ Status withCodec(DataType t, F&& f) {
 Status reduce(void* dst, const void* a, const void* b, std::size_t count, DataType t, ReduceOp op, void* stream) {
   if (!isValid(t)) return Status::InvalidArgument("unknown data type " + std::to_string(static_cast<int>(t)));
   if (!isValid(op)) return Status::InvalidArgument("unknown reduction op " + std::to_string(static_cast<int>(op)));
-  if (count == 0) return Status::Ok();
-  auto s = static_cast<cudaStream_t>(stream);
-  return withCodec(t, [&]<class C>() { return reduceFor<C>(dst, a, b, count, t, op, s); });
+  // Two sources, one destination: the fold reads both before it writes, so dst may be a or b.
+  void* dsts[1] = {dst};
+  const void* srcs[2] = {a, b};
+  return reduceMany(dsts, 1, srcs, 2, count, t, op, 0, stream);
 }
 
 Status reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc, std::size_t count, DataType t,

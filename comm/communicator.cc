@@ -218,8 +218,8 @@ Status Comm::setup(InitParams& p) {
   s = store_->barrier("setup/agreed", nranks_, deadline);
   if (!s.ok()) return s;
   maxChannels_ = config_.nsocks;
-  const bool oneHost = std::all_of(infos.begin(), infos.end(), [&](const PeerInfo& i) { return i.sameHostAs(infos[0]); });
-  tuner_ = Tuner(config_, nranks_, maxChannels_, anyTcp_, oneHost && config_.tcpCongestion == "auto");
+  oneHost_ = std::all_of(infos.begin(), infos.end(), [&](const PeerInfo& i) { return i.sameHostAs(infos[0]); });
+  tuner_ = Tuner(config_, nranks_, maxChannels_, anyTcp_, oneHost_ && config_.tcpCongestion == "auto");
   shm_->unlinkAll();  // everyone has mapped everything: nothing stays in /dev/shm
   store_->startWatching([this](const Notice& n) { onNotice(n); });
   trace_.init(config_.traceBuffer, config_.traceDir, {rank_, nranks_, static_cast<long>(getpid()), self.host, commTag_});
@@ -411,7 +411,6 @@ Status Comm::executeCall(const CollArgs& in, const DeviceCall* dev) {
   fp.count = a.count;
   if (a.kind == CollKind::kAllReduce || a.kind == CollKind::kReduceScatter || a.kind == CollKind::kReduce) fp.op = a.op;
   if (a.kind == CollKind::kBroadcast || a.kind == CollKind::kReduce) fp.root = a.root;
-  if (a.kind == CollKind::kBroadcast && a.root != rank_) a.send = a.recv;  // only the root's send buffer counts
   if (a.kind == CollKind::kSendRecv) {
     fp.root = a.isSend ? a.peer : rank_;
     fp.sender = a.isSend ? rank_ : a.peer;
@@ -433,8 +432,7 @@ Status Comm::executeCall(const CollArgs& in, const DeviceCall* dev) {
     }
   }
   const std::size_t es = dataTypeSize(a.dtype);
-  std::size_t total = a.count * es;
-  if (a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter) total *= static_cast<std::size_t>(nranks_);
+  const std::size_t total = callBytes(a, nranks_);
 
   if (nranks_ == 1) {  // no peers: a local copy (avg divides by 1)
     std::size_t bytes = a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter ? a.count * es : total;
@@ -447,8 +445,7 @@ Status Comm::executeCall(const CollArgs& in, const DeviceCall* dev) {
 
 Status Comm::executeDevice(const CollArgs& a, const DeviceCall& d, const Fingerprint& fp, std::size_t total) {
 #if BRAID_HAVE_CUDA
-  const bool oneHost = std::all_of(localPeer_.begin(), localPeer_.end(), [](bool local) { return local; });
-  if (a.kind != CollKind::kSendRecv && a.kind != CollKind::kBarrier && config_.cudaIpc && oneHost && total > 0) {
+  if (cudaIpcApplies(a.kind) && total > 0) {
     auto done = cudaIpcCollective(a, fp, d.stream);
     if (!done.ok()) {
       if (!failed_) fail(done.status().withContext("CUDA IPC (BRAID_CUDA_IPC=0 turns it off)"), true);
@@ -464,16 +461,12 @@ Status Comm::executeDevice(const CollArgs& a, const DeviceCall& d, const Fingerp
   // algorithms, which run here, piece by piece, under this call's fingerprint and sequence number.
   // The host zero-copy and cross-memory-attach paths are skipped: pinned staging memory is never
   // braidMemAlloc memory, and the driver's mapping of it may refuse process_vm_readv.
-  return d.staged([&](const CollArgs& piece) {
-    CollArgs h = piece;
-    if (h.kind == CollKind::kBroadcast && h.root != rank_) h.send = h.recv;
-    std::size_t bytes = h.count * dataTypeSize(h.dtype);
-    if (h.kind == CollKind::kAllGather || h.kind == CollKind::kReduceScatter) bytes *= static_cast<std::size_t>(nranks_);
-    return executeHost(h, fp, bytes, false);
-  });
+  return d.staged([&](const CollArgs& piece) { return executeHost(piece, fp, callBytes(piece, nranks_), false); });
 }
 
-Status Comm::executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t total, bool userMemory) {
+Status Comm::executeHost(const CollArgs& in, const Fingerprint& fp, std::size_t total, bool userMemory) {
+  CollArgs a = in;
+  if (a.kind == CollKind::kBroadcast && a.root != rank_) a.send = a.recv;  // only the root's send buffer counts
   if (a.kind == CollKind::kAllReduce && userMemory && config_.zeroCopy && !anyTcp_ && total >= kZeroCopyMinBytes) {
     auto done = tryZeroCopyAllReduce(a, fp);
     if (!done.ok()) {

@@ -151,6 +151,10 @@ class Comm final : public EngineHost, public Workspace {
   // any thread. trimCudaIpc: closes peers' mappings beyond the cache's size; only while no stream is
   // held (closing may synchronize the device).
   void prepareCudaIpc(int device);
+  // Whether a device call of this kind is for CUDA IPC to take (before the ranks' agreement).
+  bool cudaIpcApplies(CollKind k) const {
+    return config_.cudaIpc && oneHost_ && k != CollKind::kSendRecv && k != CollKind::kBarrier;
+  }
   bool cudaIpcTakes(const CollArgs& a) const;
   void trimCudaIpc();
   // Runs plan_; a failure ends the communicator and is reported to the other ranks.
@@ -208,6 +212,7 @@ class Comm final : public EngineHost, public Workspace {
   bool anyTcp_ = false;
   std::vector<int> pids_;  // by rank, to map peers' braidMemAlloc memory
   std::vector<bool> localPeer_;  // by rank: on this host (its pid can be checked)
+  bool oneHost_ = false;         // every rank is on one host (agreed by all: the same PeerInfos)
   std::string deadLocalRanks() const;
   mem::PeerMappings peerMemory_;
   int maxChannels_ = 2;

@@ -225,8 +225,7 @@ void Comm::releaseCudaIpc() {
 }
 
 void Comm::prepareCudaIpc(int device) {
-  const bool oneHost = std::all_of(localPeer_.begin(), localPeer_.end(), [](bool local) { return local; });
-  if (cudaIpc_ || !config_.cudaIpc || nranks_ < 2 || !oneHost) return;
+  if (cudaIpc_ || !config_.cudaIpc || nranks_ < 2 || !oneHost_) return;
   auto ipc = std::make_shared<CudaIpc>();
   ipc->device = device;
   int previous = -1;
@@ -240,8 +239,7 @@ void Comm::prepareCudaIpc(int device) {
 }
 
 bool Comm::cudaIpcTakes(const CollArgs& a) const {
-  return cudaIpc_ && cudaIpc_->usableFlag.load(std::memory_order_acquire) && a.kind != CollKind::kSendRecv &&
-         a.kind != CollKind::kBarrier;
+  return cudaIpc_ && cudaIpc_->usableFlag.load(std::memory_order_acquire) && cudaIpcApplies(a.kind);
 }
 
 void Comm::trimCudaIpc() {

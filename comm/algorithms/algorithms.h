@@ -36,6 +36,13 @@ class Workspace {
   virtual std::byte* scratch(std::size_t bytes) = 0;
 };
 
+// The bytes a call moves in all: count elements, times the ranks for all-gather and reduce-scatter
+// (whose count is per rank).
+inline std::size_t callBytes(const CollArgs& a, int nranks) {
+  const std::size_t bytes = a.count * dataTypeSize(a.dtype);
+  return a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter ? bytes * static_cast<std::size_t>(nranks) : bytes;
+}
+
 // Elements [off, off+len) of part i when `total` is split into `parts` nearly equal parts.
 struct Range {
   std::size_t off;

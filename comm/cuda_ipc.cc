@@ -118,10 +118,8 @@ struct CudaIpc {
   ~CudaIpc() {
     closeAll();
     if (!scratch) return;
-    int previous = -1;
-    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device && cudaSetDevice(device) == cudaSuccess;
+    cuda::DeviceScope on(device);
     cudaFree(scratch);
-    if (switched) cudaSetDevice(previous);
   }
   bool sameProcess(std::size_t a, std::size_t b) const { return processes[a] == processes[b]; }
   void closeMapped() {
@@ -217,24 +215,21 @@ bool threadCanReach(const RankInfo& self, const RankInfo& peer, int device) {
 
 void Comm::releaseCudaIpc() {
   if (!cudaIpc_) return;
-  int previous = -1;
-  const bool switched = cudaIpc_->device >= 0 && cudaGetDevice(&previous) == cudaSuccess && previous != cudaIpc_->device &&
-                        cudaSetDevice(cudaIpc_->device) == cudaSuccess;
+  cuda::DeviceScope on(cudaIpc_->device);
   cudaIpc_->closeAll();
-  if (switched) cudaSetDevice(previous);
 }
 
 void Comm::prepareCudaIpc(int device) {
   if (cudaIpc_ || !config_.cudaIpc || nranks_ < 2 || !oneHost_) return;
   auto ipc = std::make_shared<CudaIpc>();
   ipc->device = device;
-  int previous = -1;
-  const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device && cudaSetDevice(device) == cudaSuccess;
-  if (cudaMalloc(&ipc->scratch, 3 * kOneShotMaxBytes) != cudaSuccess) {
-    ipc->scratch = nullptr;  // the first call's agreement then turns IPC off, on every rank
-    cudaGetLastError();
+  {
+    cuda::DeviceScope on(device);
+    if (cudaMalloc(&ipc->scratch, 3 * kOneShotMaxBytes) != cudaSuccess) {
+      ipc->scratch = nullptr;  // the first call's agreement then turns IPC off, on every rank
+      cudaGetLastError();
+    }
   }
-  if (switched) cudaSetDevice(previous);
   cudaIpc_ = std::move(ipc);
 }
 

@@ -99,32 +99,22 @@ void CUDART_CB releaseWhenDone(void* arg) {
 
 Result<std::shared_ptr<CudaProxy>> CudaProxy::start(Comm& comm, int device) {
   std::shared_ptr<CudaProxy> p(new CudaProxy(comm, device));
-  int previous = 0;
-  cudaError_t e = cudaGetDevice(&previous);
-  if (e != cudaSuccess) return failed("cudaGetDevice", e);
-  if ((e = cudaSetDevice(device)) != cudaSuccess) return failed("cudaSetDevice", e);
+  cuda::DeviceScope on(device);
+  if (on.error() != cudaSuccess) return failed(on.failedCall(), on.error());
   cudaStream_t s = nullptr;
-  e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  if (e != cudaSuccess) {
-    cudaSetDevice(previous);
-    return failed("cudaStreamCreateWithFlags", e);
-  }
+  cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return failed("cudaStreamCreateWithFlags", e);
   p->stream_ = s;
   cudaStream_t out = nullptr;
-  if ((e = cudaStreamCreateWithFlags(&out, cudaStreamNonBlocking)) != cudaSuccess) {
-    cudaSetDevice(previous);
-    return failed("cudaStreamCreateWithFlags", e);
-  }
+  if ((e = cudaStreamCreateWithFlags(&out, cudaStreamNonBlocking)) != cudaSuccess) return failed("cudaStreamCreateWithFlags", e);
   p->outStream_ = out;
   int maxPitch = 0;
   if (cudaDeviceGetAttribute(&maxPitch, cudaDevAttrMaxPitch, device) == cudaSuccess && maxPitch > 0)
     p->maxPitch_ = static_cast<std::size_t>(maxPitch);
   for (void*& ev : p->events_) {
     cudaEvent_t created = nullptr;
-    if ((e = cudaEventCreateWithFlags(&created, cudaEventDisableTiming)) != cudaSuccess) {
-      cudaSetDevice(previous);
+    if ((e = cudaEventCreateWithFlags(&created, cudaEventDisableTiming)) != cudaSuccess)
       return failed("cudaEventCreateWithFlags (staging)", e);
-    }
     ev = created;
   }
   const std::string& mode = comm.config().cudaWait;
@@ -147,12 +137,10 @@ Result<std::shared_ptr<CudaProxy>> CudaProxy::start(Comm& comm, int device) {
       p->doneWordDev_ = reinterpret_cast<unsigned long long>(wordDev);
     }
     if (!why.empty()) {
-      cudaSetDevice(previous);
       if (mode == "value") return Status::CudaError("BRAID_CUDA_WAIT=value: " + why);
       BRAID_LOG(kInfo, kInit, "rank %d: %s: holding streams with host functions instead", comm.rank(), why.c_str());
     }
   }
-  cudaSetDevice(previous);
   p->pinned_ = std::make_shared<Pinned>();
   p->thread_ = std::thread([raw = p.get()] { raw->loop(); });
   BRAID_LOG(kInfo, kInit, "rank %d: CUDA proxy started on device %d (streams held by %s)", comm.rank(), device,

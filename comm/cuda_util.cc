@@ -39,4 +39,22 @@ Status waitForEvent(cudaEvent_t event, double seconds, const char* what) {
   return pollUntilDone([&] { return cudaEventQuery(event); }, seconds, "cudaEventQuery", what);
 }
 
+DeviceScope::DeviceScope(int device) {
+  if (device < 0) return;  // none chosen: stay where the thread is
+  if ((error_ = cudaGetDevice(&previous_)) != cudaSuccess) {
+    failedCall_ = "cudaGetDevice";
+    return;
+  }
+  if (previous_ == device) return;
+  if ((error_ = cudaSetDevice(device)) != cudaSuccess) {
+    failedCall_ = "cudaSetDevice";
+    return;
+  }
+  switched_ = true;
+}
+
+DeviceScope::~DeviceScope() {
+  if (switched_) cudaSetDevice(previous_);
+}
+
 }  // namespace braid::cuda

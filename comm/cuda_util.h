@@ -19,4 +19,23 @@ Status waitForStream(cudaStream_t stream, double seconds, const char* what);
 // The same for one event.
 Status waitForEvent(cudaEvent_t event, double seconds, const char* what);
 
+// Makes `device` the calling thread's current device for the scope, and the previous one again at
+// its end (a negative device: no change). error() says if that failed (and failedCall() which call),
+// in which case nothing changed.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  cudaError_t error() const { return error_; }
+  const char* failedCall() const { return failedCall_; }
+
+ private:
+  int previous_ = -1;
+  bool switched_ = false;
+  cudaError_t error_ = cudaSuccess;
+  const char* failedCall_ = "";
+};
+
 }  // namespace braid::cuda

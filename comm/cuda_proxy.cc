@@ -478,7 +478,7 @@ Status CudaProxy::waitReady(Op& op) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait);
   for (unsigned polls = 0;; ++polls) {
     if (op.readyEvent) {
-      cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(op.readyEvent));
+      cudaError_t e = cuda::polled(cudaEventQuery(static_cast<cudaEvent_t>(op.readyEvent)));
       if (e == cudaSuccess) return Status::Ok();
       if (e != cudaErrorNotReady) return failed("cudaEventQuery (waiting for the caller's stream)", e);
     } else {
@@ -495,7 +495,7 @@ Status CudaProxy::waitReady(Op& op) {
       else std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 20 : 500));
     }
     if (op.readyEvent ? polls % 256 == 255 : true) {
-      cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(stream_));
+      cudaError_t e = cuda::polled(cudaStreamQuery(static_cast<cudaStream_t>(stream_)));
       if (e != cudaSuccess && e != cudaErrorNotReady) return failed("waiting for the caller's stream: the CUDA context failed", e);
     }
   }

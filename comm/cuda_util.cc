@@ -11,6 +11,11 @@ std::string failedText(const char* call, cudaError_t e) {
 
 Status failed(const char* call, cudaError_t e) { return Status::CudaError(failedText(call, e)); }
 
+cudaError_t polled(cudaError_t e) {
+  if (e == cudaErrorNotReady && cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+  return e;
+}
+
 namespace {
 
 // Polls `query` (cudaStreamQuery, cudaEventQuery) until it says done: spin, then 20 us steps.
@@ -32,11 +37,11 @@ Status pollUntilDone(Query query, double seconds, const char* call, const char* 
 }  // namespace
 
 Status waitForStream(cudaStream_t stream, double seconds, const char* what) {
-  return pollUntilDone([&] { return cudaStreamQuery(stream); }, seconds, "cudaStreamQuery", what);
+  return pollUntilDone([&] { return polled(cudaStreamQuery(stream)); }, seconds, "cudaStreamQuery", what);
 }
 
 Status waitForEvent(cudaEvent_t event, double seconds, const char* what) {
-  return pollUntilDone([&] { return cudaEventQuery(event); }, seconds, "cudaEventQuery", what);
+  return pollUntilDone([&] { return polled(cudaEventQuery(event)); }, seconds, "cudaEventQuery", what);
 }
 
 DeviceScope::DeviceScope(int device) {

@@ -13,6 +13,11 @@ std::string failedText(const char* call, cudaError_t e);
 // braidCudaError with failedText.
 Status failed(const char* call, cudaError_t e);
 
+// A poll's result (cudaEventQuery, cudaStreamQuery), passed through. "Not ready" is not an error,
+// but the runtime keeps it as the thread's last error, where a later check of a launch with
+// cudaGetLastError (ours or the program's) would read it as one: that is cleared here.
+cudaError_t polled(cudaError_t e);
+
 // Waits until everything queued on `stream` has finished, polling (spin, then 20 us steps), at most
 // `seconds`: a wedged device must not hang a Braid thread. `what` names the work in the errors.
 Status waitForStream(cudaStream_t stream, double seconds, const char* what);

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/half.h"
 #include "kernels/reduce_cuda.h"
@@ -201,9 +202,20 @@ unsigned gridFor(std::size_t work) {
   return static_cast<unsigned>(want < 1 ? 1 : (want < cap ? want : cap));
 }
 
-Status launched(const char* what, DataType t, ReduceOp op) {
-  cudaError_t e = cudaGetLastError();
+// Launches `kernel` on stream s and returns that launch's own result (cudaLaunchKernelEx), not the
+// thread's last error: on the proxy thread that is often a stale cudaErrorNotReady from the polls
+// before the launch (cudaEventQuery, cudaStreamQuery), which a chevron launch checked with
+// cudaGetLastError would report as a failed launch.
+template <class... Params, class... Args>
+Status launch(const char* what, DataType t, ReduceOp op, unsigned grid, cudaStream_t s, void (*kernel)(Params...),
+              Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = s;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   if (e == cudaSuccess) return Status::Ok();
+  (void)cudaGetLastError();  // this launch's error is returned here; it must not surface again elsewhere
   return Status::CudaError(std::string("launching the ") + what + " kernel (" + dataTypeName(t) + " " + reduceOpName(op) +
                            "): " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
@@ -263,12 +275,11 @@ Status launchFold(void* const* dsts, int ndst, const void* const* srcs, int nsrc
     note(dsts[o]);
   }
   if (any % sizeof(S) != 0) {
-    foldBytesKernel<C><<<gridFor(n), kThreads, 0, s>>>(dst, ndst, src, nsrc, n, static_cast<int>(op), divisor);
-    return launched("byte-wise fold", t, op);
+    return launch("byte-wise fold", t, op, gridFor(n), s, foldBytesKernel<C>, dst, ndst, src, nsrc, n, static_cast<int>(op),
+                  divisor);
   }
   const Split sp = splitFor<S>(ud, coAligned, n);
-  foldKernel<C, Op><<<gridFor(sp.work), kThreads, 0, s>>>(dst, ndst, src, nsrc, n, sp.head, sp.nvec, divisor);
-  return launched("fold", t, op);
+  return launch("fold", t, op, gridFor(sp.work), s, foldKernel<C, Op>, dst, ndst, src, nsrc, n, sp.head, sp.nvec, divisor);
 }
 
 template <class C>
@@ -280,8 +291,8 @@ Status foldFor(void* const* dsts, int ndst, const void* const* srcs, int nsrc, s
 template <class C>
 Status divideFor(void* x, std::size_t n, DataType t, int divisor, cudaStream_t s) {
   const bool aligned = reinterpret_cast<std::uintptr_t>(x) % sizeof(typename C::Storage) == 0;
-  divideKernel<C><<<gridFor(n), kThreads, 0, s>>>(static_cast<unsigned char*>(x), n, divisor, aligned);
-  return launched("divide", t, ReduceOp::kAvg);
+  return launch("divide", t, ReduceOp::kAvg, gridFor(n), s, divideKernel<C>, static_cast<unsigned char*>(x), n, divisor,
+                aligned);
 }
 
 // Calls f.template operator()<Codec>() for the codec of t.

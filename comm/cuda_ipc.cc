@@ -116,10 +116,9 @@ struct CudaIpc {
   std::map<std::pair<int, std::uint64_t>, void*> mapped;  // (peer, allocation id) -> base here
 
   ~CudaIpc() {
+    cuda::DeviceScope on(device);  // mappings and scratch belong to the communicator's device
     closeAll();
-    if (!scratch) return;
-    cuda::DeviceScope on(device);
-    cudaFree(scratch);
+    if (scratch) cudaFree(scratch);
   }
   bool sameProcess(std::size_t a, std::size_t b) const { return processes[a] == processes[b]; }
   void closeMapped() {

@@ -232,6 +232,7 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
 
 Status CudaProxy::holdWithValue(Op& op, void* stream, bool* held) {
   auto st = static_cast<cudaStream_t>(stream);
+  cuda::DeviceScope on(device_);  // the event must be on the stream's device, whatever the caller's thread has current
   cudaEvent_t ev = nullptr;
   cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
   if (e != cudaSuccess) return failed("cudaEventCreateWithFlags", e);

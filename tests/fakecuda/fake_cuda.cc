@@ -38,6 +38,7 @@ struct Stream {
   std::condition_variable cv;
   std::deque<std::function<void()>> ops;
   std::uint64_t pushed = 0, done = 0;
+  bool capturing = false;  // between cudaStreamBeginCapture and cudaStreamEndCapture (nothing is recorded)
   bool stopping = false;
   std::thread thread;
 
@@ -223,6 +224,7 @@ cudaError_t cudaGetLastError() {
   lastError = cudaSuccess;
   return e;
 }
+cudaError_t cudaPeekAtLastError() { return lastError; }
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
     case cudaSuccess: return "cudaSuccess";
@@ -310,7 +312,23 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete st;
   return cudaSuccess;
 }
-cudaError_t cudaStreamQuery(cudaStream_t s) { return streamOf(s)->idle() ? cudaSuccess : cudaErrorNotReady; }
+// Graph capture: only the state (the gpu test checks that Braid refuses a capturing stream).
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  streamOf(s)->capturing = true;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  streamOf(s)->capturing = false;
+  *graph = nullptr;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  *status = streamOf(s)->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t) { return cudaSuccess; }
+// "Not ready" is kept as the thread's last error, as the real runtime does.
+cudaError_t cudaStreamQuery(cudaStream_t s) { return streamOf(s)->idle() ? cudaSuccess : fail(cudaErrorNotReady); }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   streamOf(s)->sync();
   return cudaSuccess;
@@ -350,7 +368,7 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
 cudaError_t cudaEventQuery(cudaEvent_t ev) {
   auto e = eventOf(ev);
   std::lock_guard<std::mutex> g(e->mu);
-  return e->completed >= e->recorded ? cudaSuccess : cudaErrorNotReady;
+  return e->completed >= e->recorded ? cudaSuccess : fail(cudaErrorNotReady);
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned) {
   auto e = eventOf(ev);

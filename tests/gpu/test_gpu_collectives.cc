@@ -286,6 +286,37 @@ TEST(GpuArguments, MixedMemoryTypesAreInvalidArguments) {
   for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
 }
 
+// A stream being captured into a CUDA graph: the call is refused (nothing was sent, so every rank
+// refusing it leaves the communicator usable), and the same call after the capture works.
+TEST(GpuArguments, CallsOnACapturingStreamAreRefused) {
+  auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
+    const std::size_t n = 1000;
+    void* dev = nullptr;
+    cudaStream_t s = nullptr;
+    if (cudaMalloc(&dev, n * sizeof(float)) != cudaSuccess) return 10;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return 11;
+    std::vector<float> host(n, static_cast<float>(rank + 1));
+    if (cudaMemcpy(dev, host.data(), n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) return 12;
+    if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return 13;
+    const braidResult_t res = braidAllReduce(dev, dev, n, braidFloat32, braidSum, comm, s);
+    const std::string why = braidGetLastError(comm);
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamEndCapture(s, &graph) != cudaSuccess) return 14;
+    if (graph) cudaGraphDestroy(graph);
+    report(rank, std::string("as expected: ") + braidGetErrorString(res) + ": " + why);
+    if (res != braidInvalidUsage || why.find("captured into a CUDA graph") == std::string::npos) return 15;
+    if (braidAllReduce(dev, dev, n, braidFloat32, braidSum, comm, s) != braidSuccess) return 16;
+    if (cudaStreamSynchronize(s) != cudaSuccess) return 17;
+    if (cudaMemcpy(host.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) return 18;
+    for (std::size_t i = 0; i < n; ++i)
+      if (host[i] != 3.0f) return 19;
+    cudaStreamDestroy(s);
+    cudaFree(dev);
+    return 0;
+  });
+  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+}
+
 // Host memory on one rank and device memory on the other, in the same all-reduce: not supported (as in
 // NCCL), but it must end in an error that says so on both ranks, not in a hang.
 TEST(GpuArguments, HostMemoryOnOneRankAndDeviceOnAnotherIsAnErrorNotAHang) {

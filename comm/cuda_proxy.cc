@@ -477,6 +477,7 @@ Status CudaProxy::runStaged(Op& op, const Comm::DeviceCall::RunHost& runHost) {
 Status CudaProxy::waitReady(Op& op) {
   const double wait = comm_.timeoutSec();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait);
+  cuda::PollPause pause;
   for (unsigned polls = 0;; ++polls) {
     if (op.readyEvent) {
       cudaError_t e = cuda::polled(cudaEventQuery(static_cast<cudaEvent_t>(op.readyEvent)));
@@ -490,11 +491,7 @@ Status CudaProxy::waitReady(Op& op) {
     if (std::chrono::steady_clock::now() >= deadline)
       return Status::Timeout("the stream did not reach the call within " + std::to_string(static_cast<long>(wait)) +
                              " s (work queued before it on the stream is still running; raise BRAID_TIMEOUT if it is only slow)");
-    if (op.readyEvent) {
-      // Spin briefly (the stream is usually just behind), then sleep in short steps.
-      if (polls < 64) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 20 : 500));
-    }
+    if (op.readyEvent) pause();  // (host functions: the wait above was the pause)
     if (op.readyEvent ? polls % 256 == 255 : true) {
       cudaError_t e = cuda::polled(cudaStreamQuery(static_cast<cudaStream_t>(stream_)));
       if (e != cudaSuccess && e != cudaErrorNotReady) return failed("waiting for the caller's stream: the CUDA context failed", e);

@@ -18,23 +18,35 @@ cudaError_t polled(cudaError_t e) {
 
 namespace {
 
-// Polls `query` (cudaStreamQuery, cudaEventQuery) until it says done: spin, then 20 us steps.
+long long nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Polls `query` (cudaStreamQuery, cudaEventQuery) until it says done.
 template <class Query>
 Status pollUntilDone(Query query, double seconds, const char* call, const char* what) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  for (unsigned polls = 0;; ++polls) {
+  PollPause pause;
+  for (;;) {
     cudaError_t e = query();
     if (e == cudaSuccess) return Status::Ok();
     if (e != cudaErrorNotReady) return Status::CudaError(std::string(what) + ": " + failedText(call, e));
     if (std::chrono::steady_clock::now() > deadline)
       return Status::Timeout(std::string(what) + " did not finish within BRAID_TIMEOUT (" +
                              std::to_string(static_cast<long>(seconds)) + " s)");
-    if (polls < 64) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+    pause();
   }
 }
 
 }  // namespace
+
+PollPause::PollPause() : start_ns_(nowNs()) {}
+
+void PollPause::operator()() {
+  const long long waited = nowNs() - start_ns_;
+  if (waited < 200'000) std::this_thread::yield();
+  else std::this_thread::sleep_for(std::chrono::microseconds(waited < 10'000'000 ? 20 : 500));
+}
 
 Status waitForStream(cudaStream_t stream, double seconds, const char* what) {
   return pollUntilDone([&] { return polled(cudaStreamQuery(stream)); }, seconds, "cudaStreamQuery", what);

@@ -219,6 +219,12 @@ TEST_P(GpuCollectives, EveryTypeOpAndCountIsExactAndStreamOrdered) {
           report(rank, "collectives through CUDA IPC: " + std::to_string(ipcCalls) + ", expected " + std::to_string(wantIpc));
           return 3;
         }
+        // Braid leaves no error behind on the caller's thread (a poll's "not ready", say), where the
+        // program's own cudaGetLastError would read it as its own failure.
+        if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+          report(rank, std::string("cudaGetLastError after the calls: ") + cudaGetErrorName(e));
+          return 4;
+        }
         return wrong ? 2 : 0;
       },
       env, 600);

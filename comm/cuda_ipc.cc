@@ -100,7 +100,6 @@ struct CallDesc {
 
 struct CudaIpc {
   bool agreed = false;  // the first call's agreement ran
-  bool usable = false;  // every rank can map every other rank's device memory
   int device = -1;      // the communicator's GPU (the proxy's)
   PointerGetAttributesFn pointerGetAttributes = nullptr;
   std::vector<std::uint64_t> processes;  // by rank: processToken()
@@ -108,7 +107,9 @@ struct CudaIpc {
   // whose receive buffer is on another GPU; allocated by Comm::prepareCudaIpc before any stream is
   // held (a device allocation may synchronize with other streams).
   void* scratch = nullptr;
-  std::atomic<bool> usableFlag{false};   // `usable`, for CudaProxy::enqueue on the callers' threads
+  // Every rank can map every other rank's device memory (written once by the agreement on the proxy
+  // thread; read there and by CudaProxy::enqueue on the callers' threads).
+  std::atomic<bool> usable{false};
   bool trimWanted = false;               // more than kMaxMapped peers' allocations are open
   std::vector<std::byte*> peerScratch;   // by rank, as this process sees it
   std::uint64_t oneShotCalls = 0;        // which slot is next
@@ -233,7 +234,7 @@ void Comm::prepareCudaIpc(int device) {
 }
 
 bool Comm::cudaIpcTakes(const CollArgs& a) const {
-  return cudaIpc_ && cudaIpc_->usableFlag.load(std::memory_order_acquire) && cudaIpcApplies(a.kind);
+  return cudaIpc_ && cudaIpc_->usable.load(std::memory_order_acquire) && cudaIpcApplies(a.kind);
 }
 
 void Comm::trimCudaIpc() {
@@ -260,7 +261,7 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
     cudaDeviceProp prop{};
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    if (ipc.scratch && cudaGetDevice(&ipc.device) == cudaSuccess && cudaGetDeviceProperties(&prop, ipc.device) == cudaSuccess &&
+    if (ipc.scratch && cudaGetDeviceProperties(&prop, ipc.device) == cudaSuccess &&
         cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &fn, 12000, cudaEnableDefault, &found) == cudaSuccess &&
         found == cudaDriverEntryPointSuccess && fn && cudaIpcGetMemHandle(&self.scratch, ipc.scratch) == cudaSuccess) {
       self.ready = 1;
@@ -296,13 +297,13 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
     std::vector<std::int32_t> oks(n);
     s = allGatherSmall(&ok, oks.data(), sizeof(ok), fp);
     if (!s.ok()) return s;
-    ipc.usable = std::all_of(oks.begin(), oks.end(), [](std::int32_t v) { return v != 0; });
-    ipc.usableFlag.store(ipc.usable, std::memory_order_release);
-    if (!ipc.usable) ipc.closeAll();
+    const bool usable = std::all_of(oks.begin(), oks.end(), [](std::int32_t v) { return v != 0; });
+    ipc.usable.store(usable, std::memory_order_release);
+    if (!usable) ipc.closeAll();
     BRAID_LOG(kInfo, kInit, "rank %d: CUDA IPC between the ranks' device buffers: %s", rank_,
-              ipc.usable ? "on" : "off (some rank cannot map another's GPU memory; device calls are staged through host memory)");
+              usable ? "on" : "off (some rank cannot map another's GPU memory; device calls are staged through host memory)");
   }
-  if (!ipc.usable) return false;
+  if (!ipc.usable.load(std::memory_order_relaxed)) return false;  // (this thread wrote it)
 
   const std::size_t es = dataTypeSize(a.dtype), bytes = a.count * es;
   const double wait = config_.timeoutSec;

@@ -344,9 +344,9 @@ Status copyRows(void* dst, std::size_t dpitch, const void* src, std::size_t spit
 
 }  // namespace
 
-// Points the op's staging at the pinned buffer, grown first if the op needs more. Runs on the proxy
-// thread, one call at a time, so one buffer serves every call; an outgrown buffer is retired, not
-// freed (freeing pinned memory may synchronize the device while a caller's stream is held).
+// Grows the one pinned buffer (the proxy runs one call at a time, so it serves every call) to at
+// least `bytes`; under mu_, from enqueue or placeStaging. An outgrown buffer is retired, not freed
+// (freeing pinned memory may synchronize the device while a caller's stream is held).
 Status CudaProxy::growPinned(std::size_t bytes) {
   if (pinned_->size >= bytes) return Status::Ok();
   auto bigger = std::make_shared<Pinned>();
@@ -361,6 +361,8 @@ Status CudaProxy::growPinned(std::size_t bytes) {
   return Status::Ok();
 }
 
+// Points the op's staging at the pinned buffer, grown first if the op needs more (a call that was
+// to go through CUDA IPC and was not given pinned memory by enqueue).
 Status CudaProxy::placeStaging(Op& op) {
   std::byte* base = nullptr;
   {

@@ -435,7 +435,7 @@ Status Comm::executeCall(const CollArgs& in, const DeviceCall* dev) {
   const std::size_t total = callBytes(a, nranks_);
 
   if (nranks_ == 1) {  // no peers: a local copy (avg divides by 1)
-    std::size_t bytes = a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter ? a.count * es : total;
+    const std::size_t bytes = a.count * es;  // one rank: every collective's output is its input
     if (a.kind != CollKind::kBarrier && a.send != a.recv && bytes && a.recv) std::memmove(a.recv, a.send, bytes);
     return Status::Ok();
   }

@@ -447,8 +447,9 @@ Status Comm::executeCall(const CollArgs& in, const DeviceCall* dev) {
 Status Comm::executeDevice([[maybe_unused]] const CollArgs& a, const DeviceCall& d, const Fingerprint& fp,
                            [[maybe_unused]] std::size_t total) {
 #if BRAID_HAVE_CUDA
-  if (cudaIpcApplies(a.kind) && total > 0) {
-    auto done = cudaIpcCollective(a, fp, d.stream);
+  const bool p2p = a.kind == CollKind::kSendRecv;
+  if (p2p ? cudaIpcOffers(total) : cudaIpcApplies(a.kind) && total > 0) {
+    auto done = p2p ? cudaIpcSendRecv(a, fp, d.stream) : cudaIpcCollective(a, fp, d.stream);
     if (!done.ok()) {
       if (!failed_) fail(done.status().withContext("CUDA IPC (BRAID_CUDA_IPC=0 turns it off)"), true);
       return failure().withContext(failedOn(fp, rank_));

@@ -143,6 +143,9 @@ class Comm final : public EngineHost, public Workspace {
   // comm/cuda_ipc.cc (CUDA builds): all-reduce, all-gather, reduce-scatter, broadcast and reduce
   // through CUDA IPC; true if done, false if some rank's buffers cannot be shared (then staged).
   Result<bool> cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, void* stream);
+  // comm/cuda_ipc.cc: one side of a send/recv through CUDA IPC (the receiver copies straight from the
+  // sender's buffer); true if done, false if the pair found it cannot (then staged).
+  Result<bool> cudaIpcSendRecv(const CollArgs& a, const Fingerprint& fp, void* stream);
   // comm/cuda_ipc.cc: unmaps the peers' memory (stopCudaProxy, before destroy's farewell).
   void releaseCudaIpc();
   // comm/cuda_ipc.cc, for the CUDA proxy (a friend). prepareCudaIpc: the IPC scratch, allocated on `device` when
@@ -155,6 +158,10 @@ class Comm final : public EngineHost, public Workspace {
   bool cudaIpcApplies(CollKind k) const {
     return config_.cudaIpc && oneHost_ && k != CollKind::kSendRecv && k != CollKind::kBarrier;
   }
+  // Whether a send/recv of `bytes` on device buffers is offered through CUDA IPC: from BRAID_BUFFSIZE
+  // up, where a send waits for its receive anyway (smaller ones may complete before it, through the
+  // channel's buffer, and stay staged). Both ends decide alike: the settings are agreed at creation.
+  bool cudaIpcOffers(std::size_t bytes) const { return config_.cudaIpc && oneHost_ && bytes >= config_.buffSize; }
   bool cudaIpcTakes(const CollArgs& a) const;
   void trimCudaIpc();
   // Runs plan_; a failure ends the communicator and is reported to the other ranks.

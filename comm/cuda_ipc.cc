@@ -25,6 +25,16 @@
 // on another GPU than the communicator's makes every rank stage that call, decided alike from the
 // exchanged descriptors.
 //
+// Send/recv from BRAID_BUFFSIZE up (Comm::cudaIpcOffers; smaller sends may complete before their
+// receive, through the channel's buffer, and stay staged), between the two ranks only:
+//   1. the sender offers its buffer: a descriptor, on channel 0 where the data would have gone
+//   2. the receiver maps it, copies it into its receive buffer and waits for the copy, or cannot
+//   3. the receiver answers "copied" or "stage it" on channel 1; on "stage it" both stage the call
+// The answer cannot travel on channel 0: the receiver may have sent the sender smaller messages that
+// the sender has not received yet (a send before this receive), and channel 0 is FIFO. Channel 1
+// carries only collectives' messages, which a program whose large sends can complete at all has
+// finished on both ranks before this send/recv started.
+//
 // Every kernel and copy runs on the CUDA proxy's stream and is waited for (bounded) before the next
 // barrier, so a barrier always means "my part is in memory". The barriers and the exchange are small
 // plans on the ordinary channels: they carry the call's fingerprint, so mismatched calls are still
@@ -96,6 +106,19 @@ struct CallDesc {
   BufferDesc send, recv;
 };
 
+// Send/recv: the sender's offer (on channel 0) and the receiver's answer (on kAnswerChannel).
+struct Offer {
+  std::int32_t ok = 0;  // the send buffer can be shared
+  std::int32_t pad = 0;
+  std::uint64_t process = 0;  // the sender's processToken()
+  BufferDesc buffer;
+};
+struct Answer {
+  std::int32_t copied = 0;  // 0: stage the call
+  std::int32_t pad = 0;
+};
+constexpr int kAnswerChannel = 1;  // BRAID_NSOCKS is at least 2
+
 }  // namespace
 
 struct CudaIpc {
@@ -136,6 +159,20 @@ struct CudaIpc {
   }
   int self = 0;
 
+  // Looks up cuPointerGetAttributes (describe and onDevice need it); false if the driver lacks it.
+  bool loadDriver() {
+    if (pointerGetAttributes) return true;
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || !fn) {
+      cudaGetLastError();
+      return false;
+    }
+    pointerGetAttributes = reinterpret_cast<PointerGetAttributesFn>(fn);
+    return true;
+  }
+
   // Fills `d` for the buffer at `p`; false if its memory cannot be shared through legacy IPC or lives
   // on another GPU than the communicator's.
   bool describe(const void* p, BufferDesc* d) {
@@ -172,10 +209,9 @@ struct CudaIpc {
            static_cast<int>(ordinal & 0xffffffffu) == device;
   }
 
-  // Where `peer`'s buffer `d` is in this process.
-  Result<std::byte*> map(int peer, const BufferDesc& d) {
-    if (sameProcess(static_cast<std::size_t>(peer), static_cast<std::size_t>(self)))
-      return reinterpret_cast<std::byte*>(d.pointer);  // a thread of this process: same address space
+  // Where `peer`'s buffer `d` is in this process (`local`: the peer is a thread of this process).
+  Result<std::byte*> map(int peer, const BufferDesc& d, bool local) {
+    if (local) return reinterpret_cast<std::byte*>(d.pointer);  // the same address space
     auto key = std::make_pair(peer, d.id);
     auto it = mapped.find(key);
     if (it == mapped.end()) {
@@ -259,15 +295,11 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
     RankInfo self{};
     self.process = processToken();
     cudaDeviceProp prop{};
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (ipc.scratch && cudaGetDeviceProperties(&prop, ipc.device) == cudaSuccess &&
-        cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &fn, 12000, cudaEnableDefault, &found) == cudaSuccess &&
-        found == cudaDriverEntryPointSuccess && fn && cudaIpcGetMemHandle(&self.scratch, ipc.scratch) == cudaSuccess) {
+    if (ipc.scratch && cudaGetDeviceProperties(&prop, ipc.device) == cudaSuccess && ipc.loadDriver() &&
+        cudaIpcGetMemHandle(&self.scratch, ipc.scratch) == cudaSuccess) {
       self.ready = 1;
       self.scratchPointer = reinterpret_cast<std::uint64_t>(ipc.scratch);
       std::memcpy(self.uuid, prop.uuid.bytes, sizeof(self.uuid));
-      ipc.pointerGetAttributes = reinterpret_cast<PointerGetAttributesFn>(fn);
     }
     cudaGetLastError();  // whatever failed above only turns IPC off
     std::vector<RankInfo> infos(n);
@@ -375,7 +407,7 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
   std::vector<std::byte*> recvs;
   s = peerBuffers(a, [&](int q, bool send) -> Result<std::byte*> {
     if (!reads(static_cast<std::size_t>(q), send)) return static_cast<std::byte*>(nullptr);
-    return ipc.map(q, send ? all[q].send : all[q].recv);
+    return ipc.map(q, send ? all[q].send : all[q].recv, ipc.sameProcess(static_cast<std::size_t>(q), r));
   }, sends, recvs);
   if (!s.ok()) return s;
 
@@ -423,6 +455,52 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
   if (s.ok()) s = barrier(fp);
   if (!s.ok()) return s;
   return true;
+}
+
+Result<bool> Comm::cudaIpcSendRecv(const CollArgs& a, const Fingerprint& fp, void* streamArg) {
+  if (!cudaIpc_) cudaIpc_ = std::make_shared<CudaIpc>();  // (made when the proxy started; see cudaIpcCollective)
+  CudaIpc& ipc = *cudaIpc_;
+  Answer answer{};
+  std::string why;  // why the receiver stages it
+  if (a.isSend) {
+    Offer mine{};
+    mine.process = processToken();
+    mine.ok = ipc.loadDriver() && ipc.describe(a.send, &mine.buffer);
+    plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
+    plan_.send(a.peer, 0, &mine, sizeof mine);
+    plan_.recvCopy(a.peer, kAnswerChannel, &answer, sizeof answer);
+    Status s = runPlan();
+    if (!s.ok()) return s;
+  } else {
+    Offer theirs{};
+    plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
+    plan_.recvCopy(a.peer, 0, &theirs, sizeof theirs);
+    Status s = runPlan();
+    if (!s.ok()) return s;
+    auto src = theirs.ok ? ipc.map(a.peer, theirs.buffer, theirs.process == processToken())
+                         : Result<std::byte*>(Status::InvalidArgument("its send buffer cannot be shared through CUDA IPC"));
+    if (src.ok()) {
+      ipc.trimWanted = ipc.mapped.size() > kMaxMapped;
+      auto stream = static_cast<cudaStream_t>(streamArg);
+      const std::size_t bytes = a.count * dataTypeSize(a.dtype);
+      cudaError_t e = cudaMemcpyAsync(a.recv, *src, bytes, cudaMemcpyDefault, stream);
+      s = e == cudaSuccess ? cuda::waitForStream(stream, config_.timeoutSec, "the copy from the sender's buffer")
+                           : cuda::failed("cudaMemcpyAsync (from the sender's buffer)", e);
+      if (!s.ok()) return s;
+      answer.copied = 1;
+    } else {
+      cudaGetLastError();  // a mapping that failed only means "stage it"
+      why = src.status().message();
+    }
+    plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
+    plan_.send(a.peer, kAnswerChannel, &answer, sizeof answer);
+    s = runPlan();
+    if (!s.ok()) return s;
+  }
+  BRAID_LOG(kInfo, kTune, "%s #%llu: %s", fp.describe().c_str(), static_cast<unsigned long long>(fp.seq),
+            answer.copied ? "CUDA IPC (the receiver copies from the sender's buffer)"
+                          : ("staged: the receiver cannot read the sender's buffer" + (why.empty() ? "" : " (" + why + ")")).c_str());
+  return answer.copied != 0;
 }
 
 }  // namespace braid

@@ -111,7 +111,7 @@ struct Event {
 
 struct Range {
   std::size_t size;
-  int fd;               // memfd (device memory), -1 for pinned host memory
+  int fd;               // memfd (device memory), -1 for pinned host memory and pool memory
   std::uint64_t id;     // CU_POINTER_ATTRIBUTE_BUFFER_ID
   bool device;
   bool imported;        // mapped from another process's handle
@@ -199,7 +199,7 @@ int cuPointerGetAttributes(unsigned count, int* attributes, void** data, unsigne
     switch (attributes[i]) {
       case 7: *static_cast<unsigned long long*>(data[i]) = known ? r.id : 0; break;    // BUFFER_ID
       case 9: *static_cast<int*>(data[i]) = 0; break;                                 // DEVICE_ORDINAL
-      case 10: *static_cast<unsigned char*>(data[i]) = known && r.device && !r.imported; break;  // LEGACY_IPC_CAPABLE
+      case 10: *static_cast<unsigned char*>(data[i]) = known && r.device && !r.imported && r.fd >= 0; break;  // LEGACY_IPC_CAPABLE
       case 11: *static_cast<unsigned long long*>(data[i]) = known ? base : 0; break;   // RANGE_START_ADDR
       default: return kCuInvalidValue;
     }
@@ -411,9 +411,26 @@ cudaError_t cudaFree(void* p) {
   auto it = ranges().find(reinterpret_cast<std::uintptr_t>(p));
   if (it == ranges().end() || !it->second.device || it->second.imported) return fail(cudaErrorInvalidValue);
   munmap(p, it->second.size);
-  close(it->second.fd);
+  if (it->second.fd >= 0) close(it->second.fd);
   ranges().erase(it);
   return cudaSuccess;
+}
+// Stream-ordered allocation from the default pool: device memory that legacy IPC cannot export
+// (private memory here, so no other process could map it anyway).
+cudaError_t cudaMallocAsync(void** p, std::size_t size, cudaStream_t s) {
+  touch();
+  streamOf(s)->sync();
+  const std::size_t bytes = roundToPage(size);
+  void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> g(registryMu);
+  ranges()[reinterpret_cast<std::uintptr_t>(m)] = Range{bytes, -1, nextId++, true, false};
+  *p = m;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  streamOf(s)->sync();
+  return cudaFree(p);
 }
 cudaError_t cudaHostAlloc(void** p, std::size_t size, unsigned) {
   touch();
@@ -478,7 +495,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t s) {
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p) {
   std::lock_guard<std::mutex> g(registryMu);
   auto it = ranges().find(reinterpret_cast<std::uintptr_t>(p));
-  if (it == ranges().end() || !it->second.device || it->second.imported) return fail(cudaErrorInvalidValue);
+  if (it == ranges().end() || !it->second.device || it->second.imported || it->second.fd < 0) return fail(cudaErrorInvalidValue);
   IpcHandle h{kIpcMagic, static_cast<std::int32_t>(getpid()), it->second.fd, 0, it->second.size};
   std::memset(handle, 0, sizeof(*handle));
   std::memcpy(handle->reserved, &h, sizeof(h));

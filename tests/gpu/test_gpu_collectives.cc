@@ -173,8 +173,9 @@ long runCase(int rank, int n, braidComm_t comm, Dev& d, DataType t, ReduceOp op,
   return wrong;
 }
 
-// (transport, ranks, CUDA IPC): with IPC on (the default) every collective with elements but send/recv
-// must have read the peers' buffers directly; with it off, all of them are staged through host memory.
+// (transport, ranks, CUDA IPC): with IPC on (the default) every collective with elements, and every
+// send/recv of at least BRAID_BUFFSIZE (1 MiB: the large count's), must have read the peers' buffers
+// directly; with it off, all of them are staged through host memory.
 class GpuCollectives : public ::testing::TestWithParam<std::tuple<std::string, int, bool>> {};
 
 TEST_P(GpuCollectives, EveryTypeOpAndCountIsExactAndStreamOrdered) {
@@ -189,7 +190,7 @@ TEST_P(GpuCollectives, EveryTypeOpAndCountIsExactAndStreamOrdered) {
       [&](int rank, braidComm_t comm) {
         Dev d;
         long wrong = 0;
-        int cases = 0, zeroCases = 0;
+        int cases = 0, zeroCases = 0, bigCases = 0;
         for (int ti = 0; ti < kNumDataTypes; ++ti)
           for (int oi = 0; oi < kNumReduceOps; ++oi) {
             const auto t = static_cast<DataType>(ti);
@@ -207,11 +208,13 @@ TEST_P(GpuCollectives, EveryTypeOpAndCountIsExactAndStreamOrdered) {
               if (w < 0) return 1;
               wrong += w;
               ++cases;
+              ++bigCases;
             }
           }
-        // Every case but count 0 made five collectives with elements that IPC takes (all but send/recv).
+        // Every case but count 0 made five collectives with elements that IPC takes, and the large
+        // ones a send and a receive above BRAID_BUFFSIZE on each rank.
         const std::uint64_t ipcCalls = comm->impl->cudaIpcCalls();
-        const std::uint64_t wantIpc = ipc && n > 1 ? 5 * static_cast<std::uint64_t>(cases - zeroCases) : 0;
+        const std::uint64_t wantIpc = ipc && n > 1 ? 5 * static_cast<std::uint64_t>(cases - zeroCases) + 2 * static_cast<std::uint64_t>(bigCases) : 0;
         if (rank == 0)
           std::fprintf(stderr, "rank 0: %d cases x 6 collectives on device buffers, %ld wrong elements, %llu collectives through CUDA IPC\n",
                        cases, wrong, static_cast<unsigned long long>(ipcCalls));
@@ -334,6 +337,74 @@ TEST(GpuArguments, HostMemoryOnOneRankAndDeviceOnAnotherIsAnErrorNotAHang) {
     braidResult_t res = rank == 0 ? braidAllReduce(dev, dev, n, braidFloat32, braidSum, comm, nullptr)
                                   : braidAllReduce(host.data(), host.data(), n, braidFloat32, braidSum, comm, nullptr);
     if (rank == 0) {  // asynchronous: the failure shows afterwards
+      cudaDeviceSynchronize();
+      braidCommGetAsyncError(comm, &res);
+    }
+    const std::string why = braidGetLastError(comm);
+    report(rank, std::string("as expected: ") + braidGetErrorString(res) + ": " + why);
+    if (res == braidSuccess) return 11;
+    if (rank == 1 && why.find("kind of memory") == std::string::npos) return 12;
+    return 0;
+  }, {{"BRAID_TIMEOUT", "20"}}, 120);
+  for (std::size_t r = 0; r < outcome.size(); ++r) {
+    EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;
+    EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  }
+}
+
+// Send/recv above BRAID_BUFFSIZE: the receiver copies from the sender's buffer through CUDA IPC, except
+// from memory that IPC cannot export (cudaMallocAsync's pool), which is staged; in either direction
+// the data arrives exactly, in stream order.
+TEST(GpuSendRecv, LargeMessagesGoThroughIpcUnlessTheSendBufferCannotBeShared) {
+  auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
+    const std::size_t n = (3u << 18) + 5;  // 3 MiB + 20 bytes of int32: above BRAID_BUFFSIZE, in pieces when staged
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return 10;
+    void *plain = nullptr, *pooled = nullptr;
+    if (cudaMalloc(&plain, n * 4) != cudaSuccess || cudaMallocAsync(&pooled, n * 4, s) != cudaSuccess) return 11;
+    std::vector<std::int32_t> h(n);
+    for (std::size_t i = 0; i < n; ++i) h[i] = static_cast<std::int32_t>(i * 7 + 1000 * static_cast<std::size_t>(rank));
+    // Rank 0 sends from pool memory (staged) and receives into it; rank 1 sends from plain memory (IPC).
+    void* mine = rank == 0 ? pooled : plain;
+    if (cudaMemcpyAsync(mine, h.data(), n * 4, cudaMemcpyHostToDevice, s) != cudaSuccess) return 12;
+    braidResult_t x = rank == 0 ? braidSend(mine, n, braidInt32, 1, comm, s) : braidRecv(mine, n, braidInt32, 0, comm, s);
+    if (x != braidSuccess) return 13;
+    if (rank == 1 && cudaMemcpyAsync(h.data(), mine, n * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess) return 14;
+    if (cudaStreamSynchronize(s) != cudaSuccess) return 15;
+    if (rank == 1)
+      for (std::size_t i = 0; i < n; ++i)
+        if (h[i] != static_cast<std::int32_t>(i * 7)) return report(rank, "wrong element " + std::to_string(i) + " from the staged send"), 16;
+    // And back: rank 1's plain memory into rank 0's pool memory.
+    for (std::size_t i = 0; i < n && rank == 1; ++i) h[i] = static_cast<std::int32_t>(i * 3 + 5);
+    if (rank == 1 && cudaMemcpyAsync(mine, h.data(), n * 4, cudaMemcpyHostToDevice, s) != cudaSuccess) return 17;
+    x = rank == 1 ? braidSend(mine, n, braidInt32, 0, comm, s) : braidRecv(mine, n, braidInt32, 1, comm, s);
+    if (x != braidSuccess) return 18;
+    if (rank == 0 && cudaMemcpyAsync(h.data(), mine, n * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess) return 19;
+    if (cudaStreamSynchronize(s) != cudaSuccess) return 20;
+    if (rank == 0)
+      for (std::size_t i = 0; i < n; ++i)
+        if (h[i] != static_cast<std::int32_t>(i * 3 + 5)) return report(rank, "wrong element " + std::to_string(i) + " through IPC"), 21;
+    const std::uint64_t ipc = comm->impl->cudaIpcCalls();
+    if (ipc != 1) return report(rank, "send/recv through CUDA IPC: " + std::to_string(ipc) + ", expected 1 (the second)"), 22;
+    cudaFreeAsync(pooled, s);
+    cudaStreamSynchronize(s);
+    cudaFree(plain);
+    return 0;
+  });
+  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+}
+
+// Send/recv above BRAID_BUFFSIZE from device memory into host memory: unsupported (as in NCCL; the
+// sender offers its buffer where a host receiver expects data), an error on both ranks, not a hang.
+TEST(GpuSendRecv, DeviceMemoryToHostMemoryAboveBuffSizeIsAnErrorNotAHang) {
+  auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
+    const std::size_t n = 1 << 19;  // 2 MiB of float32
+    std::vector<float> host(n, 1.0f);
+    void* dev = nullptr;
+    if (cudaMalloc(&dev, n * sizeof(float)) != cudaSuccess) return 10;
+    braidResult_t res = rank == 0 ? braidSend(dev, n, braidFloat32, 1, comm, nullptr)
+                                  : braidRecv(host.data(), n, braidFloat32, 0, comm, nullptr);
+    if (rank == 0) {
       cudaDeviceSynchronize();
       braidCommGetAsyncError(comm, &res);
     }

@@ -462,24 +462,26 @@ Status Comm::executeDevice([[maybe_unused]] const CollArgs& a, const DeviceCall&
 #endif
   // Staged through pinned host memory: the proxy copies pieces in and out around the host
   // algorithms, which run here, piece by piece, under this call's fingerprint and sequence number.
-  // The host zero-copy and cross-memory-attach paths are skipped: pinned staging memory is never
-  // braidMemAlloc memory, and the driver's mapping of it may refuse process_vm_readv.
+  // The staging memory is normally braidMemAlloc memory (cuda_proxy.cc), so an all-reduce's pieces
+  // may take the zero-copy path; cross-memory attach is skipped (staging memory that came from
+  // cudaHostAlloc instead is the driver's mapping, which process_vm_readv may refuse).
   return d.staged([&](const CollArgs& piece) { return executeHost(piece, fp, callBytes(piece, nranks_), false); });
 }
 
 Status Comm::executeHost(const CollArgs& in, const Fingerprint& fp, std::size_t total, bool userMemory) {
   CollArgs a = in;
   if (a.kind == CollKind::kBroadcast && a.root != rank_) a.send = a.recv;  // only the root's send buffer counts
-  if (a.kind == CollKind::kAllReduce && userMemory && config_.zeroCopy && !anyTcp_ && total >= kZeroCopyMinBytes) {
-    auto done = tryZeroCopyAllReduce(a, fp);
+  if (a.kind == CollKind::kAllReduce && (userMemory || stagedZeroCopy_) && config_.zeroCopy && !anyTcp_ &&
+      total >= kZeroCopyMinBytes) {
+    auto done = tryZeroCopyAllReduce(a, fp, !userMemory);
     if (!done.ok()) {
       if (!failed_) fail(done.status().withContext("zero-copy all-reduce (BRAID_ZERO_COPY=0 turns it off)"), true);
       return failure().withContext(failedOn(fp, rank_));
     }
     if (*done) {
       ++zeroCopyCalls_;
-      BRAID_LOG(kInfo, kTune, "%s #%llu: zero-copy (every rank's buffers are braidMemAlloc memory)",
-                fp.describe().c_str(), static_cast<unsigned long long>(fp.seq));
+      BRAID_LOG(kInfo, kTune, "%s #%llu: zero-copy (every rank's buffers are braidMemAlloc memory%s)",
+                fp.describe().c_str(), static_cast<unsigned long long>(fp.seq), userMemory ? "" : ": the CUDA proxy's staging");
       return Status::Ok();
     }
   }

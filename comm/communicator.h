@@ -98,7 +98,7 @@ class Comm final : public EngineHost, public Workspace {
   int nranks() const override { return nranks_; }
   const Config& config() const { return config_; }
   // How many all-reduces took the zero-copy path (for tests and `braid perf`).
-  std::uint64_t zeroCopyCalls() const { return zeroCopyCalls_; }
+  std::uint64_t zeroCopyCalls() const { return zeroCopyCalls_.load(std::memory_order_relaxed); }
   // How many collectives on device buffers read the peers' buffers through CUDA IPC (for tests).
   std::uint64_t cudaIpcCalls() const { return cudaIpcCalls_.load(std::memory_order_relaxed); }
   // How many all-gathers and broadcasts took the cross-memory-attach path (for tests).
@@ -136,8 +136,8 @@ class Comm final : public EngineHost, public Workspace {
   Status runInOrder(const CollArgs& a, const DeviceCall* dev);
   Status executeCall(const CollArgs& a, const DeviceCall* dev);
   // After executeCall's bookkeeping: the algorithms on host memory, and the device call around them.
-  // userMemory: the buffers are the user's (false: the CUDA proxy's pinned staging memory, which is
-  // never braidMemAlloc memory and is kept away from cross-memory attach).
+  // userMemory: the buffers are the user's (false: the CUDA proxy's pinned staging memory, kept away
+  // from cross-memory attach; its all-reduces try the zero-copy path softly, see tryZeroCopyAllReduce).
   Status executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t total, bool userMemory);
   Status executeDevice(const CollArgs& a, const DeviceCall& d, const Fingerprint& fp, std::size_t total);
   // comm/cuda_ipc.cc (CUDA builds): all-reduce, all-gather, reduce-scatter, broadcast and reduce
@@ -176,7 +176,12 @@ class Comm final : public EngineHost, public Workspace {
   Status peerBuffers(const CollArgs& a, const std::function<Result<std::byte*>(int peer, bool send)>& map,
                      std::vector<const std::byte*>& sends, std::vector<std::byte*>& recvs) const;
   // comm/algorithms/direct.cc: true if done, false if some rank's buffers are not braidMemAlloc memory.
-  Result<bool> tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp);
+  // soft (the CUDA proxy's staging memory, which the user did not choose): a rank that cannot map a
+  // peer's memory is not an error; the ranks agree on it, once per set of staging buffers, and stage
+  // through the rings from then on (stagedZeroCopy_).
+  Result<bool> tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp, bool soft);
+  bool stagedZeroCopy_ = true;
+  std::uint64_t stagedZeroCopyAgreed_ = 0;  // the staging buffers last agreed on (a hash of their ids)
   // comm/algorithms/cma.cc: single-copy all-gather and broadcast (process_vm_readv, process_vm_writev).
   bool cmaFits(const CollArgs& a, std::size_t total) const;
   Status cmaCollective(const CollArgs& a, const Fingerprint& fp);
@@ -235,7 +240,7 @@ class Comm final : public EngineHost, public Workspace {
   // Calls f(peer, header) for each header of this communicator waiting whole at the head of an
   // incoming channel; returns the first error f returns.
   Status forEachWaitingHeader(const std::function<Status(int, const WireHeader&)>& f);
-  std::uint64_t zeroCopyCalls_ = 0;
+  std::atomic<std::uint64_t> zeroCopyCalls_{0};  // also written by the CUDA proxy (staged pieces), read by tests
   std::atomic<std::uint64_t> cudaIpcCalls_{0};  // written by the CUDA proxy, read by tests
   std::shared_ptr<CudaIpc> cudaIpc_;  // comm/cuda_ipc.cc: what the ranks agreed and the mapped buffers
   std::map<int, std::uint64_t> sendSeq_, recvSeq_;

@@ -20,16 +20,28 @@
 #include "comm/communicator.h"
 #include "comm/cuda_util.h"
 #include "comm/log.h"
+#include "comm/memory.h"
 
 namespace braid {
 
 using cuda::failed;
 
+// Staging memory: braidMemAlloc memory (a memfd the peers on this host can map) page-locked with
+// cudaHostRegister, so that the host all-reduce of a staged piece can take the zero-copy path
+// (comm/algorithms/direct.cc) and the copies to and from the GPU run at pinned speed; plain
+// cudaHostAlloc memory where that cannot be had.
 struct CudaProxy::Pinned {
   std::byte* data = nullptr;
   std::size_t size = 0;
+  bool shared = false;  // braidMemAlloc memory, registered
   ~Pinned() {
-    if (data) cudaFreeHost(data);
+    if (!data) return;
+    if (shared) {
+      cudaHostUnregister(data);
+      (void)mem::release(data);  // (ours: cannot fail)
+    } else {
+      cudaFreeHost(data);
+    }
   }
 };
 
@@ -352,8 +364,19 @@ Status CudaProxy::growPinned(std::size_t bytes) {
   auto bigger = std::make_shared<Pinned>();
   const std::size_t want = std::max(bytes, pinned_->size * 2);
   void* p = nullptr;
-  cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocPortable);
-  if (e != cudaSuccess) return failed("cudaHostAlloc (staging for device buffers)", e);
+  if (mem::allocate(&p, want).ok()) {
+    if (cudaHostRegister(p, want, cudaHostRegisterPortable) == cudaSuccess) {
+      bigger->shared = true;
+    } else {
+      cudaGetLastError();  // (not sticky) cudaHostAlloc below
+      (void)mem::release(p);
+      p = nullptr;
+    }
+  }
+  if (!p) {
+    cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocPortable);
+    if (e != cudaSuccess) return failed("cudaHostAlloc (staging for device buffers)", e);
+  }
   bigger->data = static_cast<std::byte*>(p);
   bigger->size = want;
   retired_.push_back(std::move(pinned_));

@@ -11,9 +11,11 @@
 // Steps 1, 3 and 5 are small plans on the ordinary channels, so they carry the call's fingerprint
 // and mismatches are still caught. If any rank's buffers are not Braid memory, every rank learns it
 // in step 1 and all of them fall back to the staged algorithms.
+#include <algorithm>
 #include <cstring>
 
 #include "comm/communicator.h"
+#include "comm/log.h"
 #include "comm/memory.h"
 #include "kernels/reduce.h"
 
@@ -27,7 +29,7 @@ struct BufferDesc {
 };
 }  // namespace
 
-Result<bool> Comm::tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp) {
+Result<bool> Comm::tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp, bool soft) {
   const std::size_t bytes = a.count * dataTypeSize(a.dtype);
   const std::size_t n = static_cast<std::size_t>(nranks_), r = static_cast<std::size_t>(rank_);
   BufferDesc mine{};
@@ -46,6 +48,24 @@ Result<bool> Comm::tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp
   std::vector<std::byte*> recvs;
   s = peerBuffers(a, [&](int q, bool send) { return peerMemory_.map(all[q].pid, send ? all[q].send : all[q].recv); },
                   sends, recvs);
+  if (soft) {
+    // Every rank hashes the same descriptors: all of them agree, or none, on these buffers.
+    std::uint64_t ids = 0;
+    for (const BufferDesc& d : all) ids = (ids ^ d.send.id ^ (d.recv.id * 0x9e3779b97f4a7c15ull)) * 0x100000001b3ull;
+    if (ids != stagedZeroCopyAgreed_) {
+      const std::int32_t mapped = s.ok();
+      std::vector<std::int32_t> oks(n);
+      Status agreed = allGatherSmall(&mapped, oks.data(), sizeof(mapped), fp);
+      if (!agreed.ok()) return agreed;
+      if (std::find(oks.begin(), oks.end(), 0) != oks.end()) {
+        stagedZeroCopy_ = false;
+        BRAID_LOG(kInfo, kTune, "rank %d: staged all-reduces take the rings from now on: a rank cannot map another's "
+                  "staging memory%s", rank_, s.ok() ? "" : (" (here: " + s.message() + ")").c_str());
+        return false;
+      }
+      stagedZeroCopyAgreed_ = ids;
+    }
+  }
   if (!s.ok()) return s;
   const std::size_t es = dataTypeSize(a.dtype);
   Range mineBlk = split(a.count, n, r);

@@ -114,7 +114,7 @@ struct Range {
   int fd;               // memfd (device memory), -1 for pinned host memory and pool memory
   std::uint64_t id;     // CU_POINTER_ATTRIBUTE_BUFFER_ID
   bool device;
-  bool imported;        // mapped from another process's handle
+  bool imported;        // device: mapped from another process's handle; host: registered, not allocated here
 };
 std::map<std::uintptr_t, Range>& ranges() {
   static auto* r = new std::map<std::uintptr_t, Range>;
@@ -446,8 +446,26 @@ cudaError_t cudaFreeHost(void* p) {
   cudaDeviceSynchronize();
   std::lock_guard<std::mutex> g(registryMu);
   auto it = ranges().find(reinterpret_cast<std::uintptr_t>(p));
-  if (it == ranges().end() || it->second.device) return fail(cudaErrorInvalidValue);
+  if (it == ranges().end() || it->second.device || it->second.imported) return fail(cudaErrorInvalidValue);
   munmap(p, it->second.size);
+  ranges().erase(it);
+  return cudaSuccess;
+}
+// Page-locking existing memory: recorded as pinned host memory (the memory stays the caller's).
+cudaError_t cudaHostRegister(void* p, std::size_t size, unsigned) {
+  touch();
+  std::lock_guard<std::mutex> g(registryMu);
+  auto& r = ranges();
+  const auto u = reinterpret_cast<std::uintptr_t>(p);
+  auto it = r.upper_bound(u);
+  if (it != r.begin() && u < std::prev(it)->first + std::prev(it)->second.size) return fail(cudaErrorHostMemoryAlreadyRegistered);
+  r[u] = Range{size, -1, nextId++, false, true};
+  return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void* p) {
+  std::lock_guard<std::mutex> g(registryMu);
+  auto it = ranges().find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == ranges().end() || it->second.device || !it->second.imported) return fail(cudaErrorHostMemoryNotRegistered);
   ranges().erase(it);
   return cudaSuccess;
 }

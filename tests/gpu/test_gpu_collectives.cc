@@ -222,6 +222,15 @@ TEST_P(GpuCollectives, EveryTypeOpAndCountIsExactAndStreamOrdered) {
           report(rank, "collectives through CUDA IPC: " + std::to_string(ipcCalls) + ", expected " + std::to_string(wantIpc));
           return 3;
         }
+        // Staged over shm, the large all-reduces' pieces run zero-copy on the shared staging memory
+        // (at least one piece per large case); over tcp never.
+        const std::uint64_t zeroCopy = comm->impl->zeroCopyCalls();
+        const bool wantZeroCopy = !ipc && n > 1 && transport == "shm";
+        if (wantZeroCopy ? zeroCopy < static_cast<std::uint64_t>(bigCases) : zeroCopy != 0) {
+          report(rank, "staged all-reduce pieces through the zero-copy path: " + std::to_string(zeroCopy) + ", expected " +
+                       (wantZeroCopy ? "at least " + std::to_string(bigCases) : std::string("none")));
+          return 5;
+        }
         // Braid leaves no error behind on the caller's thread (a poll's "not ready", say), where the
         // program's own cudaGetLastError would read it as its own failure.
         if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {

@@ -40,8 +40,13 @@ Result<bool> Comm::tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp
   std::vector<BufferDesc> all(n);
   Status s = allGatherSmall(&mine, all.data(), sizeof(mine), fp);
   if (!s.ok()) return s;
-  for (const BufferDesc& d : all)
-    if (!d.registered) return false;  // everyone sees the same descriptors: everyone falls back
+  for (const BufferDesc& d : all) {
+    if (d.registered) continue;
+    // Everyone sees the same descriptors: everyone falls back. Staging memory that is not Braid's
+    // (cudaHostAlloc, where braidMemAlloc was refused) stays so: no more attempts.
+    if (soft) stagedZeroCopy_ = false;
+    return false;
+  }
 
   peerMemory_.makeRoom(2 * (n - 1));
   std::vector<const std::byte*> sends;

@@ -158,10 +158,11 @@ class Comm final : public EngineHost, public Workspace {
   bool cudaIpcApplies(CollKind k) const {
     return config_.cudaIpc && oneHost_ && k != CollKind::kSendRecv && k != CollKind::kBarrier;
   }
-  // Whether a send/recv of `bytes` on device buffers is offered through CUDA IPC: from BRAID_BUFFSIZE
-  // up, where a send waits for its receive anyway (smaller ones may complete before it, through the
-  // channel's buffer, and stay staged). Both ends decide alike: the settings are agreed at creation.
-  bool cudaIpcOffers(std::size_t bytes) const { return config_.cudaIpc && oneHost_ && bytes >= config_.buffSize; }
+  // comm/cuda_ipc.cc: whether a send/recv of `bytes` on device buffers is offered through CUDA IPC:
+  // between ranks that all talk over shm (the answer travels in the shm mailbox), from BRAID_BUFFSIZE
+  // up, where a send waits for its receive anyway (a smaller one may complete before it, through the
+  // ring, and stays staged). Both ends decide alike: all of it is agreed at creation.
+  bool cudaIpcOffers(std::size_t bytes) const;
   bool cudaIpcTakes(const CollArgs& a) const;
   void trimCudaIpc();
   // Runs plan_; a failure ends the communicator and is reported to the other ranks.
@@ -197,8 +198,13 @@ class Comm final : public EngineHost, public Workspace {
   // comm/algorithms/mailbox.cc: small one-shot all-reduce and barrier through the shm mailbox.
   bool mailboxFits(const TunerChoice& t, std::size_t bytes) const;
   Status mailboxAllReduce(const CollArgs& a, const Fingerprint& fp);
+  // What a mailbox wait is for, to name the peer on a timeout: this rank's slot to be read by every
+  // peer, every peer's message of the call, or one peer's answer to a send/recv offer (`peer`).
+  enum class MailboxWait { kPosting, kArrival, kAnswer };
   template <typename Ready>
-  Status mailboxWait(const Fingerprint& fp, Ready ready, bool posting);
+  Status mailboxWait(const Fingerprint& fp, Ready ready, MailboxWait why, int peer = -1);
+  // comm/cuda_ipc.cc's wait for `peer`'s answer (the template lives in mailbox.cc).
+  Status waitForAnswer(const Fingerprint& fp, int peer, const std::function<bool()>& ready);
   Status ringMessageFor(const Fingerprint& fp);
   std::vector<const MailboxSlot*> mailboxIn_;  // per peer: its slot of the current call
   // peerGone: the failure is a rank that left without destroy (its store connection closed).

@@ -25,15 +25,16 @@
 // on another GPU than the communicator's makes every rank stage that call, decided alike from the
 // exchanged descriptors.
 //
-// Send/recv from BRAID_BUFFSIZE up (Comm::cudaIpcOffers; smaller sends may complete before their
-// receive, through the channel's buffer, and stay staged), between the two ranks only:
+// Send/recv from BRAID_BUFFSIZE up, every rank on shm (Comm::cudaIpcOffers; a smaller send may
+// complete before its receive, through the ring, and stays staged), between the two ranks only:
 //   1. the sender offers its buffer: a descriptor, on channel 0 where the data would have gone
 //   2. the receiver maps it, copies it into its receive buffer and waits for the copy, or cannot
-//   3. the receiver answers "copied" or "stage it" on channel 1; on "stage it" both stage the call
-// The answer cannot travel on channel 0: the receiver may have sent the sender smaller messages that
-// the sender has not received yet (a send before this receive), and channel 0 is FIFO. Channel 1
-// carries only collectives' messages, which a program whose large sends can complete at all has
-// finished on both ranks before this send/recv started.
+//   3. the receiver answers "copied" or "stage it" in the sender's shm mailbox word; on "stage it"
+//      both stage the call
+// The answer stays out of the rings: they are FIFO, and whatever the receiver sent the sender
+// before this receive (an eager send, the messages of a collective that it could finish alone, as
+// a broadcast's root does) may still wait there unread. A rank has one offer out at a time, so the
+// word names the call (per-pair sequence number) and the answering rank.
 //
 // Every kernel and copy runs on the CUDA proxy's stream and is waited for (bounded) before the next
 // barrier, so a barrier always means "my part is in memory". The barriers and the exchange are small
@@ -53,6 +54,7 @@
 #include "comm/cuda_util.h"
 #include "comm/log.h"
 #include "kernels/reduce_cuda.h"
+#include "transport/shm/shm_transport.h"
 
 namespace braid {
 
@@ -106,18 +108,17 @@ struct CallDesc {
   BufferDesc send, recv;
 };
 
-// Send/recv: the sender's offer (on channel 0) and the receiver's answer (on kAnswerChannel).
+// Send/recv: the sender's offer (on channel 0) and the receiver's answer (in the sender's shm
+// mailbox word: the call's per-pair sequence number, the answering rank, copied or not).
 struct Offer {
   std::int32_t ok = 0;  // the send buffer can be shared
   std::int32_t pad = 0;
   std::uint64_t process = 0;  // the sender's processToken()
   BufferDesc buffer;
 };
-struct Answer {
-  std::int32_t copied = 0;  // 0: stage the call
-  std::int32_t pad = 0;
-};
-constexpr int kAnswerChannel = 1;  // BRAID_NSOCKS is at least 2
+std::uint64_t answerWord(std::uint64_t seq, int from, bool copied) {
+  return seq << 32 | static_cast<std::uint64_t>(static_cast<std::uint32_t>(from)) << 1 | (copied ? 1u : 0u);
+}
 
 }  // namespace
 
@@ -457,10 +458,15 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
   return true;
 }
 
+bool Comm::cudaIpcOffers(std::size_t bytes) const {
+  return config_.cudaIpc && oneHost_ && !anyTcp_ && shm_ && shm_->mailbox() && bytes >= config_.buffSize;
+}
+
 Result<bool> Comm::cudaIpcSendRecv(const CollArgs& a, const Fingerprint& fp, void* streamArg) {
   if (!cudaIpc_) cudaIpc_ = std::make_shared<CudaIpc>();  // (made when the proxy started; see cudaIpcCollective)
   CudaIpc& ipc = *cudaIpc_;
-  Answer answer{};
+  ShmMailbox& box = *shm_->mailbox();
+  bool copied = false;
   std::string why;  // why the receiver stages it
   if (a.isSend) {
     Offer mine{};
@@ -468,8 +474,14 @@ Result<bool> Comm::cudaIpcSendRecv(const CollArgs& a, const Fingerprint& fp, voi
     mine.ok = ipc.loadDriver() && ipc.describe(a.send, &mine.buffer);
     plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
     plan_.send(a.peer, 0, &mine, sizeof mine);
-    plan_.recvCopy(a.peer, kAnswerChannel, &answer, sizeof answer);
     Status s = runPlan();
+    if (s.ok()) {
+      const std::uint64_t yes = answerWord(fp.seq, a.peer, true), no = answerWord(fp.seq, a.peer, false);
+      std::uint64_t got = 0;
+      const auto answered = [&] { got = box.answerReceived(); return got == yes || got == no; };
+      if (!answered()) s = waitForAnswer(fp, a.peer, answered);
+      copied = got == yes;
+    }
     if (!s.ok()) return s;
   } else {
     Offer theirs{};
@@ -487,20 +499,17 @@ Result<bool> Comm::cudaIpcSendRecv(const CollArgs& a, const Fingerprint& fp, voi
       s = e == cudaSuccess ? cuda::waitForStream(stream, config_.timeoutSec, "the copy from the sender's buffer")
                            : cuda::failed("cudaMemcpyAsync (from the sender's buffer)", e);
       if (!s.ok()) return s;
-      answer.copied = 1;
+      copied = true;
     } else {
       cudaGetLastError();  // a mapping that failed only means "stage it"
       why = src.status().message();
     }
-    plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
-    plan_.send(a.peer, kAnswerChannel, &answer, sizeof answer);
-    s = runPlan();
-    if (!s.ok()) return s;
+    box.answer(a.peer, answerWord(fp.seq, rank_, copied));
   }
   BRAID_LOG(kInfo, kTune, "%s #%llu: %s", fp.describe().c_str(), static_cast<unsigned long long>(fp.seq),
-            answer.copied ? "CUDA IPC (the receiver copies from the sender's buffer)"
-                          : ("staged: the receiver cannot read the sender's buffer" + (why.empty() ? "" : " (" + why + ")")).c_str());
-  return answer.copied != 0;
+            copied ? "CUDA IPC (the receiver copies from the sender's buffer)"
+                   : ("staged: the receiver cannot read the sender's buffer" + (why.empty() ? "" : " (" + why + ")")).c_str());
+  return copied;
 }
 
 }  // namespace braid

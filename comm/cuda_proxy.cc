@@ -364,13 +364,14 @@ Status CudaProxy::growPinned(std::size_t bytes) {
   auto bigger = std::make_shared<Pinned>();
   const std::size_t want = std::max(bytes, pinned_->size * 2);
   void* p = nullptr;
-  if (mem::allocate(&p, want).ok()) {
+  if (shareStaging_ && mem::allocate(&p, want).ok()) {
     if (cudaHostRegister(p, want, cudaHostRegisterPortable) == cudaSuccess) {
       bigger->shared = true;
     } else {
-      cudaGetLastError();  // (not sticky) cudaHostAlloc below
+      cudaGetLastError();  // (not sticky) cudaHostAlloc below, from now on
       (void)mem::release(p);
       p = nullptr;
+      shareStaging_ = false;
     }
   }
   if (!p) {

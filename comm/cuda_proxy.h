@@ -94,6 +94,7 @@ class CudaProxy {
   // freeing pinned memory may synchronize the device, which must never happen while a stream is held.
   std::shared_ptr<Pinned> pinned_;
   std::vector<std::shared_ptr<Pinned>> retired_;
+  bool shareStaging_ = true;  // false once cudaHostRegister refused braidMemAlloc memory (see Pinned)
 };
 
 }  // namespace braid

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -54,8 +55,14 @@ Status allocate(void** ptr, std::size_t bytes) {
     ::close(fd);
     return Status::SystemError("braidMemAlloc: mmap: " + net::errnoText(errno));
   }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    munmap(p, bytes);
+    ::close(fd);
+    return Status::SystemError("braidMemAlloc: fstat: " + net::errnoText(errno));
+  }
   std::lock_guard<std::mutex> g(registryMutex());
-  registry()[reinterpret_cast<std::uintptr_t>(p)] = {p, bytes, fd, nextId()};
+  registry()[reinterpret_cast<std::uintptr_t>(p)] = {p, bytes, fd, nextId(), static_cast<std::uint64_t>(st.st_ino)};
   *ptr = p;
   return Status::Ok();
 }
@@ -95,6 +102,7 @@ RegionDesc describe(const void* p, std::size_t n) {
   d.id = a->id;
   d.allocBytes = a->bytes;
   d.offset = reinterpret_cast<std::uintptr_t>(p) - reinterpret_cast<std::uintptr_t>(a->base);
+  d.inode = a->inode;
   return d;
 }
 
@@ -122,6 +130,13 @@ Result<std::byte*> PeerMappings::map(int pid, const RegionDesc& d) {
     if (fd < 0)
       return Status::SystemError("cannot open rank memory " + path + ": " + net::errnoText(errno) +
                                  " (processes of different users, or a hardened /proc)");
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_ino) != d.inode ||
+        static_cast<std::uint64_t>(st.st_size) < d.allocBytes) {
+      ::close(fd);
+      return Status::SystemError(path + " is not the peer's braidMemAlloc memory (are the ranks in different PID "
+                                 "namespaces? the pid names another process there)");
+    }
     void* p = mmap(nullptr, d.allocBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
     if (p == MAP_FAILED) return Status::SystemError("mmap of a peer's braidMemAlloc memory: " + net::errnoText(errno));

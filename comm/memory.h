@@ -18,6 +18,7 @@ struct Allocation {
   std::size_t bytes = 0;
   int fd = -1;
   std::uint64_t id = 0;  // unique across processes and time: a mapping cache key for peers
+  std::uint64_t inode = 0;  // of the memfd: what a peer checks the file it opened against
 };
 
 Status allocate(void** ptr, std::size_t bytes);
@@ -32,6 +33,8 @@ struct RegionDesc {
   std::uint64_t id = 0;
   std::uint64_t allocBytes = 0;
   std::uint64_t offset = 0;
+  std::uint64_t inode = 0;  // the memfd's: /proc/<pid>/fd/<fd> must lead to this very file (a pid seen
+                            // from another PID namespace may name another process)
 };
 RegionDesc describe(const void* p, std::size_t n);
 

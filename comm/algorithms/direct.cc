@@ -25,6 +25,8 @@ namespace {
 struct BufferDesc {
   std::int32_t pid;
   std::int32_t registered;
+  std::int32_t soft;  // staging memory (see tryZeroCopyAllReduce)
+  std::int32_t pad;
   mem::RegionDesc send, recv;
 };
 }  // namespace
@@ -37,13 +39,17 @@ Result<bool> Comm::tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp
   mine.send = mem::describe(a.send, bytes);
   mine.recv = mem::describe(a.recv, bytes);
   mine.registered = mine.send.fd >= 0 && mine.recv.fd >= 0;
+  mine.soft = soft;
   std::vector<BufferDesc> all(n);
   Status s = allGatherSmall(&mine, all.data(), sizeof(mine), fp);
   if (!s.ok()) return s;
+  // Everyone sees the same descriptors, so everyone decides alike from here on. Staging memory on
+  // some ranks and the user's on others (host memory on one rank, device memory on another: not
+  // supported) falls back, as does memory that is not Braid's; staging memory that is not
+  // (cudaHostAlloc, where braidMemAlloc was refused) stays so: no more attempts.
   for (const BufferDesc& d : all) {
+    if (d.soft != mine.soft) return false;
     if (d.registered) continue;
-    // Everyone sees the same descriptors: everyone falls back. Staging memory that is not Braid's
-    // (cudaHostAlloc, where braidMemAlloc was refused) stays so: no more attempts.
     if (soft) stagedZeroCopy_ = false;
     return false;
   }

@@ -46,7 +46,8 @@ bool Comm::mailboxFits(const TunerChoice& t, std::size_t bytes) const {
 // the communicator's failure and BRAID_TIMEOUT end the wait. While it waits it also looks at the
 // rings for a message of this very call: a peer that took the plan path for it called something else.
 template <typename Ready>
-Status Comm::mailboxWait(const Fingerprint& fp, Ready ready, bool posting) {
+Status Comm::mailboxWait(const Fingerprint& fp, Ready ready, MailboxWait why, int peer) {
+  const bool posting = why == MailboxWait::kPosting;
   ShmMailbox& box = *shm_->mailbox();
   Waiter& w = *waiter_;
   w.progressed();
@@ -54,9 +55,9 @@ Status Comm::mailboxWait(const Fingerprint& fp, Ready ready, bool posting) {
   const auto what = [&] { return fp.describe() + " #" + std::to_string(fp.seq); };
   // The flight recorder learns whom a failed wait was waiting for.
   const auto stuckOn = [&] {
-    const int peer = posting ? box.firstBusyReader(fp.seq) : box.firstMissing(fp.seq);
-    trace_.mailboxStuck(peer, posting);
-    return peer;
+    const int who = why == MailboxWait::kAnswer ? peer : posting ? box.firstBusyReader(fp.seq) : box.firstMissing(fp.seq);
+    trace_.mailboxStuck(who, posting);
+    return who;
   };
   for (std::uint32_t round = 1;; ++round) {
     if (ready()) return Status::Ok();
@@ -64,18 +65,24 @@ Status Comm::mailboxWait(const Fingerprint& fp, Ready ready, bool posting) {
       stuckOn();
       return failure().withContext(failedOn(fp, rank_));
     }
-    if (round % 256 == 0) {
+    if (round % 256 == 0 && why != MailboxWait::kAnswer) {  // (a send/recv's number is not a collective's)
       Status s = ringMessageFor(fp);
       if (!s.ok()) return s;
     }
     w.idle();
     if (!deadline) deadline = Deadline::after(config_.timeoutSec);
     if (!deadline->expired()) continue;
-    const int peer = stuckOn();
+    const int who = stuckOn();
     return explainTimeout(what(), "rank " + std::to_string(rank_) + " waited " +
-                                      (posting ? "for its mailbox slot to be read by rank " : "to receive from rank ") +
-                                      std::to_string(peer) + " (shm mailbox)");
+                                      (why == MailboxWait::kAnswer ? "for the answer to its CUDA IPC offer from rank "
+                                       : posting                   ? "for its mailbox slot to be read by rank "
+                                                                   : "to receive from rank ") +
+                                      std::to_string(who) + " (shm mailbox)");
   }
+}
+
+Status Comm::waitForAnswer(const Fingerprint& fp, int peer, const std::function<bool()>& ready) {
+  return mailboxWait(fp, ready, MailboxWait::kAnswer, peer);
 }
 
 // A header of call `fp` waiting in a ring from some peer: that peer ran the call as a plan, so it
@@ -96,7 +103,7 @@ Status Comm::mailboxAllReduce(const CollArgs& a, const Fingerprint& fp) {
   // Each step tries once before it enters the wait loop: in a busy loop of small calls the slot
   // is free and the peers' messages are there or a few spins away.
   Status s;
-  if (!box.canPost(seq)) s = mailboxWait(fp, [&] { return box.canPost(seq); }, true);
+  if (!box.canPost(seq)) s = mailboxWait(fp, [&] { return box.canPost(seq); }, MailboxWait::kPosting);
   if (s.ok()) {
     if (bytes) std::memcpy(box.payloadFor(seq), a.send, bytes);
     std::uint64_t tag[3];
@@ -107,7 +114,7 @@ Status Comm::mailboxAllReduce(const CollArgs& a, const Fingerprint& fp) {
     for (int q = 0; q < nranks_ && s.ok(); ++q) {
       if (q == rank_) continue;
       const MailboxSlot*& got = in[static_cast<std::size_t>(q)];
-      if (!(got = box.arrived(q, seq))) s = mailboxWait(fp, [&] { return (got = box.arrived(q, seq)) != nullptr; }, false);
+      if (!(got = box.arrived(q, seq))) s = mailboxWait(fp, [&] { return (got = box.arrived(q, seq)) != nullptr; }, MailboxWait::kArrival);
       if (s.ok() && (got->seq.load(std::memory_order_relaxed) != seq || got->tag[0] != tag[0] || got->tag[1] != tag[1] ||
                      got->tag[2] != tag[2]))
         s = Status::InvalidUsage(

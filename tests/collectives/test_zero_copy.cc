@@ -1,6 +1,7 @@
 // Zero-copy all-reduce on braidMemAlloc buffers: exact results for every type and op, in place and
 // out of place, odd sizes; and the fallback when only some ranks use Braid memory.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <functional>
 #include <string>
@@ -31,6 +32,29 @@ TEST(BraidMemory, AllocateFindRelease) {
   EXPECT_EQ(braidMemFree(nullptr), braidSuccess);
   EXPECT_EQ(braidMemAlloc(nullptr, 10), braidInvalidArgument);
   EXPECT_EQ(braidMemAlloc(&p, 0), braidInvalidArgument);
+}
+
+// A peer's memory is mapped through /proc/<pid>/fd/<fd>; if that path leads to another file (a pid
+// seen from another PID namespace names another process), the mapping is refused, not made.
+TEST(BraidMemory, MappingChecksThatTheFileIsThePeersAllocation) {
+  void *a = nullptr, *b = nullptr;
+  ASSERT_EQ(braidMemAlloc(&a, 1 << 16), braidSuccess);
+  ASSERT_EQ(braidMemAlloc(&b, 1 << 16), braidSuccess);
+  static_cast<std::byte*>(a)[100] = std::byte{42};
+  mem::PeerMappings peers;
+  const mem::RegionDesc right = mem::describe(static_cast<std::byte*>(a) + 100, 1);
+  auto mapped = peers.map(static_cast<int>(getpid()), right);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().message();
+  EXPECT_EQ(**mapped, std::byte{42});
+  mem::RegionDesc wrong = right;
+  wrong.fd = mem::describe(b, 1).fd;  // b's file where a's is expected
+  wrong.id += 1;                      // (not in the cache)
+  auto refused = peers.map(static_cast<int>(getpid()), wrong);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("PID namespaces"), std::string::npos) << refused.status().message();
+  peers.clear();
+  EXPECT_EQ(braidMemFree(a), braidSuccess);
+  EXPECT_EQ(braidMemFree(b), braidSuccess);
 }
 
 // useBraidMemory(rank) says which ranks allocate with braidMemAlloc.

@@ -182,6 +182,10 @@ int fakeStreamWaitValue32(void* stream, unsigned long long addr, unsigned value,
 
 extern "C" {
 
+// Present only in the emulation: the gpu tests look it up (dlsym) to leave out what only a real GPU
+// can hold in reasonable time and memory.
+int fakecudaEmulation() { return 1; }
+
 // The driver API (the names Braid looks up with dlsym or cudaGetDriverEntryPointByVersion), with its
 // types as plain C types.
 int cuPointerGetAttribute(void* data, int attribute, unsigned long long ptr) {
@@ -457,8 +461,9 @@ cudaError_t cudaHostRegister(void* p, std::size_t size, unsigned) {
   std::lock_guard<std::mutex> g(registryMu);
   auto& r = ranges();
   const auto u = reinterpret_cast<std::uintptr_t>(p);
-  auto it = r.upper_bound(u);
-  if (it != r.begin() && u < std::prev(it)->first + std::prev(it)->second.size) return fail(cudaErrorHostMemoryAlreadyRegistered);
+  auto it = r.lower_bound(u);
+  if ((it != r.end() && it->first < u + size) || (it != r.begin() && u < std::prev(it)->first + std::prev(it)->second.size))
+    return fail(cudaErrorHostMemoryAlreadyRegistered);
   r[u] = Range{size, -1, nextId++, false, true};
   return cudaSuccess;
 }

@@ -57,6 +57,11 @@ int ShmMailbox::firstBusyReader(std::uint64_t seq) const {
   return -1;
 }
 
+void ShmMailbox::answer(int to, std::uint64_t value) {
+  area(to).answer.store(value, std::memory_order_release);
+  bells_[to].ring();
+}
+
 // One fence for all peers (Doorbell::ring fences for each): publish, fence, then look who sleeps.
 void ShmMailbox::ringPeers() {
   std::atomic_thread_fence(std::memory_order_seq_cst);

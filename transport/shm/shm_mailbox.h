@@ -33,6 +33,9 @@ static_assert(sizeof(MailboxSlot) == 65 * 64);
 struct alignas(64) MailboxArea {
   alignas(64) std::atomic<std::uint64_t> done{0};  // the last sequence number this rank finished reading
   MailboxSlot slot[2];
+  // A peer's answer to this rank's latest point-to-point offer (CUDA IPC send/recv, comm/cuda_ipc.cc).
+  // A rank has at most one offer out at a time, so one word serves every peer.
+  alignas(64) std::atomic<std::uint64_t> answer{0};
 };
 
 class ShmMailbox {
@@ -60,6 +63,11 @@ class ShmMailbox {
   int firstMissing(std::uint64_t seq) const;
   // The first peer that still reads the slot `seq` needs (-1: none).
   int firstBusyReader(std::uint64_t seq) const;
+
+  // Point-to-point answers (outside the rings, which are FIFO): `value` into rank `to`'s answer
+  // word, waking it; and this rank's own word as it reads now.
+  void answer(int to, std::uint64_t value);
+  std::uint64_t answerReceived() const { return mine().answer.load(std::memory_order_acquire); }
 
  private:
   MailboxArea& area(int r) const { return areas_[r]; }

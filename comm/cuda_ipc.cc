@@ -33,7 +33,7 @@
 //      both stage the call
 // The answer stays out of the rings: they are FIFO, and whatever the receiver sent the sender
 // before this receive (an eager send, the messages of a collective that it could finish alone, as
-// a broadcast's root does) may still wait there unread. A rank has one offer out at a time, so the
+// a reduce's leaf does) may still wait there unread. A rank has one offer out at a time, so the
 // word names the call (per-pair sequence number) and the answering rank.
 //
 // Every kernel and copy runs on the CUDA proxy's stream and is waited for (bounded) before the next

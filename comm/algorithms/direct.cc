@@ -45,8 +45,8 @@ Result<bool> Comm::tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp
   if (!s.ok()) return s;
   // Everyone sees the same descriptors, so everyone decides alike from here on. Staging memory on
   // some ranks and the user's on others (host memory on one rank, device memory on another: not
-  // supported) falls back, as does memory that is not Braid's; staging memory that is not
-  // (cudaHostAlloc, where braidMemAlloc was refused) stays so: no more attempts.
+  // supported) falls back, as does memory that is not Braid's. Staging memory that is not Braid's
+  // (cudaHostAlloc, where braidMemAlloc was refused) stays so: staged calls stop trying.
   for (const BufferDesc& d : all) {
     if (d.soft != mine.soft) return false;
     if (d.registered) continue;

@@ -46,8 +46,8 @@ Status validateLocally(const std::vector<Parameter>& params, const GradSyncOptio
     const Parameter& p = params[i];
     const std::string who = "GradSync: parameter #" + std::to_string(i) + " ('" + p.name + "')";
     if (p.memory == MemoryType::kDevice) {
-      return Status::InvalidArgument(who + " is in device memory; only host memory is supported until the CUDA "
-                                           "support lands");
+      return Status::InvalidArgument(who + " is in device memory; the gradient layer takes host memory only so "
+                                           "far (the collectives themselves take device buffers)");
     }
     if (p.memory != MemoryType::kHost) return Status::InvalidArgument(who + " has an unknown memory type");
     if (!isValid(p.dtype)) return Status::InvalidArgument(who + " has an unknown dtype");

@@ -49,7 +49,8 @@
 
 namespace braid::ddp {
 
-// Where a buffer lives. Only host memory is supported for now (device memory comes with CUDA).
+// Where a buffer lives. The gradient layer takes host memory only so far (kDevice is an invalid
+// argument); the collectives themselves take device buffers and a stream.
 enum class MemoryType : int { kHost = 0, kDevice = 1 };
 
 // What buckets travel as. Compression applies to float32 and float64 buckets; other types travel

@@ -30,7 +30,7 @@
 //   1. the sender offers its buffer: a descriptor, on channel 0 where the data would have gone
 //   2. the receiver maps it, copies it into its receive buffer and waits for the copy, or cannot
 //   3. the receiver answers "copied" or "stage it" in the sender's shm mailbox word; on "stage it"
-//      both stage the call
+//      both stage the call (an offer of a buffer that cannot be shared gets no answer: both stage)
 // The answer stays out of the rings: they are FIFO, and whatever the receiver sent the sender
 // before this receive (an eager send, the messages of a collective that it could finish alone, as
 // a reduce's leaf does) may still wait there unread. A rank has one offer out at a time, so the
@@ -471,11 +471,15 @@ Result<bool> Comm::cudaIpcSendRecv(const CollArgs& a, const Fingerprint& fp, voi
   if (a.isSend) {
     Offer mine{};
     mine.process = processToken();
-    mine.ok = ipc.loadDriver() && ipc.describe(a.send, &mine.buffer);
+    // Not where the collectives' agreement found that some rank cannot map another's memory.
+    const bool agreedOff = ipc.agreed && !ipc.usable.load(std::memory_order_relaxed);
+    mine.ok = !agreedOff && ipc.loadDriver() && ipc.describe(a.send, &mine.buffer);
+    box.clearAnswer();  // (the offer's message orders this before the receiver's answer)
     plan_.reset(fp, commTag_, rank_, nranks_, 1 << 16);
     plan_.send(a.peer, 0, &mine, sizeof mine);
     Status s = runPlan();
-    if (s.ok()) {
+    if (!mine.ok) why = "this buffer cannot be shared through CUDA IPC";
+    if (s.ok() && mine.ok) {  // an offer of nothing needs no answer: both stage
       const std::uint64_t yes = answerWord(fp.seq, a.peer, true), no = answerWord(fp.seq, a.peer, false);
       std::uint64_t got = 0;
       const auto answered = [&] { got = box.answerReceived(); return got == yes || got == no; };
@@ -489,8 +493,12 @@ Result<bool> Comm::cudaIpcSendRecv(const CollArgs& a, const Fingerprint& fp, voi
     plan_.recvCopy(a.peer, 0, &theirs, sizeof theirs);
     Status s = runPlan();
     if (!s.ok()) return s;
-    auto src = theirs.ok ? ipc.map(a.peer, theirs.buffer, theirs.process == processToken())
-                         : Result<std::byte*>(Status::InvalidArgument("its send buffer cannot be shared through CUDA IPC"));
+    if (!theirs.ok) {
+      BRAID_LOG(kInfo, kTune, "%s #%llu: staged: the sender's buffer cannot be shared through CUDA IPC",
+                fp.describe().c_str(), static_cast<unsigned long long>(fp.seq));
+      return false;
+    }
+    auto src = ipc.map(a.peer, theirs.buffer, theirs.process == processToken());
     if (src.ok()) {
       ipc.trimWanted = ipc.mapped.size() > kMaxMapped;
       auto stream = static_cast<cudaStream_t>(streamArg);

@@ -62,7 +62,8 @@ Status allocate(void** ptr, std::size_t bytes) {
     return Status::SystemError("braidMemAlloc: fstat: " + net::errnoText(errno));
   }
   std::lock_guard<std::mutex> g(registryMutex());
-  registry()[reinterpret_cast<std::uintptr_t>(p)] = {p, bytes, fd, nextId(), static_cast<std::uint64_t>(st.st_ino)};
+  registry()[reinterpret_cast<std::uintptr_t>(p)] = {p, bytes, fd, nextId(), static_cast<std::uint64_t>(st.st_ino),
+                                                  static_cast<std::uint64_t>(st.st_dev)};
   *ptr = p;
   return Status::Ok();
 }
@@ -103,6 +104,7 @@ RegionDesc describe(const void* p, std::size_t n) {
   d.allocBytes = a->bytes;
   d.offset = reinterpret_cast<std::uintptr_t>(p) - reinterpret_cast<std::uintptr_t>(a->base);
   d.inode = a->inode;
+  d.device = a->device;
   return d;
 }
 
@@ -132,7 +134,7 @@ Result<std::byte*> PeerMappings::map(int pid, const RegionDesc& d) {
                                  " (processes of different users, or a hardened /proc)");
     struct stat st {};
     if (fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_ino) != d.inode ||
-        static_cast<std::uint64_t>(st.st_size) < d.allocBytes) {
+        static_cast<std::uint64_t>(st.st_dev) != d.device || static_cast<std::uint64_t>(st.st_size) < d.allocBytes) {
       ::close(fd);
       return Status::SystemError(path + " is not the peer's braidMemAlloc memory (are the ranks in different PID "
                                  "namespaces? the pid names another process there)");

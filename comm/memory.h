@@ -18,7 +18,7 @@ struct Allocation {
   std::size_t bytes = 0;
   int fd = -1;
   std::uint64_t id = 0;  // unique across processes and time: a mapping cache key for peers
-  std::uint64_t inode = 0;  // of the memfd: what a peer checks the file it opened against
+  std::uint64_t inode = 0, device = 0;  // of the memfd: what a peer checks the file it opened against
 };
 
 Status allocate(void** ptr, std::size_t bytes);
@@ -33,8 +33,9 @@ struct RegionDesc {
   std::uint64_t id = 0;
   std::uint64_t allocBytes = 0;
   std::uint64_t offset = 0;
-  std::uint64_t inode = 0;  // the memfd's: /proc/<pid>/fd/<fd> must lead to this very file (a pid seen
-                            // from another PID namespace may name another process)
+  // The memfd's inode and device: /proc/<pid>/fd/<fd> must lead to this very file (a pid seen from
+  // another PID namespace may name another process).
+  std::uint64_t inode = 0, device = 0;
 };
 RegionDesc describe(const void* p, std::size_t n);
 

@@ -275,8 +275,15 @@ TEST_P(GpuLargest, EveryCollectiveAt256MiBIsExact) {
   auto outcome = runRanks(2, [&](int rank, braidComm_t comm) {
     Dev d;
     const long w = runCase(rank, 2, comm, d, t, op, count, !ipc, 1);
-    if (rank == 0) std::fprintf(stderr, "rank 0: 256 MiB + 3 elements, %ld wrong elements\n", w);
-    return w == 0 ? 0 : w < 0 ? 1 : 2;
+    const std::uint64_t viaIpc = comm->impl->cudaIpcCalls(), zeroCopy = comm->impl->zeroCopyCalls();
+    if (rank == 0)
+      std::fprintf(stderr, "rank 0: 256 MiB + 3 elements, %ld wrong elements, %llu calls through CUDA IPC, %llu zero-copy pieces\n",
+                   w, static_cast<unsigned long long>(viaIpc), static_cast<unsigned long long>(zeroCopy));
+    if (w) return w < 0 ? 1 : 2;
+    // Through IPC: the five collectives, the send and the receive. Staged: the all-reduce's pieces
+    // through the zero-copy path.
+    if (ipc ? viaIpc != 7 : viaIpc != 0 || zeroCopy == 0) return report(rank, "not the path this instance is for"), 3;
+    return 0;
   }, {{"BRAID_TIMEOUT", "120"}, {"BRAID_CUDA_IPC", ipc ? "1" : "0"}}, 900);
   for (std::size_t r = 0; r < outcome.size(); ++r) {
     EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;

@@ -82,5 +82,18 @@ TEST(Mailbox, ASlotIsReusedOnlyAfterEveryReaderFinishedItsMessage) {
   EXPECT_TRUE(h[0].canPost(3));
 }
 
+// The answer word of CUDA IPC send/recv: a value written into another rank's area is what that rank
+// reads; clearing it forgets the last one.
+TEST(Mailbox, AnAnswerReachesTheRankItIsForAndClearingForgetsIt) {
+  Host h;
+  EXPECT_EQ(h[0].answerReceived(), 0u);
+  h[2].answer(0, 0x700000005ull);
+  EXPECT_EQ(h[0].answerReceived(), 0x700000005ull);
+  EXPECT_EQ(h[1].answerReceived(), 0u);
+  EXPECT_EQ(h[2].answerReceived(), 0u);
+  h[0].clearAnswer();
+  EXPECT_EQ(h[0].answerReceived(), 0u);
+}
+
 }  // namespace
 }  // namespace braid

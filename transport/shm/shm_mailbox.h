@@ -68,6 +68,8 @@ class ShmMailbox {
   // word, waking it; and this rank's own word as it reads now.
   void answer(int to, std::uint64_t value);
   std::uint64_t answerReceived() const { return mine().answer.load(std::memory_order_acquire); }
+  // Before an offer: no answer left from an earlier one can be read as this one's.
+  void clearAnswer() { mine().answer.store(0, std::memory_order_relaxed); }
 
  private:
   MailboxArea& area(int r) const { return areas_[r]; }

@@ -467,7 +467,7 @@ Result<bool> Comm::cudaIpcSendRecv(const CollArgs& a, const Fingerprint& fp, voi
   CudaIpc& ipc = *cudaIpc_;
   ShmMailbox& box = *shm_->mailbox();
   bool copied = false;
-  std::string why;  // why the receiver stages it
+  std::string why;  // why the call is staged, for the log
   if (a.isSend) {
     Offer mine{};
     mine.process = processToken();

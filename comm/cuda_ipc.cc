@@ -493,12 +493,8 @@ Result<bool> Comm::cudaIpcSendRecv(const CollArgs& a, const Fingerprint& fp, voi
     plan_.recvCopy(a.peer, 0, &theirs, sizeof theirs);
     Status s = runPlan();
     if (!s.ok()) return s;
-    if (!theirs.ok) {
-      BRAID_LOG(kInfo, kTune, "%s #%llu: staged: the sender's buffer cannot be shared through CUDA IPC",
-                fp.describe().c_str(), static_cast<unsigned long long>(fp.seq));
-      return false;
-    }
-    auto src = ipc.map(a.peer, theirs.buffer, theirs.process == processToken());
+    auto src = theirs.ok ? ipc.map(a.peer, theirs.buffer, theirs.process == processToken())
+                         : Result<std::byte*>(Status::InvalidArgument("its buffer cannot be shared through CUDA IPC"));
     if (src.ok()) {
       ipc.trimWanted = ipc.mapped.size() > kMaxMapped;
       auto stream = static_cast<cudaStream_t>(streamArg);
@@ -512,7 +508,7 @@ Result<bool> Comm::cudaIpcSendRecv(const CollArgs& a, const Fingerprint& fp, voi
       cudaGetLastError();  // a mapping that failed only means "stage it"
       why = src.status().message();
     }
-    box.answer(a.peer, answerWord(fp.seq, rank_, copied));
+    if (theirs.ok) box.answer(a.peer, answerWord(fp.seq, rank_, copied));  // (an offer of nothing wants none)
   }
   BRAID_LOG(kInfo, kTune, "%s #%llu: %s", fp.describe().c_str(), static_cast<unsigned long long>(fp.seq),
             copied ? "CUDA IPC (the receiver copies from the sender's buffer)"

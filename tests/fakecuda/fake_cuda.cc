@@ -159,6 +159,18 @@ std::size_t roundToPage(std::size_t n) {
   return n == 0 ? page : (n + page - 1) / page * page;
 }
 
+// Memory no other process can map (no fd): pinned host memory, or pool device memory.
+cudaError_t allocatePrivate(void** p, std::size_t size, bool device) {
+  touch();
+  const std::size_t bytes = roundToPage(size);
+  void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> g(registryMu);
+  ranges()[reinterpret_cast<std::uintptr_t>(m)] = Range{bytes, -1, nextId++, device, false};
+  *p = m;
+  return cudaSuccess;
+}
+
 void copy2D(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width, std::size_t rows) {
   for (std::size_t i = 0; i < rows; ++i)
     std::memmove(static_cast<char*>(dst) + i * dpitch, static_cast<const char*>(src) + i * spitch, width);
@@ -422,30 +434,14 @@ cudaError_t cudaFree(void* p) {
 // Stream-ordered allocation from the default pool: device memory that legacy IPC cannot export
 // (private memory here, so no other process could map it anyway).
 cudaError_t cudaMallocAsync(void** p, std::size_t size, cudaStream_t s) {
-  touch();
   streamOf(s)->sync();
-  const std::size_t bytes = roundToPage(size);
-  void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
-  std::lock_guard<std::mutex> g(registryMu);
-  ranges()[reinterpret_cast<std::uintptr_t>(m)] = Range{bytes, -1, nextId++, true, false};
-  *p = m;
-  return cudaSuccess;
+  return allocatePrivate(p, size, true);
 }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
   streamOf(s)->sync();
   return cudaFree(p);
 }
-cudaError_t cudaHostAlloc(void** p, std::size_t size, unsigned) {
-  touch();
-  const std::size_t bytes = roundToPage(size);
-  void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
-  std::lock_guard<std::mutex> g(registryMu);
-  ranges()[reinterpret_cast<std::uintptr_t>(m)] = Range{bytes, -1, nextId++, false, false};
-  *p = m;
-  return cudaSuccess;
-}
+cudaError_t cudaHostAlloc(void** p, std::size_t size, unsigned) { return allocatePrivate(p, size, false); }
 cudaError_t cudaFreeHost(void* p) {
   cudaDeviceSynchronize();
   std::lock_guard<std::mutex> g(registryMu);

@@ -418,11 +418,9 @@ TEST(GpuSendRecv, LargeMessagesGoThroughIpcUnlessTheSendBufferCannotBeShared) {
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return 10;
     void *plain = nullptr, *pooled = nullptr;
     if (cudaMalloc(&plain, n * 4) != cudaSuccess || cudaMallocAsync(&pooled, n * 4, s) != cudaSuccess) return 11;
-    std::vector<std::int32_t> h(n);
-    for (std::size_t i = 0; i < n; ++i) h[i] = static_cast<std::int32_t>(i * 7 + 1000 * static_cast<std::size_t>(rank));
     // Rank 0 sends from pool memory (staged) and receives into it; rank 1 sends from plain memory (IPC).
     void* mine = rank == 0 ? pooled : plain;
-    if (cudaMemcpyAsync(mine, h.data(), n * 4, cudaMemcpyHostToDevice, s) != cudaSuccess) return 12;
+    std::vector<std::int32_t> h(n);
     // A reduce of host memory rooted at the sender, before each transfer: the receiver, a leaf, sends
     // its part over both channels and is done; the sender reads it only after the transfer.
     std::vector<float> part(1 << 17, static_cast<float>(rank + 1)), sum(part.size());
@@ -430,29 +428,31 @@ TEST(GpuSendRecv, LargeMessagesGoThroughIpcUnlessTheSendBufferCannotBeShared) {
       return braidReduce(part.data(), sum.data(), part.size(), braidFloat32, braidSum, root, comm, nullptr) == braidSuccess &&
              (rank != root || sum[12345] == 3.0f);
     };
-    if (rank == 1 && !reduceTo(0)) return 23;
-    braidResult_t x = rank == 0 ? braidSend(mine, n, braidInt32, 1, comm, s) : braidRecv(mine, n, braidInt32, 0, comm, s);
-    if (x != braidSuccess) return 13;
-    if (rank == 0 && !reduceTo(0)) return 24;
-    if (rank == 1 && cudaMemcpyAsync(h.data(), mine, n * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess) return 14;
-    if (cudaStreamSynchronize(s) != cudaSuccess) return 15;
-    if (rank == 1)
-      for (std::size_t i = 0; i < n; ++i)
-        if (h[i] != static_cast<std::int32_t>(i * 7)) return report(rank, "wrong element " + std::to_string(i) + " from the staged send"), 16;
-    // And back: rank 1's plain memory into rank 0's pool memory.
-    for (std::size_t i = 0; i < n && rank == 1; ++i) h[i] = static_cast<std::int32_t>(i * 3 + 5);
-    if (rank == 1 && cudaMemcpyAsync(mine, h.data(), n * 4, cudaMemcpyHostToDevice, s) != cudaSuccess) return 17;
-    if (rank == 0 && !reduceTo(1)) return 25;
-    x = rank == 1 ? braidSend(mine, n, braidInt32, 0, comm, s) : braidRecv(mine, n, braidInt32, 1, comm, s);
-    if (x != braidSuccess) return 18;
-    if (rank == 1 && !reduceTo(1)) return 26;
-    if (rank == 0 && cudaMemcpyAsync(h.data(), mine, n * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess) return 19;
-    if (cudaStreamSynchronize(s) != cudaSuccess) return 20;
-    if (rank == 0)
-      for (std::size_t i = 0; i < n; ++i)
-        if (h[i] != static_cast<std::int32_t>(i * 3 + 5)) return report(rank, "wrong element " + std::to_string(i) + " through IPC"), 21;
+    // One transfer from rank `from` of element i = i * mul + add, into a poisoned receive buffer;
+    // 0, or the failing step's code (codes from `base` up).
+    const auto transfer = [&](int from, std::int32_t mul, std::int32_t add, int base, const char* how) -> int {
+      const bool sends = rank == from;
+      if (sends) {
+        for (std::size_t i = 0; i < n; ++i) h[i] = static_cast<std::int32_t>(i) * mul + add;
+        if (cudaMemcpyAsync(mine, h.data(), n * 4, cudaMemcpyHostToDevice, s) != cudaSuccess) return base;
+      } else {
+        if (cudaMemsetAsync(mine, 0xEE, n * 4, s) != cudaSuccess) return base;
+        if (!reduceTo(from)) return base + 1;
+      }
+      const braidResult_t x = sends ? braidSend(mine, n, braidInt32, 1 - rank, comm, s) : braidRecv(mine, n, braidInt32, from, comm, s);
+      if (x != braidSuccess) return base + 2;
+      if (sends && !reduceTo(from)) return base + 3;
+      if (!sends && cudaMemcpyAsync(h.data(), mine, n * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess) return base + 4;
+      if (cudaStreamSynchronize(s) != cudaSuccess) return base + 5;
+      for (std::size_t i = 0; i < n && !sends; ++i)
+        if (h[i] != static_cast<std::int32_t>(i) * mul + add)
+          return report(rank, "wrong element " + std::to_string(i) + " " + how), base + 6;
+      return 0;
+    };
+    if (int code = transfer(0, 7, 0, 20, "from the staged send")) return code;
+    if (int code = transfer(1, 3, 5, 30, "through IPC")) return code;
     const std::uint64_t ipc = comm->impl->cudaIpcCalls();
-    if (ipc != 1) return report(rank, "send/recv through CUDA IPC: " + std::to_string(ipc) + ", expected 1 (the second)"), 22;
+    if (ipc != 1) return report(rank, "send/recv through CUDA IPC: " + std::to_string(ipc) + ", expected 1 (the second)"), 12;
     cudaFreeAsync(pooled, s);
     cudaStreamSynchronize(s);
     cudaFree(plain);

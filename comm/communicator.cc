@@ -278,7 +278,11 @@ void Comm::fail(const Status& s, bool tellOthers, bool peerGone) {
     failed_.store(true);
   }
   if (waiter_) waiter_->wake();
-  if (tellOthers && store_) store_->report({Notice::kError, rank_, s.code(), s.message()});
+  if (!tellOthers || !store_) return;
+  // The others see this text as their own failure: it must say which rank it happened on.
+  const std::string who = "rank " + std::to_string(rank_), &m = s.message();
+  const bool named = m.rfind(who + " ", 0) == 0 || m.rfind(who + ":", 0) == 0;
+  store_->report({Notice::kError, rank_, s.code(), named ? m : who + ": " + m});
 }
 
 void Comm::onNotice(const Notice& n) {

@@ -485,6 +485,7 @@ Result<bool> Comm::cudaIpcSendRecv(const CollArgs& a, const Fingerprint& fp, voi
       const auto answered = [&] { got = box.answerReceived(); return got == yes || got == no; };
       if (!answered()) s = waitForAnswer(fp, a.peer, answered);
       copied = got == yes;
+      if (!copied) why = "the receiver could not map it";
     }
     if (!s.ok()) return s;
   } else {

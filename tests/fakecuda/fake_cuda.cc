@@ -190,6 +190,8 @@ int fakeStreamWaitValue32(void* stream, unsigned long long addr, unsigned value,
   return kCuSuccess;
 }
 
+std::atomic<int> ipcOpensToFail{0};  // (fakecudaFailIpcOpens)
+
 }  // namespace
 
 extern "C" {
@@ -197,6 +199,10 @@ extern "C" {
 // Present only in the emulation: the gpu tests look it up (dlsym) to leave out what only a real GPU
 // can hold in reasonable time and memory.
 int fakecudaEmulation() { return 1; }
+
+// A test hook of the emulation: the next `n` cudaIpcOpenMemHandle calls of this process fail, as a
+// mapping the driver refuses would (the path that ends in "stage it" rather than an error).
+void fakecudaFailIpcOpens(int n) { ipcOpensToFail = n; }
 
 // The driver API (the names Braid looks up with dlsym or cudaGetDriverEntryPointByVersion), with its
 // types as plain C types.
@@ -525,6 +531,8 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned) 
   std::memcpy(&h, handle.reserved, sizeof(h));
   if (h.magic != kIpcMagic) return fail(cudaErrorInvalidValue);
   if (h.pid == getpid()) return fail(cudaErrorInvalidResourceHandle);  // CUDA refuses the exporting process too
+  for (int left = ipcOpensToFail.load(); left > 0;)
+    if (ipcOpensToFail.compare_exchange_weak(left, left - 1)) return fail(cudaErrorMapBufferObjectFailed);
   const std::string path = "/proc/" + std::to_string(h.pid) + "/fd/" + std::to_string(h.fd);
   const int fd = open(path.c_str(), O_RDWR);
   if (fd < 0) return fail(cudaErrorInvalidResourceHandle);

@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -407,11 +408,13 @@ TEST(GpuArguments, HostMemoryOnOneRankAndDeviceOnAnotherIsAnErrorNotAHang) {
 }
 
 // Send/recv above BRAID_BUFFSIZE: the receiver copies from the sender's buffer through CUDA IPC, except
-// from memory that IPC cannot export (cudaMallocAsync's pool), which is staged; in either direction
-// the data arrives exactly, in stream order. Before each large transfer the receiver has finished a
+// from memory that IPC cannot export (cudaMallocAsync's pool), which is staged, and (on the emulation,
+// which can make the receiver's cudaIpcOpenMemHandle fail) where the receiver cannot map the offered
+// buffer, which it answers with "stage it"; in either direction the data arrives exactly, in stream
+// order, and a failed mapping is tried again on the next offer. Before each large transfer the receiver has finished a
 // reduce as its leaf, whose messages (on channels 0 and 1) the sender has not received yet when it
 // waits for the receiver's answer (so the answer must not queue behind them in a ring).
-TEST(GpuSendRecv, LargeMessagesGoThroughIpcUnlessTheSendBufferCannotBeShared) {
+TEST(GpuSendRecv, LargeMessagesGoThroughIpcUnlessTheSendBufferCannotBeSharedOrMapped) {
   auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
     const std::size_t n = (5u << 20) + 5;  // 20 MiB + 20 bytes of int32: above BRAID_BUFFSIZE, 5 pieces when staged
     cudaStream_t s = nullptr;
@@ -450,9 +453,13 @@ TEST(GpuSendRecv, LargeMessagesGoThroughIpcUnlessTheSendBufferCannotBeShared) {
       return 0;
     };
     if (int code = transfer(0, 7, 0, 20, "from the staged send")) return code;
-    if (int code = transfer(1, 3, 5, 30, "through IPC")) return code;
-    const std::uint64_t ipc = comm->impl->cudaIpcCalls();
-    if (ipc != 1) return report(rank, "send/recv through CUDA IPC: " + std::to_string(ipc) + ", expected 1 (the second)"), 12;
+    const auto failIpcOpens = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "fakecudaFailIpcOpens"));
+    if (failIpcOpens && rank == 0) failIpcOpens(1);
+    if (int code = transfer(1, 3, 5, 30, failIpcOpens ? "after the receiver failed to map the offer" : "through IPC")) return code;
+    if (int code = transfer(1, -11, 2, 40, "through IPC")) return code;
+    const std::uint64_t ipc = comm->impl->cudaIpcCalls(), want = failIpcOpens ? 1 : 2;
+    if (ipc != want)
+      return report(rank, "send/recv through CUDA IPC: " + std::to_string(ipc) + ", expected " + std::to_string(want)), 12;
     cudaFreeAsync(pooled, s);
     cudaStreamSynchronize(s);
     cudaFree(plain);
@@ -518,6 +525,43 @@ TEST(GpuErrors, AsynchronousFailureIsReportedLater) {
     return 0;
   }, {{"BRAID_TIMEOUT", "1"}}, 60);
   for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+}
+
+// A buffer that one rank cannot map after the ranks agreed on CUDA IPC (on the emulation, whose
+// cudaIpcOpenMemHandle can be made to fail): the call fails on every rank within moments, not at
+// BRAID_TIMEOUT, and every rank's error names the rank that failed, the CUDA call and the knob. As
+// with NCCL's asynchronous errors, the communicator is failed from then on.
+TEST(GpuErrors, ABufferARankCannotMapFailsTheCallOnEveryRankNamingIt) {
+  const auto failIpcOpens = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "fakecudaFailIpcOpens"));
+  if (!failIpcOpens) GTEST_SKIP() << "needs the CUDA emulation, whose cudaIpcOpenMemHandle can be made to fail";
+  auto outcome = runRanks(2, [&](int rank, braidComm_t comm) {
+    const std::size_t n = 1 << 20;  // 4 MiB: above the one-shot size, so the call maps the user's buffers
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return 10;
+    void *first = nullptr, *second = nullptr;
+    if (cudaMalloc(&first, n * 4) != cudaSuccess || cudaMalloc(&second, n * 4) != cudaSuccess) return 11;
+    // The first call agrees on CUDA IPC and maps `first`; `second` is a new allocation, mapped by the next.
+    if (braidAllReduce(first, first, n, braidFloat32, braidSum, comm, s) != braidSuccess) return 12;
+    if (cudaStreamSynchronize(s) != cudaSuccess || comm->impl->cudaIpcCalls() != 1) return 13;
+    if (rank == 1) failIpcOpens(1);
+    const auto start = std::chrono::steady_clock::now();
+    if (braidAllReduce(second, second, n, braidFloat32, braidSum, comm, s) != braidSuccess) return 14;  // (asynchronous)
+    cudaStreamSynchronize(s);
+    braidResult_t async = braidSuccess;
+    if (braidCommGetAsyncError(comm, &async) != braidSuccess) return 15;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string why = braidGetLastError(comm);
+    report(rank, "as expected after " + std::to_string(seconds) + " s: " + braidGetErrorString(async) + ": " + why);
+    if (async == braidSuccess) return 16;
+    if (seconds > 10) return 17;  // BRAID_TIMEOUT is 30
+    for (const char* part : {"rank 1", "cudaIpcOpenMemHandle", "BRAID_CUDA_IPC=0", "allreduce"})
+      if (why.find(part) == std::string::npos) return report(rank, std::string("the error does not name ") + part), 18;
+    return 0;
+  }, {{"BRAID_TIMEOUT", "30"}}, 120);
+  for (std::size_t r = 0; r < outcome.size(); ++r) {
+    EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;
+    EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  }
 }
 
 }  // namespace

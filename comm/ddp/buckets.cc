@@ -6,6 +6,7 @@
 #include <new>
 #include <string>
 
+#include "comm/ddp/device.h"
 #include "comm/ddp/numeric.h"
 
 namespace braid::ddp::detail {
@@ -14,20 +15,29 @@ namespace {
 constexpr std::align_val_t kAlign{64};
 }
 
-void HostBufferFree::operator()(std::byte* p) const {
-  if (braidMemory) {
-    (void)memFree(p);  // the owner has waited for every collective on it
-  } else {
-    ::operator delete(p, kAlign);
+void BucketMemoryFree::operator()(std::byte* p) const {
+  switch (kind) {  // (the owner has waited for every collective on it)
+    case BucketMemoryKind::kShared: (void)memFree(p); break;
+    case BucketMemoryKind::kHeap: ::operator delete(p, kAlign); break;
+    case BucketMemoryKind::kDevice: device::release(p); break;
   }
 }
 
-Result<HostBuffer> HostBuffer::allocate(std::size_t bytes) {
-  HostBuffer b;
+Result<BucketMemory> BucketMemory::allocate(std::size_t bytes, const void* near) {
+  BucketMemory b;
   if (bytes == 0) return b;
-  if (auto shared = memAlloc(bytes); shared.ok()) {  // page-aligned, zeroed and resident already
-    b.data_ = std::unique_ptr<std::byte, HostBufferFree>(static_cast<std::byte*>(*shared), HostBufferFree{true});
+  const auto own = [&](void* p, BucketMemoryKind kind) {
+    b.data_ = std::unique_ptr<std::byte, BucketMemoryFree>(static_cast<std::byte*>(p), BucketMemoryFree{kind});
     b.bytes_ = bytes;
+  };
+  if (near) {
+    auto d = device::allocate(bytes, near);
+    if (!d.ok()) return d.status();
+    own(*d, BucketMemoryKind::kDevice);
+    return b;
+  }
+  if (auto shared = memAlloc(bytes); shared.ok()) {  // page-aligned, zeroed and resident already
+    own(*shared, BucketMemoryKind::kShared);
     return b;
   }
   // braidMemAlloc failed (say, no memfd here): ordinary memory works with every collective too.
@@ -39,8 +49,7 @@ Result<HostBuffer> HostBuffer::allocate(std::size_t bytes) {
   // Touch every page now: a fresh page costs several times a copy, and the first step should not
   // pay for it in the middle of backward.
   std::memset(p, 0, bytes);
-  b.data_.reset(p);
-  b.bytes_ = bytes;
+  own(p, BucketMemoryKind::kHeap);
   return b;
 }
 
@@ -69,13 +78,14 @@ Status layoutBuckets(const std::vector<Parameter>& params, const GradSyncOptions
     b.info.count += p.count;
     bytes += size;
   }
+  const void* near = !params.empty() && params[0].memory == MemoryType::kDevice ? params[0].data : nullptr;
   for (Bucket& b : buckets) {
-    auto storage = HostBuffer::allocate(b.info.count * dataTypeSize(b.info.dtype));
+    auto storage = BucketMemory::allocate(b.info.count * dataTypeSize(b.info.dtype), near);
     if (!storage.ok()) return storage.status();
     b.storage = std::move(storage).value();
     b.wireType = wireType(b.info.dtype, options.wireFormat);
     if (b.wireType != b.info.dtype) {
-      auto wire = HostBuffer::allocate(b.info.count * dataTypeSize(b.wireType));
+      auto wire = BucketMemory::allocate(b.info.count * dataTypeSize(b.wireType));
       if (!wire.ok()) return wire.status();
       b.wire = std::move(wire).value();
     }

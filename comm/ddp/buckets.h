@@ -11,34 +11,36 @@
 
 namespace braid::ddp::detail {
 
-// Frees either kind of HostBuffer memory.
-struct HostBufferFree {
-  bool braidMemory = false;
+// Where bucket memory comes from, and so how it is freed.
+enum class BucketMemoryKind { kShared, kHeap, kDevice };
+struct BucketMemoryFree {
+  BucketMemoryKind kind = BucketMemoryKind::kHeap;
   void operator()(std::byte* p) const;
 };
 
-// Zeroed, resident, 64-byte aligned host memory that lives as long as the GradSync. It comes from
-// braid::memAlloc (braidMemAlloc: memory the other ranks of the host can map, which makes the
-// all-reduce of a large bucket zero-copy) and, if that fails, from ordinary memory, which every
-// collective accepts too (through the staged path).
-class HostBuffer {
+// Zeroed bucket memory that lives as long as the GradSync, 64-byte aligned or better.
+// Host: resident memory from braid::memAlloc (braidMemAlloc: memory the other ranks of the host can
+// map, which makes the all-reduce of a large bucket zero-copy) and, if that fails, from ordinary
+// memory, which every collective accepts too (through the staged path). Device (`near` not null):
+// cudaMalloc memory on the GPU of `near`, which the collectives reach through CUDA IPC.
+class BucketMemory {
  public:
-  HostBuffer() = default;
-  static Result<HostBuffer> allocate(std::size_t bytes);
+  BucketMemory() = default;
+  static Result<BucketMemory> allocate(std::size_t bytes, const void* near = nullptr);
   std::byte* data() const { return data_.get(); }
   std::size_t bytes() const { return bytes_; }
-  bool braidMemory() const { return data_.get_deleter().braidMemory; }
+  BucketMemoryKind kind() const { return data_.get_deleter().kind; }
 
  private:
-  std::unique_ptr<std::byte, HostBufferFree> data_;
+  std::unique_ptr<std::byte, BucketMemoryFree> data_;
   std::size_t bytes_ = 0;
 };
 
 struct Bucket {
   BucketInfo info;                   // parameters in the order they become ready, element count, dtype
   std::vector<std::size_t> offsets;  // element offset of each of info.params inside the bucket
-  HostBuffer storage;                // the gradients, in info.dtype
-  HostBuffer wire;                   // the narrowed copy when compression applies, else empty
+  BucketMemory storage;              // the gradients, in info.dtype (on the parameters' GPU for device ones)
+  BucketMemory wire;                 // the narrowed copy when compression applies (host only), else empty
   DataType wireType = DataType::kFloat32;
   std::size_t pending = 0;           // parameters of this step not yet ready
   bool launched = false;
@@ -55,7 +57,8 @@ struct Slot {
 // take it past its cap (options.firstBucketCapBytes for bucket 0, bucketCapBytes after) or has a
 // different dtype. A parameter larger than the cap gets a bucket of its own. Depends only on the
 // parameters' counts and dtypes and on the options, which every rank has checked to agree on, so
-// the layout is the same everywhere. Allocates the memory (system error if that fails).
+// the layout is the same everywhere. Allocates the memory (system or cuda error if that fails), on
+// the GPU of the first parameter when the parameters are device memory.
 Status layoutBuckets(const std::vector<Parameter>& params, const GradSyncOptions& options,
                      std::vector<Bucket>& buckets, std::vector<Slot>& slots);
 

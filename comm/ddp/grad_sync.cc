@@ -21,6 +21,7 @@ GradSyncState::~GradSyncState() {
 }
 
 Status GradSyncState::prepare() {
+  onDevice = !params.empty() && params[0].memory == MemoryType::kDevice;
   if (Status s = layoutBuckets(params, options, buckets, slots); !s.ok()) return s;
   infos.clear();
   for (const Bucket& b : buckets) infos.push_back(b.info);
@@ -34,24 +35,28 @@ Status GradSyncState::broadcastParameters() {
   if (comm.size() == 1) return Status::Ok();
   // Bucket memory doubles as the staging area: one broadcast per bucket instead of per parameter.
   const bool root = comm.rank() == 0;
+  // (Device parameters: all of it queued on the stream, in this order.)
   if (root) {
-    for (std::size_t p = 0; p < params.size(); ++p) std::memcpy(slotData(p), params[p].data, paramBytes(p));
+    for (std::size_t p = 0; p < params.size(); ++p)
+      copy(slotData(p), params[p].data, paramBytes(p), "cudaMemcpyAsync (a parameter into bucket memory)");
   }
   std::vector<Work> works;
   for (Bucket& b : buckets) {
-    works.push_back(comm.broadcast(b.storage.data(), b.storage.data(), b.info.count, b.info.dtype, 0));
+    works.push_back(comm.broadcast(b.storage.data(), b.storage.data(), b.info.count, b.info.dtype, 0, stream()));
   }
-  Status first;
+  Status first = copyFailure;
   for (Work& w : works) {
     Status s = w.wait();
     if (first.ok() && !s.ok()) first = s;
   }
   if (!first.ok()) return first.withContext("GradSync::create: broadcasting parameters from rank 0");
   for (std::size_t p = 0; p < params.size(); ++p) {
-    if (!root) std::memcpy(params[p].data, slotData(p), paramBytes(p));
-    std::memset(slotData(p), 0, paramBytes(p));  // with views, gradients start at zero
+    if (!root) copy(params[p].data, slotData(p), paramBytes(p), "cudaMemcpyAsync (rank 0's value into a parameter)");
+    zero(slotData(p), paramBytes(p), "cudaMemsetAsync (bucket memory)");  // with views, gradients start at zero
   }
-  return Status::Ok();
+  first = copyFailure;
+  copyFailure = Status::Ok();
+  return first.withContext("GradSync::create");
 }
 
 }  // namespace detail

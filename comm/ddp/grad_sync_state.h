@@ -36,9 +36,18 @@ struct GradSyncState {
   std::size_t nextLaunch = 0;              // buckets [0, nextLaunch) have started
   bool stepActive = false;
   int noSyncDepth = 0;
+  // Device parameters: bucket memory on their GPU, and every copy, zeroing and all-reduce queued on
+  // options.stream; a copy that could not be queued is kept here and ends the step with that error.
+  bool onDevice = false;
+  Status copyFailure;
 
   std::byte* slotData(std::size_t param) const;
   std::size_t paramBytes(std::size_t param) const;
+  // memcpy / memset, or queued on the stream for device parameters (a failure goes to copyFailure).
+  void copy(void* dst, const void* src, std::size_t bytes, const char* what);
+  void zero(void* dst, std::size_t bytes, const char* what);
+  // What the collectives are ordered with: the stream for device parameters, none for host ones.
+  void* stream() const { return onDevice ? options.stream : nullptr; }
 
   // Lays out and allocates buckets and sizes the per-step vectors (no communication).
   Status prepare();

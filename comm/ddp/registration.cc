@@ -8,6 +8,8 @@
 #include <limits>
 #include <string>
 
+#include "comm/ddp/device.h"
+
 namespace braid::ddp::detail {
 
 namespace {
@@ -45,11 +47,24 @@ Status validateLocally(const std::vector<Parameter>& params, const GradSyncOptio
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Parameter& p = params[i];
     const std::string who = "GradSync: parameter #" + std::to_string(i) + " ('" + p.name + "')";
-    if (p.memory == MemoryType::kDevice) {
-      return Status::InvalidArgument(who + " is in device memory; the gradient layer takes host memory only so "
-                                           "far (the collectives themselves take device buffers)");
+    if (p.memory != MemoryType::kHost && p.memory != MemoryType::kDevice)
+      return Status::InvalidArgument(who + " has an unknown memory type");
+    if (p.memory != params[0].memory) {
+      return Status::InvalidArgument(who + " is in " + memoryName(static_cast<std::uint64_t>(p.memory)) +
+                                     " memory but parameter #0 ('" + params[0].name + "') in " +
+                                     memoryName(static_cast<std::uint64_t>(params[0].memory)) +
+                                     " memory; one GradSync takes one kind of memory (make one per kind)");
     }
-    if (p.memory != MemoryType::kHost) return Status::InvalidArgument(who + " has an unknown memory type");
+    if (p.memory == MemoryType::kDevice) {
+      if (!device::available())
+        return Status::InvalidArgument(who + " is in device memory, and this build of Braid has no CUDA (-Dcuda=enabled)");
+      if (o.wireFormat != WireFormat::kNative)
+        return Status::InvalidArgument("GradSync: GradSyncOptions::wireFormat narrows on the host; with device "
+                                       "parameters only WireFormat::kNative is built so far");
+      if (o.checkFinite)
+        return Status::InvalidArgument("GradSync: GradSyncOptions::checkFinite scans on the host; with device "
+                                       "parameters it is not built so far");
+    }
     if (!isValid(p.dtype)) return Status::InvalidArgument(who + " has an unknown dtype");
     if (p.count == 0) return Status::InvalidArgument(who + " has no elements");
     if (!p.data) return Status::InvalidArgument(who + ": data is null (create() broadcasts the values from rank 0)");

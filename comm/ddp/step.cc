@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 
+#include "comm/ddp/device.h"
 #include "comm/ddp/grad_sync_state.h"
 #include "comm/ddp/numeric.h"
 
@@ -28,6 +29,24 @@ std::size_t GradSyncState::paramBytes(std::size_t param) const {
   return params[param].count * dataTypeSize(params[param].dtype);
 }
 
+void GradSyncState::copy(void* dst, const void* src, std::size_t bytes, const char* what) {
+  if (!onDevice) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  Status s = device::copy(dst, src, bytes, options.stream, what);
+  if (copyFailure.ok()) copyFailure = s;
+}
+
+void GradSyncState::zero(void* dst, std::size_t bytes, const char* what) {
+  if (!onDevice) {
+    std::memset(dst, 0, bytes);
+    return;
+  }
+  Status s = device::zero(dst, bytes, options.stream, what);
+  if (copyFailure.ok()) copyFailure = s;
+}
+
 Status GradSyncState::markReady(std::size_t index) {
   if (index >= params.size()) {
     return Status::InvalidArgument("GradSync::markReady: index " + std::to_string(index) + " is outside 0.." +
@@ -43,10 +62,12 @@ Status GradSyncState::markReady(std::size_t index) {
   }
   stepActive = true;
   marked[index] = 1;
-  if (!options.gradientsAsBucketViews) std::memcpy(slotData(index), params[index].grad, paramBytes(index));
+  if (!options.gradientsAsBucketViews)
+    copy(slotData(index), params[index].grad, paramBytes(index), "cudaMemcpyAsync (a gradient into its bucket)");
   Bucket& b = buckets[slots[index].bucket];
   if (--b.pending == 0) launchReady();
-  return Status::Ok();
+  // (a failed copy still counts as marked: every rank must go on to queue the same all-reduces)
+  return copyFailure.withContext("GradSync::markReady");
 }
 
 void GradSyncState::launchReady() {
@@ -68,7 +89,7 @@ void GradSyncState::launch(Bucket& b) {
     b.work = comm.allReduce(b.wire.data(), b.wire.data(), b.info.count, b.wireType, ReduceOp::kSum);
   } else {
     b.work = comm.allReduce(b.storage.data(), b.storage.data(), b.info.count, b.info.dtype,
-                            options.average ? ReduceOp::kAvg : ReduceOp::kSum);
+                            options.average ? ReduceOp::kAvg : ReduceOp::kSum, stream());
   }
   b.launched = true;
 }
@@ -79,9 +100,10 @@ void GradSyncState::fillUnmarked(std::size_t p) {
   // later, from the flags, identically on every rank.
   Bucket& b = buckets[slots[p].bucket];
   if (usedInWindow[p]) {
-    if (!options.gradientsAsBucketViews) std::memcpy(slotData(p), params[p].grad, paramBytes(p));
+    if (!options.gradientsAsBucketViews)
+      copy(slotData(p), params[p].grad, paramBytes(p), "cudaMemcpyAsync (a gradient into its bucket)");
   } else {
-    std::memset(slotData(p), 0, paramBytes(p));
+    zero(slotData(p), paramBytes(p), "cudaMemsetAsync (an unused parameter's gradient)");
   }
   --b.pending;
 }
@@ -114,6 +136,7 @@ Status GradSyncState::finish() {
     if (s.ok()) s = f;
   }
   if (s.ok() && agree) s = verdict(flags);
+  if (s.ok()) s = copyFailure;
   if (!s.ok()) {
     resetStep();
     return s.withContext("GradSync::finish");
@@ -122,10 +145,12 @@ Status GradSyncState::finish() {
   for (Bucket& b : buckets) {
     if (b.wire.data()) widen(b.wire.data(), b.wireType, b.storage.data(), b.info.dtype, b.info.count);
     if (options.gradientsAsBucketViews) continue;
-    for (std::size_t p : b.info.params) std::memcpy(params[p].grad, slotData(p), paramBytes(p));
+    for (std::size_t p : b.info.params)
+      copy(params[p].grad, slotData(p), paramBytes(p), "cudaMemcpyAsync (an average back into its gradient)");
   }
+  s = copyFailure.withContext("GradSync::finish");
   resetStep();
-  return Status::Ok();
+  return s;
 }
 
 Status GradSyncState::waitAll() {
@@ -182,6 +207,7 @@ void GradSyncState::resetStep() {
   std::fill(nonFinite.begin(), nonFinite.end(), 0);
   nextLaunch = 0;
   stepActive = false;
+  copyFailure = Status::Ok();
 }
 
 }  // namespace braid::ddp::detail

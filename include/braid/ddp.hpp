@@ -28,6 +28,9 @@
 //  - Blocking. create() blocks until every rank has registered (bounded by BRAID_TIMEOUT). markReady()
 //    never waits: it copies and may start an all-reduce. finish() blocks until every bucket is
 //    reduced. The destructor waits for all-reduces still in flight.
+//  - Device parameters (MemoryType::kDevice, CUDA builds): the same, with every copy and all-reduce
+//    queued on GradSyncOptions::stream; the averages are in the gradients for work queued on that
+//    stream after finish() (the host sees them after synchronizing it).
 //  - Collective order. Every rank must make the same sequence of create/finish calls, with noSync
 //    steps in the same places. Bucket all-reduces are queued on the communicator in bucket order,
 //    so other collectives issued on the same communicator between the first markReady of a step and
@@ -49,8 +52,9 @@
 
 namespace braid::ddp {
 
-// Where a buffer lives. The gradient layer takes host memory only so far (kDevice is an invalid
-// argument); the collectives themselves take device buffers and a stream.
+// Where a buffer lives. All parameters of one GradSync live in the same kind of memory. Device
+// parameters (CUDA builds) get bucket memory on their GPU, and every copy and all-reduce of the
+// layer is queued on GradSyncOptions::stream.
 enum class MemoryType : int { kHost = 0, kDevice = 1 };
 
 // What buckets travel as. Compression applies to float32 and float64 buckets; other types travel
@@ -86,6 +90,12 @@ struct GradSyncOptions {
   WireFormat wireFormat = WireFormat::kNative;
   // Check every gradient for NaN and Inf before it is sent; finish() names the parameter and rank.
   bool checkFinite = false;
+  // Device parameters only: the cudaStream_t that produces the gradients (nullptr: the legacy default
+  // stream). markReady(i) copies gradient i after the work queued on it so far; finish() queues
+  // the averages' copies back on it, so work queued after finish() sees them. Each rank passes its
+  // own (not compared between ranks). Device parameters take neither wireFormat (other than
+  // kNative) nor checkFinite yet: both run on the host.
+  void* stream = nullptr;
 };
 
 // One bucket: the parameters it holds (indices, in the order they become ready) and its size.

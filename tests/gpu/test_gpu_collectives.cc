@@ -12,12 +12,14 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "braid/braid.h"
 #include "braid/braid.hpp"
+#include "braid/ddp.hpp"
 #include "comm/c_handle.h"
 #include "tests/common/harness.h"
 #include "tests/gpu/gpu_util.h"
@@ -525,6 +527,116 @@ TEST(GpuErrors, AsynchronousFailureIsReportedLater) {
     return 0;
   }, {{"BRAID_TIMEOUT", "1"}}, 60);
   for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+}
+
+// The gradient layer (braid::ddp) on device parameters, 3 ranks, 3 buckets (1 MiB + 4 bytes,
+// 16 KiB + 12 and 20 bytes), float32 gradients with integer values (exact averages):
+//  - create() gives every rank rank 0's parameter values;
+//  - a step's averages arrive in the gradients in stream order: each gradient is written by a
+//    delayed kernel just before its markReady (a copy that did not wait for it would send poison),
+//    and read by a kernel queued after finish();
+//  - a parameter one rank did not mark is an error on every rank, and the next step works;
+//  - with views, the gradients are written and read in the buckets themselves;
+//  - options the device path does not take (checkFinite) are an error on every rank.
+TEST(GpuDdp, DeviceGradientsAreAveragedInStreamOrder) {
+  auto outcome = runRanks(3, [](int rank, braidComm_t comm) {
+    braid::Communicator c(comm->impl);
+    const std::vector<std::size_t> counts = {5, 4099, (1u << 18) + 1};
+    const std::size_t k = counts.size();
+    Dev d;
+    if (!d.ensure(counts[2] * 4)) return report(rank, d.error), 10;
+    std::vector<void*> data(k), grad(k), src(k);
+    for (std::size_t i = 0; i < k; ++i)
+      for (void** p : {&data[i], &grad[i], &src[i]})
+        if (cudaMalloc(p, counts[i] * 4) != cudaSuccess) return 11;
+    std::vector<float> h;
+    // Element j of parameter i on rank r: (j % 7 + i + 1) * 3 * (r + 1) * scale; the average over the
+    // 3 ranks is then (j % 7 + i + 1) * 6 * scale.
+    const auto value = [](std::size_t i, std::size_t j, int r, float scale) {
+      return static_cast<float>((j % 7 + i + 1) * 3 * static_cast<std::size_t>(r + 1)) * scale;
+    };
+    const auto upload = [&](void* dst, std::size_t i, int r, float scale) {
+      h.resize(counts[i]);
+      for (std::size_t j = 0; j < counts[i]; ++j) h[j] = value(i, j, r, scale);
+      return cudaMemcpy(dst, h.data(), counts[i] * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+    };
+    // Parameter i's gradient written on the stream by a kernel that sleeps first, over poison.
+    const auto writeLate = [&](void* dst, std::size_t i, float scale) {
+      if (!upload(src[i], i, rank, scale) || cudaMemsetAsync(dst, 0xEE, counts[i] * 4, d.stream) != cudaSuccess) return false;
+      launchDelayedCopy(dst, src[i], counts[i] * 4, kDelayUs, d.stream);
+      return cudaGetLastError() == cudaSuccess;
+    };
+    // Whether `p` holds f(j) for every element j of parameter i, read by a kernel on the stream.
+    const auto holds = [&](const void* p, std::size_t i, const std::function<float(std::size_t)>& f, const char* what) {
+      const auto* got = reinterpret_cast<const float*>(d.take(static_cast<const std::byte*>(p), counts[i] * 4));
+      if (!got) return report(rank, d.error), false;
+      for (std::size_t j = 0; j < counts[i]; ++j)
+        if (got[j] != f(j))
+          return report(rank, std::string(what) + ": parameter " + std::to_string(i) + " element " + std::to_string(j) +
+                                  " is " + std::to_string(got[j]) + ", expected " + std::to_string(f(j))), false;
+      return true;
+    };
+    std::vector<ddp::Parameter> params(k);
+    for (std::size_t i = 0; i < k; ++i) {
+      if (!upload(data[i], i, rank, 1.0f)) return 12;
+      params[i] = {std::string(1, 'p').append(std::to_string(i)), data[i], grad[i], counts[i], DataType::kFloat32,
+                   ddp::MemoryType::kDevice};  // (not "p" + ...: GCC 12's -Wrestrict misfires on it at -O3)
+    }
+    ddp::GradSyncOptions o;
+    o.firstBucketCapBytes = 1 << 10;
+    o.bucketCapBytes = 1 << 14;
+    o.stream = d.stream;
+    auto sync = ddp::GradSync::create(c, params, o);
+    if (!sync.ok()) return report(rank, sync.status().toString()), 13;
+    if (sync->buckets().size() != 3) return report(rank, "expected 3 buckets"), 14;
+    for (std::size_t i = 0; i < k; ++i)
+      if (!holds(data[i], i, [&](std::size_t j) { return value(i, j, 0, 1.0f); }, "after create")) return 15;
+    // Two steps; in the first, rank 2 does not mark parameter 1.
+    for (int step = 0; step < 2; ++step) {
+      const std::uint64_t ipcBefore = comm->impl->cudaIpcCalls();
+      for (std::size_t i = k; i-- > 0;) {
+        if (!writeLate(grad[i], i, static_cast<float>(step + 1))) return 16;
+        if (step == 0 && rank == 2 && i == 1) continue;
+        if (Status m = sync->markReady(i); !m.ok()) return report(rank, m.toString()), 17;
+      }
+      Status f = sync->finish();
+      if (step == 0) {
+        if (f.code() != Code::kInvalidUsage || f.message().find("'p1'") == std::string::npos ||
+            f.message().find("rank 2") == std::string::npos)
+          return report(rank, "expected the unmarked parameter on every rank, got: " + f.toString()), 18;
+        continue;
+      }
+      if (!f.ok()) return report(rank, f.toString()), 19;
+      for (std::size_t i = 0; i < k; ++i)
+        if (!holds(grad[i], i, [&](std::size_t j) { return value(i, j, 0, 2.0f) * 2; }, "a step's average")) return 20;
+      if (comm->impl->cudaIpcCalls() < ipcBefore + 3) return report(rank, "the buckets did not go through CUDA IPC"), 21;
+    }
+    // Views: the gradients live in the buckets.
+    for (auto& p : params) p.grad = nullptr;
+    o.gradientsAsBucketViews = true;
+    auto views = ddp::GradSync::create(c, params, o);
+    if (!views.ok()) return report(rank, views.status().toString()), 22;
+    for (std::size_t i = k; i-- > 0;) {
+      if (!writeLate(views->gradient(i), i, 3.0f)) return 23;
+      if (Status m = views->markReady(i); !m.ok()) return report(rank, m.toString()), 24;
+    }
+    if (Status f = views->finish(); !f.ok()) return report(rank, f.toString()), 25;
+    for (std::size_t i = 0; i < k; ++i)
+      if (!holds(views->gradient(i), i, [&](std::size_t j) { return value(i, j, 0, 3.0f) * 2; }, "with views")) return 26;
+    // What the device path does not take.
+    o.checkFinite = true;
+    auto refused = ddp::GradSync::create(c, params, o);
+    if (refused.ok() || refused.status().code() != Code::kInvalidArgument ||
+        refused.status().message().find("checkFinite") == std::string::npos)
+      return report(rank, "checkFinite with device parameters: " + refused.status().toString()), 27;
+    for (std::size_t i = 0; i < k; ++i)
+      for (void* p : {data[i], grad[i], src[i]}) cudaFree(p);
+    return 0;
+  }, {{"BRAID_TIMEOUT", "60"}}, 300);
+  for (std::size_t r = 0; r < outcome.size(); ++r) {
+    EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;
+    EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  }
 }
 
 // A buffer that one rank cannot map after the ranks agreed on CUDA IPC (on the emulation, whose

@@ -2,7 +2,8 @@
 //
 // One fold kernel template per (type, op) pair: 10 types x 4 ops (kAvg is kSum, its division fused),
 // plus one byte-wise fold and one divide kernel per type, 60 kernels in all, which keeps nvcc's time
-// for this file modest. reduce() is the fold of two sources into one destination.
+// for this file modest. reduce() is the fold of two sources into one destination. The DDP layer's
+// conversions between the 4 floating types and its finite check add 20 small element-wise kernels.
 //
 // Layout of one launch over n elements whose pointers all share their offset modulo 16:
 //   [0, head)                        element-wise, until the 16-byte boundary
@@ -185,6 +186,30 @@ __global__ void __launch_bounds__(kThreads) divideKernel(unsigned char* x, std::
   }
 }
 
+// The DDP layer's conversions and finite check: element-wise, grid-stride (neither is a hot path).
+template <class From, class To>
+__global__ void __launch_bounds__(kThreads) convertKernel(typename To::Storage* dst, const typename From::Storage* src,
+                                                          std::size_t n, int divisor) {
+  using V = typename From::Value;
+  const std::size_t tid = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = tid; i < n; i += stride) {
+    V v = From::load(src[i]);
+    if (divisor > 1) v = static_cast<V>(v / static_cast<V>(divisor));
+    dst[i] = To::store(static_cast<typename To::Value>(v));
+  }
+}
+
+template <class C>
+__global__ void __launch_bounds__(kThreads) nonFiniteKernel(const typename C::Storage* x, std::size_t n,
+                                                            std::int32_t* flag, std::int32_t value) {
+  const std::size_t tid = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  int bad = 0;
+  for (std::size_t i = tid; i < n; i += stride) bad |= !isfinite(C::load(x[i]));
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = value;  // (every writer stores the same value)
+}
+
 int multiprocessors() {
   static int cached[64] = {};  // by device; 0 = not asked yet (a benign race: every writer stores the same value)
   int dev = 0;
@@ -313,7 +338,48 @@ Status withCodec(DataType t, F&& f) {
   return Status::InvalidArgument("unknown data type " + std::to_string(static_cast<int>(t)));
 }
 
+// Calls f.template operator()<Codec>() for the codec of a floating type t.
+template <class F>
+Status withFloatCodec(DataType t, F&& f) {
+  switch (t) {
+    case DataType::kFloat16: return f.template operator()<Half>();
+    case DataType::kFloat32: return f.template operator()<Plain<float>>();
+    case DataType::kFloat64: return f.template operator()<Plain<double>>();
+    case DataType::kBfloat16: return f.template operator()<Bf16>();
+    default: return Status::InvalidArgument(std::string(dataTypeName(t)) + " is not a floating type");
+  }
+}
+
+bool alignedFor(const void* p, DataType t) { return reinterpret_cast<std::uintptr_t>(p) % dataTypeSize(t) == 0; }
+bool floating(DataType t) {
+  return t == DataType::kFloat16 || t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kBfloat16;
+}
+
 }  // namespace
+
+Status convert(void* dst, DataType to, const void* src, DataType from, std::size_t count, int divisor, void* stream) {
+  if (!isValid(to) || !isValid(from)) return Status::InvalidArgument("convert: unknown data type");
+  if (!alignedFor(dst, to) || !alignedFor(src, from)) return Status::InvalidArgument("convert: a pointer not aligned to its element size");
+  if (count == 0) return Status::Ok();
+  auto s = static_cast<cudaStream_t>(stream);
+  return withFloatCodec(from, [&]<class F>() {
+    return withFloatCodec(to, [&]<class T>() {
+      return launch("convert", from, ReduceOp::kSum, gridFor(count), s, convertKernel<F, T>,
+                    static_cast<typename T::Storage*>(dst), static_cast<const typename F::Storage*>(src), count, divisor);
+    });
+  });
+}
+
+Status flagNonFinite(const void* x, std::size_t count, DataType t, std::int32_t* flag, std::int32_t value, void* stream) {
+  if (!isValid(t)) return Status::InvalidArgument("flagNonFinite: unknown data type");
+  if (!floating(t) || count == 0) return Status::Ok();  // integers are always finite
+  if (!alignedFor(x, t)) return Status::InvalidArgument("flagNonFinite: a pointer not aligned to its element size");
+  auto s = static_cast<cudaStream_t>(stream);
+  return withFloatCodec(t, [&]<class C>() {
+    return launch("finite check", t, ReduceOp::kSum, gridFor(count), s, nonFiniteKernel<C>,
+                  static_cast<const typename C::Storage*>(x), count, flag, value);
+  });
+}
 
 Status reduce(void* dst, const void* a, const void* b, std::size_t count, DataType t, ReduceOp op, void* stream) {
   // Two sources, one destination: the fold reads both before it writes, so dst may be a or b.

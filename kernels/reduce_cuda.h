@@ -2,6 +2,7 @@
 // Compiled only when the build has CUDA (BRAID_HAVE_CUDA); this header needs no CUDA headers.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 #include "braid/status.hpp"
 #include "braid/types.hpp"
@@ -33,5 +34,15 @@ Status reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc
 
 // x[i] = x[i] / divisor, the final pass of kAvg, as kernels::divide.
 Status divide(void* x, std::size_t count, DataType t, int divisor, void* stream);
+
+// The DDP layer's wire formats on device buckets. Floating types only (float16, bfloat16, float32,
+// float64), pointers aligned to their element size, dst and src not overlapping.
+// dst[i] = (to) (src[i] / divisor): the division (when divisor > 1) in the source's arithmetic (float
+// for fp16/bf16), then a cast to float for a 16-bit destination and its conversion, rounded to
+// nearest even (kernels/half.h), as the host path narrows; widening back is exact.
+Status convert(void* dst, DataType to, const void* src, DataType from, std::size_t count, int divisor, void* stream);
+// *flag = value if any of the count elements of x is NaN or +-Inf (floating types; other types never
+// are); *flag is left alone otherwise.
+Status flagNonFinite(const void* x, std::size_t count, DataType t, std::int32_t* flag, std::int32_t value, void* stream);
 
 }  // namespace braid::kernels::gpu

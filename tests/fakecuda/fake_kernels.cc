@@ -4,11 +4,14 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <thread>
 #include <vector>
 
+#include "kernels/half.h"
 #include "kernels/reduce.h"
 #include "kernels/reduce_cuda.h"
 #include "tests/gpu/gpu_util.h"
@@ -70,6 +73,53 @@ Status divide(void* x, std::size_t count, DataType t, int divisor, void* stream)
   if (!isValid(t) || divisor < 1) return Status::InvalidArgument("bad type or divisor");
   if (count == 0) return Status::Ok();
   return launch(stream, [=] { kernels::divide(x, count, t, divisor); });
+}
+
+namespace {
+// One element of a floating type as the GPU's codecs read and write it (kernels/half.h, the same functions).
+double loadFloat(const std::byte* p, DataType t) {
+  std::uint16_t h;
+  switch (t) {
+    case DataType::kFloat16: std::memcpy(&h, p, 2); return kernels::halfToFloat(h);
+    case DataType::kBfloat16: std::memcpy(&h, p, 2); return kernels::bf16ToFloat(h);
+    case DataType::kFloat32: { float f; std::memcpy(&f, p, 4); return f; }
+    default: { double d; std::memcpy(&d, p, 8); return d; }
+  }
+}
+bool floating(DataType t) {
+  return t == DataType::kFloat16 || t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kBfloat16;
+}
+}  // namespace
+
+Status convert(void* dst, DataType to, const void* src, DataType from, std::size_t count, int divisor, void* stream) {
+  if (!floating(to) || !floating(from)) return Status::InvalidArgument("convert: not a floating type");
+  if (count == 0) return Status::Ok();
+  return launch(stream, [=] {
+    const auto* in = static_cast<const std::byte*>(src);
+    auto* out = static_cast<std::byte*>(dst);
+    for (std::size_t i = 0; i < count; ++i) {
+      // The source's arithmetic: float for 16-bit types and float32, double for float64.
+      double v = loadFloat(in + i * dataTypeSize(from), from);
+      if (divisor > 1) v = from == DataType::kFloat64 ? v / divisor : static_cast<float>(v) / static_cast<float>(divisor);
+      std::byte* o = out + i * dataTypeSize(to);
+      const float f = static_cast<float>(v);
+      std::uint16_t h = 0;
+      switch (to) {
+        case DataType::kFloat16: h = kernels::floatToHalf(f); std::memcpy(o, &h, 2); break;
+        case DataType::kBfloat16: h = kernels::floatToBf16(f); std::memcpy(o, &h, 2); break;
+        case DataType::kFloat32: std::memcpy(o, &f, 4); break;
+        default: std::memcpy(o, &v, 8); break;
+      }
+    }
+  });
+}
+
+Status flagNonFinite(const void* x, std::size_t count, DataType t, std::int32_t* flag, std::int32_t value, void* stream) {
+  if (!floating(t) || count == 0) return Status::Ok();
+  return launch(stream, [=] {
+    for (std::size_t i = 0; i < count; ++i)
+      if (!std::isfinite(loadFloat(static_cast<const std::byte*>(x) + i * dataTypeSize(t), t))) *flag = value;
+  });
 }
 
 }  // namespace kernels::gpu

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "comm/ddp/numeric.h"
 #include "kernels/half.h"
 #include "kernels/reduce.h"
 #include "kernels/reduce_cuda.h"
@@ -134,6 +135,68 @@ TEST(GpuKernels, DivideMatchesCpuEngine) {
       ASSERT_TRUE(s.ok()) << s.toString();
       ASSERT_EQ(cudaMemcpy(got.data(), d.p, h.size(), cudaMemcpyDeviceToHost), cudaSuccess);
       EXPECT_EQ(countDifferent(got.data() + shift, want.data() + shift, n, t), 0u) << dataTypeName(t) << " shift " << shift;
+    }
+  }
+}
+
+// convert (the DDP layer's wire formats on device buckets) against the layer's host conversions
+// (comm/ddp/numeric.h): float32 and float64 to fp16 and bf16, divided by 1 and by 3, and back,
+// on random bit patterns (NaN, infinities, subnormals, values past fp16's range), bit for bit except
+// for NaN payloads.
+TEST(GpuKernels, ConvertMatchesTheDdpLayersHostConversions) {
+  std::mt19937_64 rng(11);
+  const std::size_t n = 4099;
+  for (DataType wide : {DataType::kFloat32, DataType::kFloat64})
+    for (DataType narrow : {DataType::kFloat16, DataType::kBfloat16}) {
+      const std::size_t we = dataTypeSize(wide), ne = dataTypeSize(narrow);
+      std::vector<std::byte> src(n * we), want(n * ne), got(n * ne);
+      for (auto& b : src) b = static_cast<std::byte>(rng());
+      DeviceBuffer ds(src.size()), dn(want.size()), dw(src.size());
+      ASSERT_EQ(cudaMemcpy(ds.p, src.data(), src.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      for (int divisor : {1, 3}) {
+        ddp::detail::narrow(src.data(), wide, want.data(), narrow, n, divisor);
+        Status s = kernels::gpu::convert(dn.p, narrow, ds.p, wide, n, divisor, nullptr);
+        ASSERT_TRUE(s.ok()) << s.toString();
+        ASSERT_EQ(cudaMemcpy(got.data(), dn.p, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_EQ(countDifferent(got.data(), want.data(), n, narrow), 0u)
+            << dataTypeName(wide) << " -> " << dataTypeName(narrow) << " / " << divisor;
+      }
+      // And back: exact.
+      std::vector<std::byte> wantWide(src.size()), gotWide(src.size());
+      ddp::detail::widen(want.data(), narrow, wantWide.data(), wide, n);
+      Status s = kernels::gpu::convert(dw.p, wide, dn.p, narrow, n, 1, nullptr);
+      ASSERT_TRUE(s.ok()) << s.toString();
+      ASSERT_EQ(cudaMemcpy(gotWide.data(), dw.p, gotWide.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(countDifferent(gotWide.data(), wantWide.data(), n, wide), 0u) << dataTypeName(narrow) << " -> " << dataTypeName(wide);
+    }
+  DeviceBuffer x(64);
+  EXPECT_EQ(kernels::gpu::convert(x.p, DataType::kInt32, x.p, DataType::kFloat32, 4, 1, nullptr).code(), Code::kInvalidArgument);
+  EXPECT_EQ(kernels::gpu::convert(x.at(1), DataType::kFloat16, x.at(8), DataType::kFloat32, 4, 1, nullptr).code(),
+            Code::kInvalidArgument);
+}
+
+// flagNonFinite: finite values leave the flag alone; one NaN or infinity anywhere (first, middle,
+// last element) sets it, for each floating type; integer types never do.
+TEST(GpuKernels, FlagNonFiniteFindsOneBadElementAnywhere) {
+  const std::size_t n = (1u << 16) + 5;
+  DeviceBuffer flag(sizeof(std::int32_t));
+  for (DataType t : {DataType::kFloat16, DataType::kBfloat16, DataType::kFloat32, DataType::kFloat64, DataType::kInt32}) {
+    const std::size_t es = dataTypeSize(t);
+    std::vector<std::byte> h(n * es);
+    for (std::size_t i = 0; i < n; ++i) kernels::storeFromDouble(h.data(), i, t, static_cast<double>(i % 100) - 50);
+    DeviceBuffer d(h.size());
+    const bool floating = t != DataType::kInt32;
+    for (std::size_t bad : {n, std::size_t{0}, n / 2, n - 1}) {  // n: none (and for int32: never)
+      std::vector<std::byte> in = h;
+      if (bad < n && floating) kernels::storeFromDouble(in.data(), bad, t, bad == n / 2 ? std::nan("") : HUGE_VAL);
+      ASSERT_EQ(cudaMemcpy(d.p, in.data(), in.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      const std::int32_t start = -1;
+      ASSERT_EQ(cudaMemcpy(flag.p, &start, 4, cudaMemcpyHostToDevice), cudaSuccess);
+      Status s = kernels::gpu::flagNonFinite(d.p, n, t, static_cast<std::int32_t*>(flag.p), 7, nullptr);
+      ASSERT_TRUE(s.ok()) << s.toString();
+      std::int32_t got = 0;
+      ASSERT_EQ(cudaMemcpy(&got, flag.p, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(got, bad < n && floating ? 7 : -1) << dataTypeName(t) << ", bad element " << bad;
     }
   }
 }

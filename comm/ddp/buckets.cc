@@ -23,7 +23,7 @@ void BucketMemoryFree::operator()(std::byte* p) const {
   }
 }
 
-Result<BucketMemory> BucketMemory::allocate(std::size_t bytes, const void* near) {
+Result<BucketMemory> BucketMemory::allocate(std::size_t bytes, const void* near, void* stream) {
   BucketMemory b;
   if (bytes == 0) return b;
   const auto own = [&](void* p, BucketMemoryKind kind) {
@@ -31,7 +31,7 @@ Result<BucketMemory> BucketMemory::allocate(std::size_t bytes, const void* near)
     b.bytes_ = bytes;
   };
   if (near) {
-    auto d = device::allocate(bytes, near);
+    auto d = device::allocate(bytes, near, stream);
     if (!d.ok()) return d.status();
     own(*d, BucketMemoryKind::kDevice);
     return b;
@@ -80,12 +80,12 @@ Status layoutBuckets(const std::vector<Parameter>& params, const GradSyncOptions
   }
   const void* near = !params.empty() && params[0].memory == MemoryType::kDevice ? params[0].data : nullptr;
   for (Bucket& b : buckets) {
-    auto storage = BucketMemory::allocate(b.info.count * dataTypeSize(b.info.dtype), near);
+    auto storage = BucketMemory::allocate(b.info.count * dataTypeSize(b.info.dtype), near, options.stream);
     if (!storage.ok()) return storage.status();
     b.storage = std::move(storage).value();
     b.wireType = wireType(b.info.dtype, options.wireFormat);
     if (b.wireType != b.info.dtype) {
-      auto wire = BucketMemory::allocate(b.info.count * dataTypeSize(b.wireType));
+      auto wire = BucketMemory::allocate(b.info.count * dataTypeSize(b.wireType), near, options.stream);
       if (!wire.ok()) return wire.status();
       b.wire = std::move(wire).value();
     }

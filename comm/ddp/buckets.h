@@ -22,11 +22,12 @@ struct BucketMemoryFree {
 // Host: resident memory from braid::memAlloc (braidMemAlloc: memory the other ranks of the host can
 // map, which makes the all-reduce of a large bucket zero-copy) and, if that fails, from ordinary
 // memory, which every collective accepts too (through the staged path). Device (`near` not null):
-// cudaMalloc memory on the GPU of `near`, which the collectives reach through CUDA IPC.
+// cudaMalloc memory on the GPU of `near`, zeroed on `stream`, which the collectives reach through
+// CUDA IPC.
 class BucketMemory {
  public:
   BucketMemory() = default;
-  static Result<BucketMemory> allocate(std::size_t bytes, const void* near = nullptr);
+  static Result<BucketMemory> allocate(std::size_t bytes, const void* near = nullptr, void* stream = nullptr);
   std::byte* data() const { return data_.get(); }
   std::size_t bytes() const { return bytes_; }
   BucketMemoryKind kind() const { return data_.get_deleter().kind; }
@@ -40,7 +41,7 @@ struct Bucket {
   BucketInfo info;                   // parameters in the order they become ready, element count, dtype
   std::vector<std::size_t> offsets;  // element offset of each of info.params inside the bucket
   BucketMemory storage;              // the gradients, in info.dtype (on the parameters' GPU for device ones)
-  BucketMemory wire;                 // the narrowed copy when compression applies (host only), else empty
+  BucketMemory wire;                 // the narrowed copy when compression applies, else empty
   DataType wireType = DataType::kFloat32;
   std::size_t pending = 0;           // parameters of this step not yet ready
   bool launched = false;

@@ -28,6 +28,17 @@ Status GradSyncState::prepare() {
   marked.assign(params.size(), 0);
   usedInWindow.assign(params.size(), 0);
   nonFinite.assign(params.size(), 0);
+  if (onDevice && agrees()) {
+    auto flags = BucketMemory::allocate(numFlags() * sizeof(std::int32_t), params[0].data, options.stream);
+    if (!flags.ok()) return flags.status();
+    deviceFlags = std::move(flags).value();
+    nobody.assign(params.size(), kNobody);
+    copy(deviceFlag(params.size() + 1), nobody.data(), params.size() * sizeof(std::int32_t),
+         "cudaMemcpyAsync (resetting the finite checks' flags)");
+    Status s = copyFailure;
+    copyFailure = Status::Ok();
+    return s;
+  }
   return Status::Ok();
 }
 
@@ -56,6 +67,15 @@ Status GradSyncState::broadcastParameters() {
   }
   first = copyFailure;
   copyFailure = Status::Ok();
+  if (onDevice) {
+    // A copy that could not be queued (rank 0's: every rank got garbage) fails create on every rank.
+    std::int32_t failed = first.ok() ? kNobody : static_cast<std::int32_t>(comm.rank());
+    Status s = comm.allReduce(&failed, &failed, 1, DataType::kInt32, ReduceOp::kMin).wait();
+    if (!s.ok()) return s.withContext("GradSync::create: agreeing on the parameter copies");
+    if (first.ok() && failed != kNobody)
+      return Status::RemoteError("GradSync::create: rank " + std::to_string(failed) +
+                                 " could not queue its parameter copies on its stream (its own error says why)");
+  }
   return first.withContext("GradSync::create");
 }
 

@@ -40,6 +40,15 @@ struct GradSyncState {
   // options.stream; a copy that could not be queued is kept here and ends the step with that error.
   bool onDevice = false;
   Status copyFailure;
+  // The flags finish() all-reduces (MIN) so that every rank reaches the same verdict, each the
+  // lowest rank with that problem or kNobody: [0, n) parameter p not marked ready, [n] copies that
+  // could not be queued, [n + 1, 2n + 1) parameter p with NaN or Inf.
+  // Device parameters: the all-reduce runs on device memory. Its first n + 1 come from `known`
+  // (host memory the stream copies from), the rest are written by the finite checks on the stream
+  // and reset from `nobody` after each step. (Declared in this order so that the host vectors
+  // outlive the device memory, whose cudaFree waits for the device's queued copies.)
+  std::vector<std::int32_t> nobody, known;
+  BucketMemory deviceFlags;
 
   std::byte* slotData(std::size_t param) const;
   std::size_t paramBytes(std::size_t param) const;
@@ -48,9 +57,18 @@ struct GradSyncState {
   void zero(void* dst, std::size_t bytes, const char* what);
   // What the collectives are ordered with: the stream for device parameters, none for host ones.
   void* stream() const { return onDevice ? options.stream : nullptr; }
+  // Whether finish() all-reduces the flags: unused parameters or NaN to report, or device copies,
+  // which can fail.
+  bool agrees() const {
+    return !params.empty() && (onDevice || !options.allowUnusedParameters || options.checkFinite);
+  }
+  std::size_t numFlags() const { return 2 * params.size() + 1; }
+  std::int32_t* deviceFlag(std::size_t i) const { return reinterpret_cast<std::int32_t*>(deviceFlags.data()) + i; }
 
   // Lays out and allocates buckets and sizes the per-step vectors (no communication).
   Status prepare();
+  // The rank of a problem in the flags, or nobody.
+  static constexpr std::int32_t kNobody = 0x7fffffff;
   // Collective: rank 0's parameter values to every rank, through the bucket memory.
   Status broadcastParameters();
 
@@ -60,6 +78,9 @@ struct GradSyncState {
  private:
   void launchReady();
   void launch(Bucket& b);
+  // Narrows bucket b into its wire memory, or widens it back (host loops, or kernels on the stream).
+  void narrowBucket(Bucket& b);
+  void widenBucket(Bucket& b);
   void fillUnmarked(std::size_t param);
   Status verdict(const std::vector<std::int32_t>& flags) const;
   Status waitAll();

@@ -1,6 +1,6 @@
 // Element loops the gradient layer needs on host buffers: the finite check, and narrowing buckets to
-// fp16 / bf16 for the wire and widening them back. The DDP layer is a client of braid.hpp only, so
-// it keeps its own conversions instead of reaching into kernels/.
+// fp16 / bf16 for the wire and widening them back, with the engine's conversions (kernels/half.h),
+// which the GPU kernels for device buckets use too, so that both paths round alike.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -9,11 +9,6 @@
 #include "braid/types.hpp"
 
 namespace braid::ddp::detail {
-
-std::uint16_t floatToHalf(float f);
-float halfToFloat(std::uint16_t h);
-std::uint16_t floatToBfloat16(float f);
-float bfloat16ToFloat(std::uint16_t b);
 
 // False if any element is NaN or +-Inf. Integer types are always finite.
 bool allFinite(const void* data, std::size_t count, DataType t);

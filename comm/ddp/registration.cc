@@ -58,12 +58,17 @@ Status validateLocally(const std::vector<Parameter>& params, const GradSyncOptio
     if (p.memory == MemoryType::kDevice) {
       if (!device::available())
         return Status::InvalidArgument(who + " is in device memory, and this build of Braid has no CUDA (-Dcuda=enabled)");
-      if (o.wireFormat != WireFormat::kNative)
-        return Status::InvalidArgument("GradSync: GradSyncOptions::wireFormat narrows on the host; with device "
-                                       "parameters only WireFormat::kNative is built so far");
-      if (o.checkFinite)
-        return Status::InvalidArgument("GradSync: GradSyncOptions::checkFinite scans on the host; with device "
-                                       "parameters it is not built so far");
+      // Device memory, on the GPU of the first parameter's values (where the buckets will be).
+      for (const auto& [what, ptr] : {std::pair<const char*, const void*>{"data", p.data}, {"grad", p.grad}}) {
+        if (!ptr) continue;  // (null pointers are reported below)
+        auto at = device::locate(ptr);
+        if (!at.ok())
+          return Status::InvalidArgument(who + ": " + what + " is registered as device memory but is " + at.status().message());
+        auto first = params[0].data ? device::locate(params[0].data) : at;
+        if (first.ok() && *at != *first)
+          return Status::InvalidArgument(who + ": " + what + " is on GPU " + std::to_string(*at) + " but parameter #0's data on GPU " +
+                                         std::to_string(*first) + "; one GradSync keeps its parameters on one GPU");
+      }
     }
     if (!isValid(p.dtype)) return Status::InvalidArgument(who + " has an unknown dtype");
     if (p.count == 0) return Status::InvalidArgument(who + " has no elements");

@@ -6,7 +6,6 @@
 // are the same on every rank.
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <string>
 
 #include "comm/ddp/device.h"
@@ -14,10 +13,6 @@
 #include "comm/ddp/numeric.h"
 
 namespace braid::ddp::detail {
-
-namespace {
-constexpr std::int32_t kNobody = std::numeric_limits<std::int32_t>::max();
-}
 
 std::byte* GradSyncState::slotData(std::size_t param) const {
   const Slot& s = slots[param];
@@ -79,19 +74,43 @@ void GradSyncState::launchReady() {
 void GradSyncState::launch(Bucket& b) {
   if (options.checkFinite) {
     for (std::size_t p : b.info.params) {
-      if (!allFinite(slotData(p), params[p].count, params[p].dtype)) nonFinite[p] = 1;
+      if (!onDevice) {
+        if (!allFinite(slotData(p), params[p].count, params[p].dtype)) nonFinite[p] = 1;
+        continue;
+      }
+      Status s = device::flagNonFinite(slotData(p), params[p].count, params[p].dtype, deviceFlag(params.size() + 1 + p),
+                                       static_cast<std::int32_t>(comm.rank()), options.stream);
+      if (copyFailure.ok()) copyFailure = s;
     }
   }
   if (b.wire.data()) {
-    // Divide before narrowing: a sum of averages fits where a sum of values may overflow fp16.
-    narrow(b.storage.data(), b.info.dtype, b.wire.data(), b.wireType, b.info.count,
-           options.average ? comm.size() : 1);
-    b.work = comm.allReduce(b.wire.data(), b.wire.data(), b.info.count, b.wireType, ReduceOp::kSum);
+    narrowBucket(b);
+    b.work = comm.allReduce(b.wire.data(), b.wire.data(), b.info.count, b.wireType, ReduceOp::kSum, stream());
   } else {
     b.work = comm.allReduce(b.storage.data(), b.storage.data(), b.info.count, b.info.dtype,
                             options.average ? ReduceOp::kAvg : ReduceOp::kSum, stream());
   }
   b.launched = true;
+}
+
+void GradSyncState::narrowBucket(Bucket& b) {
+  // Divide before narrowing: a sum of averages fits where a sum of values may overflow fp16.
+  const int divisor = options.average ? comm.size() : 1;
+  if (!onDevice) {
+    narrow(b.storage.data(), b.info.dtype, b.wire.data(), b.wireType, b.info.count, divisor);
+    return;
+  }
+  Status s = device::convert(b.wire.data(), b.wireType, b.storage.data(), b.info.dtype, b.info.count, divisor, options.stream);
+  if (copyFailure.ok()) copyFailure = s;
+}
+
+void GradSyncState::widenBucket(Bucket& b) {
+  if (!onDevice) {
+    widen(b.wire.data(), b.wireType, b.storage.data(), b.info.dtype, b.info.count);
+    return;
+  }
+  Status s = device::convert(b.storage.data(), b.info.dtype, b.wire.data(), b.wireType, b.info.count, 1, options.stream);
+  if (copyFailure.ok()) copyFailure = s;
 }
 
 void GradSyncState::fillUnmarked(std::size_t p) {
@@ -117,33 +136,42 @@ Status GradSyncState::finish() {
   launchReady();
 
   const std::size_t n = params.size();
-  const bool agree = n > 0 && (!options.allowUnusedParameters || options.checkFinite);
+  const bool agree = agrees();
   std::vector<std::int32_t> flags;
   Work flagsWork;
   if (agree) {
     // MIN over ranks of "my rank if I have the problem": the lowest rank with it, or kNobody.
     const auto me = static_cast<std::int32_t>(comm.rank());
-    flags.assign(2 * n, kNobody);
+    flags.assign(numFlags(), kNobody);
     for (std::size_t p = 0; p < n; ++p) {
       if (!marked[p]) flags[p] = me;
-      if (nonFinite[p]) flags[n + p] = me;
+      if (nonFinite[p]) flags[n + 1 + p] = me;
     }
-    flagsWork = comm.allReduce(flags.data(), flags.data(), flags.size(), DataType::kInt32, ReduceOp::kMin);
+    if (!copyFailure.ok()) flags[n] = me;
+    if (onDevice) {
+      // What the host knows goes up to the device flags, whose rest the finite checks wrote on the stream.
+      known.assign(flags.begin(), flags.begin() + static_cast<std::ptrdiff_t>(n + 1));
+      copy(deviceFlag(0), known.data(), known.size() * sizeof(std::int32_t), "cudaMemcpyAsync (the step's flags)");
+      flagsWork = comm.allReduce(deviceFlag(0), deviceFlag(0), numFlags(), DataType::kInt32, ReduceOp::kMin, options.stream);
+    } else {
+      flagsWork = comm.allReduce(flags.data(), flags.data(), flags.size(), DataType::kInt32, ReduceOp::kMin);
+    }
   }
   Status s = waitAll();
   if (agree) {
     Status f = flagsWork.wait();
     if (s.ok()) s = f;
+    if (s.ok() && onDevice) s = device::fetch(flags.data(), deviceFlag(0), numFlags() * sizeof(std::int32_t), "cudaMemcpy (the reduced flags)");
   }
+  if (s.ok()) s = copyFailure;  // (before the verdict: this rank's own error says more)
   if (s.ok() && agree) s = verdict(flags);
-  if (s.ok()) s = copyFailure;
   if (!s.ok()) {
     resetStep();
     return s.withContext("GradSync::finish");
   }
 
   for (Bucket& b : buckets) {
-    if (b.wire.data()) widen(b.wire.data(), b.wireType, b.storage.data(), b.info.dtype, b.info.count);
+    if (b.wire.data()) widenBucket(b);
     if (options.gradientsAsBucketViews) continue;
     for (std::size_t p : b.info.params)
       copy(params[p].grad, slotData(p), paramBytes(p), "cudaMemcpyAsync (an average back into its gradient)");
@@ -180,6 +208,11 @@ Status GradSyncState::verdict(const std::vector<std::int32_t>& flags) const {
     msg += "; " + advice;
     return usage ? Status::InvalidUsage(msg) : Status::InvalidArgument(msg);
   };
+  if (flags[n] != kNobody) {  // (another rank's: finish() returns this rank's own before the verdict)
+    return Status::RemoteError("rank " + std::to_string(flags[n]) +
+                               " could not queue its gradient copies on its stream (its own error says why). The step "
+                               "was dropped");
+  }
   if (!options.allowUnusedParameters) {
     Status s = report(0, "was not marked ready before finish()",
                       "every parameter must be marked ready in every synchronized step. If some parameters take "
@@ -189,7 +222,7 @@ Status GradSyncState::verdict(const std::vector<std::int32_t>& flags) const {
     if (!s.ok()) return s;
   }
   if (options.checkFinite) {
-    return report(n, "has a gradient with NaN or Inf",
+    return report(n + 1, "has a gradient with NaN or Inf",
                   "found by GradSyncOptions::checkFinite in that rank's own gradient, before reduction. The step was "
                   "dropped", false);
   }
@@ -208,6 +241,9 @@ void GradSyncState::resetStep() {
   nextLaunch = 0;
   stepActive = false;
   copyFailure = Status::Ok();
+  if (deviceFlags.data())  // (a failure here ends the next step)
+    copy(deviceFlag(params.size() + 1), nobody.data(), params.size() * sizeof(std::int32_t),
+         "cudaMemcpyAsync (resetting the finite checks' flags)");
 }
 
 }  // namespace braid::ddp::detail

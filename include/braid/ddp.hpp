@@ -36,7 +36,7 @@
 //    so other collectives issued on the same communicator between the first markReady of a step and
 //    finish() must be issued at the same point on every rank (or use another communicator).
 //  - Errors that involve other ranks (different registrations, a parameter not marked ready, a
-//    gradient with NaN or Inf) are agreed on by all ranks: every rank returns the error, none hangs,
+//    gradient with NaN or Inf, a device copy that could not be queued) are agreed on by all ranks: every rank returns the error, none hangs,
 //    and the communicator stays usable. The failed step is dropped: gradient buffers are left as
 //    they were before finish() (with views: unspecified), and the next step starts clean.
 #pragma once
@@ -93,8 +93,8 @@ struct GradSyncOptions {
   // Device parameters only: the cudaStream_t that produces the gradients (nullptr: the legacy default
   // stream). markReady(i) copies gradient i after the work queued on it so far; finish() queues
   // the averages' copies back on it, so work queued after finish() sees them. Each rank passes its
-  // own (not compared between ranks). Device parameters take neither wireFormat (other than
-  // kNative) nor checkFinite yet: both run on the host.
+  // own (not compared between ranks). The wire format's conversions and the finite check run there
+  // too, as kernels.
   void* stream = nullptr;
 };
 

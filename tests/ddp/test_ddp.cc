@@ -581,33 +581,25 @@ TEST_P(Compression, AveragesExactlyRepresentableValues) {
 INSTANTIATE_TEST_SUITE_P(Formats, Compression, ::testing::Values(ddp::WireFormat::kFloat16, ddp::WireFormat::kBfloat16),
                          [](const auto& info) { return info.param == ddp::WireFormat::kFloat16 ? "fp16" : "bf16"; });
 
-TEST(WireConversions, HalfAndBfloat16RoundTripAndRoundToNearestEven) {
+// The layer's own part of compression (the conversions themselves are the engine's, tested in the
+// unit suite): division before narrowing, rounding to nearest even, overflow to infinity, exact
+// widening, float64 sources; and the finite check.
+TEST(WireConversions, NarrowDividesFirstRoundsToNearestEvenAndWidensExactly) {
   using namespace ddp::detail;
-  for (std::uint32_t h = 0; h < 0x10000; ++h) {
-    const auto v = static_cast<std::uint16_t>(h);
-    const float f = halfToFloat(v);
-    if (std::isnan(f)) {
-      EXPECT_TRUE((floatToHalf(f) & 0x7c00u) == 0x7c00u && (floatToHalf(f) & 0x3ffu) != 0) << h;
-    } else {
-      EXPECT_EQ(floatToHalf(f), v) << h;
-    }
-    const float b = bfloat16ToFloat(v);
-    if (!std::isnan(b)) {
-      EXPECT_EQ(floatToBfloat16(b), v) << h;
-    }
-  }
-  EXPECT_EQ(floatToHalf(1.0f), 0x3c00u);
-  EXPECT_EQ(floatToHalf(65504.0f), 0x7bffu);
-  EXPECT_EQ(floatToHalf(65519.0f), 0x7bffu);
-  EXPECT_EQ(floatToHalf(65520.0f), 0x7c00u);
-  EXPECT_EQ(floatToHalf(0x1p-24f), 0x0001u);
-  EXPECT_EQ(floatToHalf(0x1p-25f), 0x0000u);        // tie: to even (zero)
-  EXPECT_EQ(floatToHalf(0x1.8p-24f), 0x0002u);      // tie: to even (2)
-  EXPECT_EQ(floatToHalf(1.0f + 0x1p-11f), 0x3c00u);  // tie below: to even
-  EXPECT_EQ(floatToHalf(1.0f + 0x3p-11f), 0x3c02u);  // tie above: to even
-  EXPECT_EQ(floatToHalf(-2.0f), 0xc000u);
-  EXPECT_EQ(floatToBfloat16(1.0f + 0x1p-8f), 0x3f80u);
-  EXPECT_EQ(floatToBfloat16(1.0f + 0x3p-8f), 0x3f82u);
+  const std::vector<float> in = {1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 65520.0f, 6.0f, -2.0f};
+  std::vector<std::uint16_t> half(in.size()), bf(in.size());
+  narrow(in.data(), DataType::kFloat32, half.data(), DataType::kFloat16, in.size(), 1);
+  EXPECT_EQ(half, (std::vector<std::uint16_t>{0x3c00u, 0x3c02u, 0x7c00u, 0x4600u, 0xc000u}));
+  narrow(in.data(), DataType::kFloat32, half.data(), DataType::kFloat16, in.size(), 3);
+  EXPECT_EQ(half[3], 0x4000u);  // 6 / 3 = 2
+  EXPECT_EQ(half[2], 0x7555u);  // 65520 / 3 = 21840, in range once divided
+  const std::vector<double> in64 = {1.0 + 0x1p-8, 1.0 + 0x3p-8};
+  narrow(in64.data(), DataType::kFloat64, bf.data(), DataType::kBfloat16, 2, 1);
+  EXPECT_EQ(bf[0], 0x3f80u);
+  EXPECT_EQ(bf[1], 0x3f82u);
+  std::vector<double> back(2);
+  widen(bf.data(), DataType::kBfloat16, back.data(), DataType::kFloat64, 2);
+  EXPECT_EQ(back, (std::vector<double>{1.0, 1.0 + 0x2p-7}));
   EXPECT_FALSE(allFinite(std::vector<float>{1, std::numeric_limits<float>::infinity()}.data(), 2, DataType::kFloat32));
   EXPECT_TRUE(allFinite(std::vector<double>{1, -2}.data(), 2, DataType::kFloat64));
 }

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -537,7 +538,8 @@ TEST(GpuErrors, AsynchronousFailureIsReportedLater) {
 //    and read by a kernel queued after finish();
 //  - a parameter one rank did not mark is an error on every rank, and the next step works;
 //  - with views, the gradients are written and read in the buckets themselves;
-//  - options the device path does not take (checkFinite) are an error on every rank.
+//  - with bfloat16 on the wire and the finite check, a NaN on one rank is an error on every rank,
+//    and the next step is exact.
 TEST(GpuDdp, DeviceGradientsAreAveragedInStreamOrder) {
   auto outcome = runRanks(3, [](int rank, braidComm_t comm) {
     braid::Communicator c(comm->impl);
@@ -558,7 +560,10 @@ TEST(GpuDdp, DeviceGradientsAreAveragedInStreamOrder) {
     const auto upload = [&](void* dst, std::size_t i, int r, float scale) {
       h.resize(counts[i]);
       for (std::size_t j = 0; j < counts[i]; ++j) h[j] = value(i, j, r, scale);
-      return cudaMemcpy(dst, h.data(), counts[i] * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+      // (From pageable memory cudaMemcpy may return before the data lands; the legacy stream's sync
+      // waits for it, not for the test's non-blocking stream.)
+      return cudaMemcpy(dst, h.data(), counts[i] * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
+             cudaStreamSynchronize(nullptr) == cudaSuccess;
     };
     // Parameter i's gradient written on the stream by a kernel that sleeps first, over poison.
     const auto writeLate = [&](void* dst, std::size_t i, float scale) {
@@ -623,12 +628,35 @@ TEST(GpuDdp, DeviceGradientsAreAveragedInStreamOrder) {
     if (Status f = views->finish(); !f.ok()) return report(rank, f.toString()), 25;
     for (std::size_t i = 0; i < k; ++i)
       if (!holds(views->gradient(i), i, [&](std::size_t j) { return value(i, j, 0, 3.0f) * 2; }, "with views")) return 26;
-    // What the device path does not take.
+    // bfloat16 on the wire (narrowed and widened by kernels), with the finite check: a NaN on rank 1
+    // is an error on every rank, and the next step's averages are exact (every value below fits
+    // bfloat16's 8 bits).
+    for (std::size_t i = 0; i < k; ++i) params[i].grad = grad[i];
+    o.gradientsAsBucketViews = false;
+    o.wireFormat = ddp::WireFormat::kBfloat16;
     o.checkFinite = true;
-    auto refused = ddp::GradSync::create(c, params, o);
-    if (refused.ok() || refused.status().code() != Code::kInvalidArgument ||
-        refused.status().message().find("checkFinite") == std::string::npos)
-      return report(rank, "checkFinite with device parameters: " + refused.status().toString()), 27;
+    auto narrow = ddp::GradSync::create(c, params, o);
+    if (!narrow.ok()) return report(rank, narrow.status().toString()), 27;
+    static const float kNan = std::numeric_limits<float>::quiet_NaN();
+    for (int step = 0; step < 2; ++step) {
+      for (std::size_t i = k; i-- > 0;) {
+        if (!writeLate(grad[i], i, 4.0f)) return 28;
+        if (step == 0 && rank == 1 && i == 2 &&
+            cudaMemcpyAsync(static_cast<float*>(grad[i]) + 17, &kNan, 4, cudaMemcpyHostToDevice, d.stream) != cudaSuccess)
+          return 29;
+        if (Status m = narrow->markReady(i); !m.ok()) return report(rank, m.toString()), 30;
+      }
+      Status f = narrow->finish();
+      if (step == 0) {
+        if (f.code() != Code::kInvalidArgument || f.message().find("'p2'") == std::string::npos ||
+            f.message().find("NaN or Inf on rank 1") == std::string::npos)
+          return report(rank, "expected rank 1's NaN on every rank, got: " + f.toString()), 31;
+        continue;
+      }
+      if (!f.ok()) return report(rank, f.toString()), 32;
+      for (std::size_t i = 0; i < k; ++i)
+        if (!holds(grad[i], i, [&](std::size_t j) { return value(i, j, 0, 4.0f) * 2; }, "through bfloat16")) return 33;
+    }
     for (std::size_t i = 0; i < k; ++i)
       for (void* p : {data[i], grad[i], src[i]}) cudaFree(p);
     return 0;

@@ -3,7 +3,8 @@
 // One fold kernel template per (type, op) pair: 10 types x 4 ops (kAvg is kSum, its division fused),
 // plus one byte-wise fold and one divide kernel per type, 60 kernels in all, which keeps nvcc's time
 // for this file modest. reduce() is the fold of two sources into one destination. The DDP layer's
-// conversions between the 4 floating types and its finite check add 20 small element-wise kernels.
+// conversions (float32/float64 to fp16/bf16 and back) and its finite check add 12 small
+// element-wise kernels.
 //
 // Layout of one launch over n elements whose pointers all share their offset modulo 16:
 //   [0, head)                        element-wise, until the 16-byte boundary
@@ -354,6 +355,12 @@ bool alignedFor(const void* p, DataType t) { return reinterpret_cast<std::uintpt
 bool floating(DataType t) {
   return t == DataType::kFloat16 || t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kBfloat16;
 }
+enum class WirePair { kNone, kNarrow, kWiden };
+WirePair wirePair(DataType from, DataType to) {
+  const auto wide = [](DataType t) { return t == DataType::kFloat32 || t == DataType::kFloat64; };
+  const auto narrow = [](DataType t) { return t == DataType::kFloat16 || t == DataType::kBfloat16; };
+  return wide(from) && narrow(to) ? WirePair::kNarrow : narrow(from) && wide(to) ? WirePair::kWiden : WirePair::kNone;
+}
 
 }  // namespace
 
@@ -362,12 +369,23 @@ Status convert(void* dst, DataType to, const void* src, DataType from, std::size
   if (!alignedFor(dst, to) || !alignedFor(src, from)) return Status::InvalidArgument("convert: a pointer not aligned to its element size");
   if (count == 0) return Status::Ok();
   auto s = static_cast<cudaStream_t>(stream);
-  return withFloatCodec(from, [&]<class F>() {
-    return withFloatCodec(to, [&]<class T>() {
-      return launch("convert", from, ReduceOp::kSum, gridFor(count), s, convertKernel<F, T>,
-                    static_cast<typename T::Storage*>(dst), static_cast<const typename F::Storage*>(src), count, divisor);
-    });
-  });
+  const auto run = [&]<class F, class T>() {
+    return launch("convert", from, ReduceOp::kSum, gridFor(count), s, convertKernel<F, T>,
+                  static_cast<typename T::Storage*>(dst), static_cast<const typename F::Storage*>(src), count, divisor);
+  };
+  // The 8 pairs the wire formats use (and no kernels for the others).
+  const bool toHalf = to == DataType::kFloat16, fromHalf = from == DataType::kFloat16;
+  switch (wirePair(from, to)) {
+    case WirePair::kNarrow:
+      return from == DataType::kFloat32 ? (toHalf ? run.template operator()<Plain<float>, Half>() : run.template operator()<Plain<float>, Bf16>())
+                                        : (toHalf ? run.template operator()<Plain<double>, Half>() : run.template operator()<Plain<double>, Bf16>());
+    case WirePair::kWiden:
+      return to == DataType::kFloat32 ? (fromHalf ? run.template operator()<Half, Plain<float>>() : run.template operator()<Bf16, Plain<float>>())
+                                      : (fromHalf ? run.template operator()<Half, Plain<double>>() : run.template operator()<Bf16, Plain<double>>());
+    case WirePair::kNone: break;
+  }
+  return Status::InvalidArgument(std::string("convert: ") + dataTypeName(from) + " to " + dataTypeName(to) +
+                                 " (only float32 and float64 to float16 and bfloat16, and back)");
 }
 
 Status flagNonFinite(const void* x, std::size_t count, DataType t, std::int32_t* flag, std::int32_t value, void* stream) {

@@ -35,8 +35,8 @@ Status reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc
 // x[i] = x[i] / divisor, the final pass of kAvg, as kernels::divide.
 Status divide(void* x, std::size_t count, DataType t, int divisor, void* stream);
 
-// The DDP layer's wire formats on device buckets. Floating types only (float16, bfloat16, float32,
-// float64), pointers aligned to their element size, dst and src not overlapping.
+// The DDP layer's wire formats on device buckets: float32 or float64 to float16 or bfloat16, and
+// back; pointers aligned to their element size, dst and src not overlapping.
 // dst[i] = (to) (src[i] / divisor): the division (when divisor > 1) in the source's arithmetic (float
 // for fp16/bf16), then a cast to float for a 16-bit destination and its conversion, rounded to
 // nearest even (kernels/half.h), as the host path narrows; widening back is exact.

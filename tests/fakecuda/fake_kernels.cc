@@ -92,7 +92,8 @@ bool floating(DataType t) {
 }  // namespace
 
 Status convert(void* dst, DataType to, const void* src, DataType from, std::size_t count, int divisor, void* stream) {
-  if (!floating(to) || !floating(from)) return Status::InvalidArgument("convert: not a floating type");
+  const auto wide = [](DataType t) { return t == DataType::kFloat32 || t == DataType::kFloat64; };
+  if (!floating(to) || !floating(from) || wide(to) == wide(from)) return Status::InvalidArgument("convert: not a wire pair");
   if (count == 0) return Status::Ok();
   return launch(stream, [=] {
     const auto* in = static_cast<const std::byte*>(src);

@@ -414,9 +414,10 @@ TEST(GpuArguments, HostMemoryOnOneRankAndDeviceOnAnotherIsAnErrorNotAHang) {
 // from memory that IPC cannot export (cudaMallocAsync's pool), which is staged, and (on the emulation,
 // which can make the receiver's cudaIpcOpenMemHandle fail) where the receiver cannot map the offered
 // buffer, which it answers with "stage it"; in either direction the data arrives exactly, in stream
-// order, and a failed mapping is tried again on the next offer. Before each large transfer the receiver has finished a
-// reduce as its leaf, whose messages (on channels 0 and 1) the sender has not received yet when it
-// waits for the receiver's answer (so the answer must not queue behind them in a ring).
+// order, and a failed mapping is tried again on the next offer. Before each large transfer the
+// receiver has finished a reduce as its leaf, whose messages (on channels 0 and 1) the sender has
+// not received yet when it waits for the receiver's answer (so the answer must not queue behind
+// them in a ring).
 TEST(GpuSendRecv, LargeMessagesGoThroughIpcUnlessTheSendBufferCannotBeSharedOrMapped) {
   auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
     const std::size_t n = (5u << 20) + 5;  // 20 MiB + 20 bytes of int32: above BRAID_BUFFSIZE, 5 pieces when staged

@@ -352,9 +352,6 @@ Status withFloatCodec(DataType t, F&& f) {
 }
 
 bool alignedFor(const void* p, DataType t) { return reinterpret_cast<std::uintptr_t>(p) % dataTypeSize(t) == 0; }
-bool floating(DataType t) {
-  return t == DataType::kFloat16 || t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kBfloat16;
-}
 enum class WirePair { kNone, kNarrow, kWiden };
 WirePair wirePair(DataType from, DataType to) {
   const auto wide = [](DataType t) { return t == DataType::kFloat32 || t == DataType::kFloat64; };
@@ -390,7 +387,7 @@ Status convert(void* dst, DataType to, const void* src, DataType from, std::size
 
 Status flagNonFinite(const void* x, std::size_t count, DataType t, std::int32_t* flag, std::int32_t value, void* stream) {
   if (!isValid(t)) return Status::InvalidArgument("flagNonFinite: unknown data type");
-  if (!floating(t) || count == 0) return Status::Ok();  // integers are always finite
+  if (!isFloating(t) || count == 0) return Status::Ok();  // integers are always finite
   if (!alignedFor(x, t)) return Status::InvalidArgument("flagNonFinite: a pointer not aligned to its element size");
   auto s = static_cast<cudaStream_t>(stream);
   return withFloatCodec(t, [&]<class C>() {

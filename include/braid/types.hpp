@@ -26,6 +26,10 @@ constexpr std::size_t dataTypeSize(DataType t) {
 }
 constexpr bool isValid(DataType t) { return dataTypeSize(t) != 0; }
 constexpr bool isValid(ReduceOp o) { return static_cast<int>(o) >= 0 && static_cast<int>(o) < kNumReduceOps; }
+// float16, bfloat16, float32 or float64.
+constexpr bool isFloating(DataType t) {
+  return t == DataType::kFloat16 || t == DataType::kBfloat16 || t == DataType::kFloat32 || t == DataType::kFloat64;
+}
 
 // "float32", "sum", ...; "?" for a value outside the enum.
 const char* dataTypeName(DataType t);

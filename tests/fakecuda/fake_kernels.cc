@@ -86,14 +86,11 @@ double loadFloat(const std::byte* p, DataType t) {
     default: { double d; std::memcpy(&d, p, 8); return d; }
   }
 }
-bool floating(DataType t) {
-  return t == DataType::kFloat16 || t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kBfloat16;
-}
 }  // namespace
 
 Status convert(void* dst, DataType to, const void* src, DataType from, std::size_t count, int divisor, void* stream) {
   const auto wide = [](DataType t) { return t == DataType::kFloat32 || t == DataType::kFloat64; };
-  if (!floating(to) || !floating(from) || wide(to) == wide(from)) return Status::InvalidArgument("convert: not a wire pair");
+  if (!isFloating(to) || !isFloating(from) || wide(to) == wide(from)) return Status::InvalidArgument("convert: not a wire pair");
   if (count == 0) return Status::Ok();
   return launch(stream, [=] {
     const auto* in = static_cast<const std::byte*>(src);
@@ -116,7 +113,7 @@ Status convert(void* dst, DataType to, const void* src, DataType from, std::size
 }
 
 Status flagNonFinite(const void* x, std::size_t count, DataType t, std::int32_t* flag, std::int32_t value, void* stream) {
-  if (!floating(t) || count == 0) return Status::Ok();
+  if (!isFloating(t) || count == 0) return Status::Ok();
   return launch(stream, [=] {
     for (std::size_t i = 0; i < count; ++i)
       if (!std::isfinite(loadFloat(static_cast<const std::byte*>(x) + i * dataTypeSize(t), t))) *flag = value;

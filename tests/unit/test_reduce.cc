@@ -30,10 +30,6 @@ constexpr std::size_t kCounts[] = {0, 1, 2, 3, 7, 15, 16, 17, 31, 33, 63, 64, 65
 constexpr std::size_t kMaxCount = 4097;
 constexpr double kBf16Max = 0x1.fep127;
 
-bool isFloat(DataType t) {
-  return t == DataType::kFloat16 || t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kBfloat16;
-}
-
 // Round v to a binary format with mantBits fraction bits, minimum normal exponent minExp and
 // largest finite value maxFinite, to nearest with ties to even (the default FP environment).
 double refRound(double v, int mantBits, int minExp, double maxFinite) {
@@ -256,7 +252,7 @@ TEST_P(DivideTest, MatchesScalarDivision) {
       double want = 0;
       if (type == DataType::kFloat64) {
         want = v / divisor;
-      } else if (isFloat(type)) {
+      } else if (isFloating(type)) {
         want = refResult(static_cast<float>(v) / static_cast<float>(divisor), type);
       } else {
         want = refResult(std::trunc(v / divisor), type);  // exact: |v| <= 2^52, then truncated

@@ -29,12 +29,11 @@ Status GradSyncState::prepare() {
   usedInWindow.assign(params.size(), 0);
   nonFinite.assign(params.size(), 0);
   if (onDevice && agrees()) {
-    auto flags = BucketMemory::allocate(numFlags() * sizeof(std::int32_t), params[0].data, options.stream);
-    if (!flags.ok()) return flags.status();
-    deviceFlags = std::move(flags).value();
+    auto memory = BucketMemory::allocate(numFlags() * sizeof(std::int32_t), params[0].data, options.stream);
+    if (!memory.ok()) return memory.status();
+    deviceFlags = std::move(memory).value();
     nobody.assign(params.size(), kNobody);
-    copy(deviceFlag(params.size() + 1), nobody.data(), params.size() * sizeof(std::int32_t),
-         "cudaMemcpyAsync (resetting the finite checks' flags)");
+    resetFiniteFlags();
     Status s = copyFailure;
     copyFailure = Status::Ok();
     return s;

@@ -43,11 +43,12 @@ struct GradSyncState {
   // The flags finish() all-reduces (MIN) so that every rank reaches the same verdict, each the
   // lowest rank with that problem or kNobody: [0, n) parameter p not marked ready, [n] copies that
   // could not be queued, [n + 1, 2n + 1) parameter p with NaN or Inf.
-  // Device parameters: the all-reduce runs on device memory. Its first n + 1 come from `known`
-  // (host memory the stream copies from), the rest are written by the finite checks on the stream
-  // and reset from `nobody` after each step. (Declared in this order so that the host vectors
-  // outlive the device memory, whose cudaFree waits for the device's queued copies.)
-  std::vector<std::int32_t> nobody, known;
+  // Device parameters: the all-reduce runs on device memory. Its first n + 1 come from `flags`
+  // (host memory the stream copies from, and where the result is read back), the rest are written
+  // by the finite checks on the stream and reset from `nobody` after each step. (Declared in this
+  // order so that the host vectors outlive the device memory, whose cudaFree waits for the
+  // device's queued copies.)
+  std::vector<std::int32_t> flags, nobody;
   BucketMemory deviceFlags;
 
   std::byte* slotData(std::size_t param) const;
@@ -55,6 +56,12 @@ struct GradSyncState {
   // memcpy / memset, or queued on the stream for device parameters (a failure goes to copyFailure).
   void copy(void* dst, const void* src, std::size_t bytes, const char* what);
   void zero(void* dst, std::size_t bytes, const char* what);
+  // Keeps `s` in copyFailure unless a failure is kept already.
+  void keep(const Status& s) {
+    if (copyFailure.ok()) copyFailure = s;
+  }
+  // Device flags: the finite checks' part back to kNobody, on the stream.
+  void resetFiniteFlags();
   // What the collectives are ordered with: the stream for device parameters, none for host ones.
   void* stream() const { return onDevice ? options.stream : nullptr; }
   // Whether finish() all-reduces the flags: unused parameters or NaN to report, or device copies,
@@ -82,7 +89,7 @@ struct GradSyncState {
   void narrowBucket(Bucket& b);
   void widenBucket(Bucket& b);
   void fillUnmarked(std::size_t param);
-  Status verdict(const std::vector<std::int32_t>& flags) const;
+  Status verdict() const;  // from the reduced flags
   Status waitAll();
   void resetStep();
 };

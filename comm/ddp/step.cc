@@ -29,8 +29,7 @@ void GradSyncState::copy(void* dst, const void* src, std::size_t bytes, const ch
     std::memcpy(dst, src, bytes);
     return;
   }
-  Status s = device::copy(dst, src, bytes, options.stream, what);
-  if (copyFailure.ok()) copyFailure = s;
+  keep(device::copy(dst, src, bytes, options.stream, what));
 }
 
 void GradSyncState::zero(void* dst, std::size_t bytes, const char* what) {
@@ -38,8 +37,12 @@ void GradSyncState::zero(void* dst, std::size_t bytes, const char* what) {
     std::memset(dst, 0, bytes);
     return;
   }
-  Status s = device::zero(dst, bytes, options.stream, what);
-  if (copyFailure.ok()) copyFailure = s;
+  keep(device::zero(dst, bytes, options.stream, what));
+}
+
+void GradSyncState::resetFiniteFlags() {
+  copy(deviceFlag(params.size() + 1), nobody.data(), params.size() * sizeof(std::int32_t),
+       "cudaMemcpyAsync (resetting the finite checks' flags)");
 }
 
 Status GradSyncState::markReady(std::size_t index) {
@@ -78,9 +81,8 @@ void GradSyncState::launch(Bucket& b) {
         if (!allFinite(slotData(p), params[p].count, params[p].dtype)) nonFinite[p] = 1;
         continue;
       }
-      Status s = device::flagNonFinite(slotData(p), params[p].count, params[p].dtype, deviceFlag(params.size() + 1 + p),
-                                       static_cast<std::int32_t>(comm.rank()), options.stream);
-      if (copyFailure.ok()) copyFailure = s;
+      keep(device::flagNonFinite(slotData(p), params[p].count, params[p].dtype, deviceFlag(params.size() + 1 + p),
+                                 static_cast<std::int32_t>(comm.rank()), options.stream));
     }
   }
   if (b.wire.data()) {
@@ -100,8 +102,7 @@ void GradSyncState::narrowBucket(Bucket& b) {
     narrow(b.storage.data(), b.info.dtype, b.wire.data(), b.wireType, b.info.count, divisor);
     return;
   }
-  Status s = device::convert(b.wire.data(), b.wireType, b.storage.data(), b.info.dtype, b.info.count, divisor, options.stream);
-  if (copyFailure.ok()) copyFailure = s;
+  keep(device::convert(b.wire.data(), b.wireType, b.storage.data(), b.info.dtype, b.info.count, divisor, options.stream));
 }
 
 void GradSyncState::widenBucket(Bucket& b) {
@@ -109,8 +110,7 @@ void GradSyncState::widenBucket(Bucket& b) {
     widen(b.wire.data(), b.wireType, b.storage.data(), b.info.dtype, b.info.count);
     return;
   }
-  Status s = device::convert(b.storage.data(), b.info.dtype, b.wire.data(), b.wireType, b.info.count, 1, options.stream);
-  if (copyFailure.ok()) copyFailure = s;
+  keep(device::convert(b.storage.data(), b.info.dtype, b.wire.data(), b.wireType, b.info.count, 1, options.stream));
 }
 
 void GradSyncState::fillUnmarked(std::size_t p) {
@@ -137,7 +137,6 @@ Status GradSyncState::finish() {
 
   const std::size_t n = params.size();
   const bool agree = agrees();
-  std::vector<std::int32_t> flags;
   Work flagsWork;
   if (agree) {
     // MIN over ranks of "my rank if I have the problem": the lowest rank with it, or kNobody.
@@ -150,8 +149,7 @@ Status GradSyncState::finish() {
     if (!copyFailure.ok()) flags[n] = me;
     if (onDevice) {
       // What the host knows goes up to the device flags, whose rest the finite checks wrote on the stream.
-      known.assign(flags.begin(), flags.begin() + static_cast<std::ptrdiff_t>(n + 1));
-      copy(deviceFlag(0), known.data(), known.size() * sizeof(std::int32_t), "cudaMemcpyAsync (the step's flags)");
+      copy(deviceFlag(0), flags.data(), (n + 1) * sizeof(std::int32_t), "cudaMemcpyAsync (the step's flags)");
       flagsWork = comm.allReduce(deviceFlag(0), deviceFlag(0), numFlags(), DataType::kInt32, ReduceOp::kMin, options.stream);
     } else {
       flagsWork = comm.allReduce(flags.data(), flags.data(), flags.size(), DataType::kInt32, ReduceOp::kMin);
@@ -164,7 +162,7 @@ Status GradSyncState::finish() {
     if (s.ok() && onDevice) s = device::fetch(flags.data(), deviceFlag(0), numFlags() * sizeof(std::int32_t), "cudaMemcpy (the reduced flags)");
   }
   if (s.ok()) s = copyFailure;  // (before the verdict: this rank's own error says more)
-  if (s.ok() && agree) s = verdict(flags);
+  if (s.ok() && agree) s = verdict();
   if (!s.ok()) {
     resetStep();
     return s.withContext("GradSync::finish");
@@ -192,7 +190,7 @@ Status GradSyncState::waitAll() {
   return first;
 }
 
-Status GradSyncState::verdict(const std::vector<std::int32_t>& flags) const {
+Status GradSyncState::verdict() const {
   const std::size_t n = params.size();
   auto report = [&](std::size_t from, const char* what, const std::string& advice, bool usage) -> Status {
     std::size_t first = n, count = 0;
@@ -241,9 +239,7 @@ void GradSyncState::resetStep() {
   nextLaunch = 0;
   stepActive = false;
   copyFailure = Status::Ok();
-  if (deviceFlags.data())  // (a failure here ends the next step)
-    copy(deviceFlag(params.size() + 1), nobody.data(), params.size() * sizeof(std::int32_t),
-         "cudaMemcpyAsync (resetting the finite checks' flags)");
+  if (deviceFlags.data()) resetFiniteFlags();  // (a failure here ends the next step)
 }
 
 }  // namespace braid::ddp::detail

@@ -44,6 +44,7 @@ Status validateLocally(const std::vector<Parameter>& params, const GradSyncOptio
   }
   const int wf = static_cast<int>(o.wireFormat);
   if (wf < 0 || wf > 2) return Status::InvalidArgument("GradSync: unknown wireFormat " + std::to_string(wf));
+  int gpu = -1;  // device parameters: the GPU of parameter #0's data
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Parameter& p = params[i];
     const std::string who = "GradSync: parameter #" + std::to_string(i) + " ('" + p.name + "')";
@@ -58,16 +59,17 @@ Status validateLocally(const std::vector<Parameter>& params, const GradSyncOptio
     if (p.memory == MemoryType::kDevice) {
       if (!device::available())
         return Status::InvalidArgument(who + " is in device memory, and this build of Braid has no CUDA (-Dcuda=enabled)");
-      // Device memory, on the GPU of the first parameter's values (where the buckets will be).
+      // Device memory, on the GPU of the first parameter's values (where the buckets will be). The
+      // first pointer looked at is that one: a null one is reported below, before any other.
       for (const auto& [what, ptr] : {std::pair<const char*, const void*>{"data", p.data}, {"grad", p.grad}}) {
-        if (!ptr) continue;  // (null pointers are reported below)
+        if (!ptr) continue;
         auto at = device::locate(ptr);
         if (!at.ok())
           return Status::InvalidArgument(who + ": " + what + " is registered as device memory but is " + at.status().message());
-        auto first = params[0].data ? device::locate(params[0].data) : at;
-        if (first.ok() && *at != *first)
+        if (gpu < 0) gpu = *at;
+        if (*at != gpu)
           return Status::InvalidArgument(who + ": " + what + " is on GPU " + std::to_string(*at) + " but parameter #0's data on GPU " +
-                                         std::to_string(*first) + "; one GradSync keeps its parameters on one GPU");
+                                         std::to_string(gpu) + "; one GradSync keeps its parameters on one GPU");
       }
     }
     if (!isValid(p.dtype)) return Status::InvalidArgument(who + " has an unknown dtype");

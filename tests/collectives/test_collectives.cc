@@ -153,10 +153,7 @@ TEST_P(Collectives, EveryTypeOpAndCountIsExact) {
         return wrong ? 2 : 0;
       },
       env, 600);
-  for (std::size_t r = 0; r < outcome.size(); ++r) {
-    EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;
-    EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
-  }
+  expectEveryRankSucceeded(outcome);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shm, Collectives,
@@ -209,7 +206,7 @@ TEST_P(BitwiseIdentical, EveryRankGetsTheSameBits) {
     }
     return 0;
   }, {{"BRAID_ALGO", algo}}, 120);
-  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  expectEveryRankSucceeded(outcome);
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndAlgorithms, BitwiseIdentical,
@@ -290,7 +287,7 @@ TEST_P(Mailbox, SlotBoundariesAndRanksRunningAheadStayExact) {
     }
     return 0;
   }, {}, 120);
-  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  expectEveryRankSucceeded(outcome);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Mailbox, ::testing::Values(2, 3, 4),
@@ -360,7 +357,7 @@ TEST_P(CrossMemoryAttach, AllGatherAndBroadcastAreExact) {
     GTEST_SKIP() << "process_vm_readv between the ranks is not permitted here (ptrace rules or seccomp): the results "
                     "were exact, but on the staged path";
   }
-  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  expectEveryRankSucceeded(outcome);
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksOnOff, CrossMemoryAttach,
@@ -436,7 +433,7 @@ TEST(CollectivesLarge, CountBeyondTwoToThe31) {
     if (wrong) report(rank, std::to_string(wrong) + " wrong elements");
     return wrong ? 2 : 0;
   }, {}, 300);
-  for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 0);
+  expectEveryRankSucceeded(outcome);
 }
 
 }  // namespace

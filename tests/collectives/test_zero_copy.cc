@@ -107,7 +107,7 @@ void runAllReduces(int n, const std::function<bool(int)>& useBraidMemory, bool e
     }
     return wrong ? 2 : 0;
   }, {}, 300);
-  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  expectEveryRankSucceeded(outcome);
 }
 
 class ZeroCopy : public ::testing::TestWithParam<int> {};

@@ -1,5 +1,6 @@
 #include "tests/common/harness.h"
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -79,6 +80,13 @@ std::vector<RankOutcome> forkRanks(int n, const std::function<int(int)>& body, d
     pids.push_back(pid);
   }
   return waitAll(pids, timeoutSec);
+}
+
+void expectEveryRankSucceeded(const std::vector<RankOutcome>& outcome) {
+  for (std::size_t r = 0; r < outcome.size(); ++r) {
+    EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;
+    EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  }
 }
 
 std::vector<RankOutcome> runRanks(int n, const std::function<int(int, braidComm_t)>& body, const Env& env,

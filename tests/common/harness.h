@@ -24,6 +24,10 @@ using Env = std::vector<std::pair<std::string, std::string>>;
 std::vector<RankOutcome> runRanks(int n, const std::function<int(int, braidComm_t)>& body, const Env& env = {},
                                   double timeoutSec = 120);
 
+// The GoogleTest verdict on runRanks/forkRanks: every rank exited with 0 and none timed out (a
+// failure names the rank).
+void expectEveryRankSucceeded(const std::vector<RankOutcome>& outcome);
+
 // Like runRanks, but the body gets no communicator (it creates its own).
 std::vector<RankOutcome> forkRanks(int n, const std::function<int(int)>& body, double timeoutSec = 60);
 

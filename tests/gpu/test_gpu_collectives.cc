@@ -247,10 +247,7 @@ TEST_P(GpuCollectives, EveryTypeOpAndCountIsExactAndStreamOrdered) {
         return wrong ? 2 : 0;
       },
       env, 600);
-  for (std::size_t r = 0; r < outcome.size(); ++r) {
-    EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;
-    EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
-  }
+  expectEveryRankSucceeded(outcome);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, GpuCollectives,
@@ -289,10 +286,7 @@ TEST_P(GpuLargest, EveryCollectiveAt256MiBIsExact) {
     if (ipc ? viaIpc != 7 : viaIpc != 0 || zeroCopy == 0) return report(rank, "not the path this instance is for"), 3;
     return 0;
   }, {{"BRAID_TIMEOUT", "120"}, {"BRAID_CUDA_IPC", ipc ? "1" : "0"}}, 900);
-  for (std::size_t r = 0; r < outcome.size(); ++r) {
-    EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;
-    EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
-  }
+  expectEveryRankSucceeded(outcome);
 }
 
 INSTANTIATE_TEST_SUITE_P(Path, GpuLargest, ::testing::Values(true, false),
@@ -321,10 +315,7 @@ TEST(GpuManyRanks, NineRanksTakeTheTwoShotFormAndChainedFolds) {
         return wrong ? 2 : 0;
       },
       {{"BRAID_TIMEOUT", "120"}}, 900);
-  for (std::size_t r = 0; r < outcome.size(); ++r) {
-    EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;
-    EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
-  }
+  expectEveryRankSucceeded(outcome);
 }
 
 // Host and device buffers in one call, and the checks that come before any data moves.
@@ -344,7 +335,7 @@ TEST(GpuArguments, MixedMemoryTypesAreInvalidArguments) {
     cudaFree(dev);
     return 0;
   });
-  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  expectEveryRankSucceeded(outcome);
 }
 
 // A stream being captured into a CUDA graph: the call is refused (nothing was sent, so every rank
@@ -375,7 +366,7 @@ TEST(GpuArguments, CallsOnACapturingStreamAreRefused) {
     cudaFree(dev);
     return 0;
   });
-  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  expectEveryRankSucceeded(outcome);
 }
 
 // Device memory on rank 0 and host memory on rank 1 in one call (`call` makes it with n float32 on
@@ -397,10 +388,7 @@ void expectMixedMemoryFails(std::size_t n, braidResult_t (*call)(int rank, void*
     if (rank == 1 && why.find("kind of memory") == std::string::npos) return 12;
     return 0;
   }, {{"BRAID_TIMEOUT", "20"}}, 120);
-  for (std::size_t r = 0; r < outcome.size(); ++r) {
-    EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;
-    EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
-  }
+  expectEveryRankSucceeded(outcome);
 }
 
 TEST(GpuArguments, HostMemoryOnOneRankAndDeviceOnAnotherIsAnErrorNotAHang) {
@@ -469,7 +457,7 @@ TEST(GpuSendRecv, LargeMessagesGoThroughIpcUnlessTheSendBufferCannotBeSharedOrMa
     cudaFree(plain);
     return 0;
   });
-  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  expectEveryRankSucceeded(outcome);
 }
 
 // The same for a send/recv from BRAID_BUFFSIZE up (2 MiB): the device sender offers its buffer where
@@ -504,7 +492,7 @@ TEST(GpuCpp, WorkOnDeviceBuffersAndHostCallsAfterThem) {
     cudaFree(dev);
     return 0;
   });
-  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  expectEveryRankSucceeded(outcome);
 }
 
 // A stream that does not reach the call within BRAID_TIMEOUT: the call itself returned success, the
@@ -528,7 +516,7 @@ TEST(GpuErrors, AsynchronousFailureIsReportedLater) {
     report(rank, std::string("as expected: ") + braidGetErrorString(async) + ": " + braidGetLastError(comm));
     return 0;
   }, {{"BRAID_TIMEOUT", "1"}}, 60);
-  for (std::size_t r = 0; r < outcome.size(); ++r) EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
+  expectEveryRankSucceeded(outcome);
 }
 
 // The gradient layer (braid::ddp) on device parameters, 3 ranks, 3 buckets (1 MiB + 4 bytes,
@@ -662,10 +650,7 @@ TEST(GpuDdp, DeviceGradientsAreAveragedInStreamOrder) {
       for (void* p : {data[i], grad[i], src[i]}) cudaFree(p);
     return 0;
   }, {{"BRAID_TIMEOUT", "60"}}, 300);
-  for (std::size_t r = 0; r < outcome.size(); ++r) {
-    EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;
-    EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
-  }
+  expectEveryRankSucceeded(outcome);
 }
 
 // A buffer that one rank cannot map after the ranks agreed on CUDA IPC (on the emulation, whose
@@ -699,10 +684,7 @@ TEST(GpuErrors, ABufferARankCannotMapFailsTheCallOnEveryRankNamingIt) {
       if (why.find(part) == std::string::npos) return report(rank, std::string("the error does not name ") + part), 18;
     return 0;
   }, {{"BRAID_TIMEOUT", "30"}}, 120);
-  for (std::size_t r = 0; r < outcome.size(); ++r) {
-    EXPECT_FALSE(outcome[r].timedOut) << "rank " << r;
-    EXPECT_EQ(outcome[r].exitStatus, 0) << "rank " << r;
-  }
+  expectEveryRankSucceeded(outcome);
 }
 
 }  // namespace

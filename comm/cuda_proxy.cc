@@ -21,6 +21,7 @@
 #include "comm/cuda_util.h"
 #include "comm/log.h"
 #include "comm/memory.h"
+#include "kernels/reduce_cuda.h"
 
 namespace braid {
 
@@ -113,6 +114,10 @@ Result<std::shared_ptr<CudaProxy>> CudaProxy::start(Comm& comm, int device) {
   std::shared_ptr<CudaProxy> p(new CudaProxy(comm, device));
   cuda::DeviceScope on(device);
   if (on.error() != cudaSuccess) return failed(on.failedCall(), on.error());
+  // Every kernel Braid launches is loaded now, before this proxy holds any stream: a lazy first load
+  // on the proxy thread could wait for the held stream, which waits for the proxy (reduce_cuda.h).
+  Status loaded = kernels::gpu::preload();
+  if (!loaded.ok()) return loaded;
   cudaStream_t s = nullptr;
   cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   if (e != cudaSuccess) return failed("cudaStreamCreateWithFlags", e);

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -359,6 +361,63 @@ WirePair wirePair(DataType from, DataType to) {
   return wide(from) && narrow(to) ? WirePair::kNarrow : narrow(from) && wide(to) ? WirePair::kWiden : WirePair::kNone;
 }
 
+// The kernel behind `fn` fully loaded in the current context: cudaFuncGetAttributes (which fails when
+// the binary has no code for this GPU), then the driver's cuFuncLoad where it has one (12.4 and later).
+using FuncLoad = int (*)(cudaFunction_t);
+Status loadKernel(const void* fn, const char* what, DataType t, FuncLoad funcLoad) {
+  cudaFuncAttributes attr{};
+  cudaError_t e = cudaFuncGetAttributes(&attr, fn);
+  const char* call = "cudaFuncGetAttributes";
+  cudaFunction_t f = nullptr;
+  if (e == cudaSuccess && funcLoad) {
+    call = "cudaGetFuncBySymbol";
+    if ((e = cudaGetFuncBySymbol(&f, fn)) == cudaSuccess && funcLoad(f) != 0)
+      return Status::CudaError(std::string("loading the ") + what + " kernel (" + dataTypeName(t) + "): cuFuncLoad failed");
+  }
+  if (e == cudaSuccess) return Status::Ok();
+  (void)cudaGetLastError();
+  return Status::CudaError(std::string("loading the ") + what + " kernel (" + dataTypeName(t) + "): " + call + ": " +
+                           cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+template <class... Params>
+const void* symbol(void (*kernel)(Params...)) {
+  return reinterpret_cast<const void*>(kernel);
+}
+
+Status loadAll() {
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  FuncLoad funcLoad = nullptr;
+  if (cudaGetDriverEntryPointByVersion("cuFuncLoad", &entry, 12040, cudaEnableDefault, &found) == cudaSuccess &&
+      found == cudaDriverEntryPointSuccess && entry)
+    funcLoad = reinterpret_cast<FuncLoad>(entry);
+  (void)multiprocessors();  // the launches' grid size, asked once now too
+  for (int i = 0; i < kNumDataTypes; ++i) {
+    const auto t = static_cast<DataType>(i);
+    Status st = withCodec(t, [&]<class C>() {
+      for (const void* fn : {symbol(foldKernel<C, Sum>), symbol(foldKernel<C, Prod>), symbol(foldKernel<C, Max>),
+                             symbol(foldKernel<C, Min>)}) {
+        Status s = loadKernel(fn, "fold", t, funcLoad);
+        if (!s.ok()) return s;
+      }
+      Status s = loadKernel(symbol(foldBytesKernel<C>), "byte-wise fold", t, funcLoad);
+      return s.ok() ? loadKernel(symbol(divideKernel<C>), "divide", t, funcLoad) : s;
+    });
+    if (st.ok() && isFloating(t))
+      st = withFloatCodec(t, [&]<class C>() { return loadKernel(symbol(nonFiniteKernel<C>), "finite check", t, funcLoad); });
+    if (!st.ok()) return st;
+  }
+  for (const void* fn : {symbol(convertKernel<Plain<float>, Half>), symbol(convertKernel<Plain<float>, Bf16>),
+                         symbol(convertKernel<Plain<double>, Half>), symbol(convertKernel<Plain<double>, Bf16>),
+                         symbol(convertKernel<Half, Plain<float>>), symbol(convertKernel<Bf16, Plain<float>>),
+                         symbol(convertKernel<Half, Plain<double>>), symbol(convertKernel<Bf16, Plain<double>>)}) {
+    Status s = loadKernel(fn, "convert", DataType::kFloat32, funcLoad);
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status convert(void* dst, DataType to, const void* src, DataType from, std::size_t count, int divisor, void* stream) {
@@ -432,6 +491,18 @@ Status divide(void* x, std::size_t count, DataType t, int divisor, void* stream)
   if (count == 0) return Status::Ok();
   auto s = static_cast<cudaStream_t>(stream);
   return withCodec(t, [&]<class C>() { return divideFor<C>(x, count, t, divisor, s); });
+}
+
+Status preload() {
+  static std::mutex mu;
+  static std::map<int, Status> loaded;  // by device
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return Status::CudaError(std::string("cudaGetDevice: ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+  std::lock_guard<std::mutex> g(mu);  // a second caller waits until the kernels are loaded
+  auto it = loaded.find(dev);
+  if (it == loaded.end()) it = loaded.emplace(dev, loadAll()).first;
+  return it->second;
 }
 
 }  // namespace braid::kernels::gpu

@@ -3,7 +3,8 @@
 // machine without a GPU. It exists to test Braid's own logic around CUDA (the proxy's stream holds,
 // the staged pipeline's pieces and slots, the IPC all-reduce's protocol), not CUDA:
 //   - a stream is a thread that runs its operations in order; events and cuStreamWaitValue32 are
-//     operations that record or wait; "kernels" are host functions on the stream;
+//     operations that record or wait; "kernels" are host functions on the stream, and the first
+//     launch of each waits for the whole context as CUDA's lazy loading may (fake_kernels.cc);
 //   - device memory is shared memory (memfd), so an IPC handle is (pid, fd) and opening it maps
 //     /proc/PID/fd/FD, as braidMemAlloc's peers do; pinned memory is ordinary memory;
 //   - one device, 0, and no peer access.
@@ -80,6 +81,12 @@ struct Stream {
   void sync() {
     std::unique_lock<std::mutex> g(mu);
     cv.wait(g, [&] { return done == pushed; });
+  }
+  // Waits until what was queued before the call has run; false if that takes past `deadline`.
+  bool syncUntil(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock<std::mutex> g(mu);
+    const std::uint64_t target = pushed;
+    return cv.wait_until(g, deadline, [&] { return done >= target; });
   }
 };
 
@@ -203,6 +210,23 @@ int fakecudaEmulation() { return 1; }
 // A test hook of the emulation: the next `n` cudaIpcOpenMemHandle calls of this process fail, as a
 // mapping the driver refuses would (the path that ends in "stage it" rather than an error).
 void fakecudaFailIpcOpens(int n) { ipcOpensToFail = n; }
+
+// The context synchronization that loading a kernel may need under CUDA's lazy loading (the default
+// since CUDA 12.2): waits until every stream of this process has run what was queued before the call.
+// Returns 0 if that takes more than `seconds`: the caller would wait forever on a real GPU when the
+// unfinished work waits for the caller (tests/fakecuda/fake_kernels.cc aborts then).
+int fakecudaSynchronizeWithin(double seconds) {
+  std::set<Stream*> all;
+  {
+    std::lock_guard<std::mutex> g(registryMu);
+    all = streams();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                               std::chrono::duration<double>(seconds));
+  for (Stream* s : all)
+    if (!s->syncUntil(deadline)) return 0;
+  return 1;
+}
 
 // The driver API (the names Braid looks up with dlsym or cudaGetDriverEntryPointByVersion), with its
 // types as plain C types.

@@ -6,8 +6,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -19,8 +24,34 @@
 namespace braid {
 namespace {
 
-// Runs `work` on `stream` after everything queued before it.
-Status launch(void* stream, std::function<void()> work) {
+// Lazy loading as CUDA does it by default: the first launch of a kernel may wait for every stream of
+// the process (fakecudaSynchronizeWithin). Where that wait cannot end because the unfinished work
+// waits for the launching thread (a stream held until the caller's thread says "done"), a real GPU
+// hangs for good; here the process aborts after 60 s, naming the kernel. preload() loads them all.
+extern "C" int fakecudaSynchronizeWithin(double seconds);
+std::mutex loadedMu;
+std::set<std::string> loaded;
+bool allLoaded = false;
+
+void lazyLoad(const char* kernel) {
+  {
+    std::lock_guard<std::mutex> g(loadedMu);  // not held while waiting: launching a loaded kernel waits for nothing
+    if (allLoaded || loaded.count(kernel)) return;
+  }
+  if (fakecudaSynchronizeWithin(60)) {
+    std::lock_guard<std::mutex> g(loadedMu);
+    loaded.insert(kernel);
+    return;
+  }
+  std::fprintf(stderr, "fakecuda: loading the %s kernel at its first launch waited 60 s for the context to synchronize: "
+               "a stream is held by work that waits for this thread, which hangs on a GPU (CUDA loads kernels lazily); "
+               "load kernels before holding streams (kernels::gpu::preload)\n", kernel);
+  std::abort();
+}
+
+// Runs `work` on `stream` after everything queued before it, as kernel `kernel`.
+Status launch(const char* kernel, void* stream, std::function<void()> work) {
+  lazyLoad(kernel);
   auto* held = new std::function<void()>(std::move(work));
   cudaError_t e = cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), [](void* p) {
     auto* f = static_cast<std::function<void()>*>(p);
@@ -39,7 +70,7 @@ namespace kernels::gpu {
 Status reduce(void* dst, const void* a, const void* b, std::size_t count, DataType t, ReduceOp op, void* stream) {
   if (!isValid(t) || !isValid(op)) return Status::InvalidArgument("bad type or op");
   if (count == 0) return Status::Ok();
-  return launch(stream, [=] { kernels::reduce(dst, a, b, count, t, op); });
+  return launch("fold", stream, [=] { kernels::reduce(dst, a, b, count, t, op); });
 }
 
 Status reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc, std::size_t count, DataType t,
@@ -49,7 +80,7 @@ Status reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc
   if (count == 0) return Status::Ok();
   std::vector<const void*> sources(srcs, srcs + nsrc);
   std::vector<void*> outputs(dsts, dsts + ndst);
-  return launch(stream, [=] {
+  return launch("fold", stream, [=] {
     // Launch by launch as the GPU version chains them: groups of kMaxFoldSources sources, each later
     // group folding the first destination with its sources, so that a destination aliasing a source
     // beyond the first group shows as wrong results here too. Within a launch every element is read
@@ -69,10 +100,16 @@ Status reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc
   });
 }
 
+Status preload() {
+  std::lock_guard<std::mutex> g(loadedMu);
+  allLoaded = true;
+  return Status::Ok();
+}
+
 Status divide(void* x, std::size_t count, DataType t, int divisor, void* stream) {
   if (!isValid(t) || divisor < 1) return Status::InvalidArgument("bad type or divisor");
   if (count == 0) return Status::Ok();
-  return launch(stream, [=] { kernels::divide(x, count, t, divisor); });
+  return launch("divide", stream, [=] { kernels::divide(x, count, t, divisor); });
 }
 
 namespace {
@@ -92,7 +129,7 @@ Status convert(void* dst, DataType to, const void* src, DataType from, std::size
   const auto wide = [](DataType t) { return t == DataType::kFloat32 || t == DataType::kFloat64; };
   if (!isFloating(to) || !isFloating(from) || wide(to) == wide(from)) return Status::InvalidArgument("convert: not a wire pair");
   if (count == 0) return Status::Ok();
-  return launch(stream, [=] {
+  return launch("convert", stream, [=] {
     const auto* in = static_cast<const std::byte*>(src);
     auto* out = static_cast<std::byte*>(dst);
     for (std::size_t i = 0; i < count; ++i) {
@@ -114,7 +151,7 @@ Status convert(void* dst, DataType to, const void* src, DataType from, std::size
 
 Status flagNonFinite(const void* x, std::size_t count, DataType t, std::int32_t* flag, std::int32_t value, void* stream) {
   if (!isFloating(t) || count == 0) return Status::Ok();
-  return launch(stream, [=] {
+  return launch("finite check", stream, [=] {
     for (std::size_t i = 0; i < count; ++i)
       if (!std::isfinite(loadFloat(static_cast<const std::byte*>(x) + i * dataTypeSize(t), t))) *flag = value;
   });
@@ -125,14 +162,14 @@ Status flagNonFinite(const void* x, std::size_t count, DataType t, std::int32_t*
 namespace test {
 
 void launchDelayedCopy(void* dst, const void* src, std::size_t bytes, unsigned delayUs, cudaStream_t stream) {
-  (void)launch(stream, [=] {
+  (void)launch("delayed copy (test)", stream, [=] {
     std::this_thread::sleep_for(std::chrono::microseconds(delayUs));
     std::memcpy(dst, src, bytes);
   });
 }
 
 void launchSnapshot(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
-  (void)launch(stream, [=] { std::memcpy(dst, src, bytes); });
+  (void)launch("snapshot (test)", stream, [=] { std::memcpy(dst, src, bytes); });
 }
 
 }  // namespace test

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "comm/communicator.h"
 #include "comm/cuda_util.h"
@@ -69,6 +70,7 @@ struct CudaProxy::Op {
   std::shared_ptr<WorkState> work;
   double holdSec = 0;  // how long the host function may hold the stream
   void* readyEvent = nullptr;   // value mechanism: recorded on the caller's stream before the hold
+  bool readyEventDone = false;  // its record completed (it may be recorded again)
   unsigned* doneWord = nullptr; // value mechanism: set to `seq` when done (releases the stream)
   unsigned seq = 0;
 
@@ -169,6 +171,7 @@ CudaProxy::~CudaProxy() {
   stop(true);
   for (void* ev : events_)
     if (ev) cudaEventDestroy(static_cast<cudaEvent_t>(ev));
+  for (void* ev : spareEvents_) cudaEventDestroy(static_cast<cudaEvent_t>(ev));
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
   if (outStream_) cudaStreamDestroy(static_cast<cudaStream_t>(outStream_));
 }
@@ -251,8 +254,13 @@ Status CudaProxy::holdWithValue(Op& op, void* stream, bool* held) {
   auto st = static_cast<cudaStream_t>(stream);
   cuda::DeviceScope on(device_);  // the event must be on the stream's device, whatever the caller's thread has current
   cudaEvent_t ev = nullptr;
-  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-  if (e != cudaSuccess) return failed("cudaEventCreateWithFlags", e);
+  cudaError_t e = cudaSuccess;
+  if (!spareEvents_.empty()) {  // (enqueue holds mu_)
+    ev = static_cast<cudaEvent_t>(spareEvents_.back());
+    spareEvents_.pop_back();
+  } else if ((e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess) {
+    return failed("cudaEventCreateWithFlags", e);
+  }
   if ((e = cudaEventRecord(ev, st)) != cudaSuccess) {
     cudaEventDestroy(ev);
     return failed("cudaEventRecord (on the caller's stream)", e);
@@ -328,6 +336,10 @@ void CudaProxy::loop() {
     process(*op);
     std::lock_guard<std::mutex> g(mu_);
     busy_ = false;
+    if (void* ev = std::exchange(op->readyEvent, nullptr)) {
+      if (op->readyEventDone && spareEvents_.size() < 64) spareEvents_.push_back(ev);
+      else cudaEventDestroy(static_cast<cudaEvent_t>(ev));  // (it may still be recorded: CUDA frees it when it completes)
+    }
     if (queue_.empty()) {
       // Idle, and under mu_ no call can queue a hold meanwhile: no stream is held, so what may
       // synchronize the device may run now.
@@ -512,7 +524,10 @@ Status CudaProxy::waitReady(Op& op) {
   for (unsigned polls = 0;; ++polls) {
     if (op.readyEvent) {
       cudaError_t e = cuda::polled(cudaEventQuery(static_cast<cudaEvent_t>(op.readyEvent)));
-      if (e == cudaSuccess) return Status::Ok();
+      if (e == cudaSuccess) {
+        op.readyEventDone = true;
+        return Status::Ok();
+      }
       if (e != cudaErrorNotReady) return failed("cudaEventQuery (waiting for the caller's stream)", e);
     } else {
       std::unique_lock<std::mutex> g(op.mu);
@@ -532,9 +547,7 @@ Status CudaProxy::waitReady(Op& op) {
 
 void CudaProxy::process(Op& op) {
   const std::string what = std::string(collName(op.host.kind)) + " on CUDA buffers (rank " + std::to_string(comm_.rank()) + ")";
-  Status ready = waitReady(op);
-  if (op.readyEvent) cudaEventDestroy(static_cast<cudaEvent_t>(op.readyEvent));
-  op.readyEvent = nullptr;
+  Status ready = waitReady(op);  // (its event goes back to spareEvents_ in loop(), after the call)
   if (!ready.ok()) {
     ready = ready.withContext(what);
     comm_.fail(ready, true);

@@ -80,6 +80,9 @@ class CudaProxy {
   unsigned* doneWord_ = nullptr;
   unsigned long long doneWordDev_ = 0;
   unsigned seq_ = 0;
+  // Ready events whose record completed, for the next calls' holds (under mu_): a call makes and
+  // destroys none, and the proxy's part of a call has no event call after the stream reached it.
+  std::vector<void*> spareEvents_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -6,8 +6,17 @@
 namespace braid::test {
 namespace {
 
+// The GPU's nanosecond clock: the delay is measured, not counted in __nanosleep calls, whose length
+// CUDA leaves between 0 and twice the request.
+__device__ unsigned long long globalNs() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 __global__ void delayedCopy(unsigned char* dst, const unsigned char* src, std::size_t bytes, unsigned delayUs) {
-  for (unsigned slept = 0; slept < delayUs; slept += 50) __nanosleep(50000);
+  const unsigned long long until = globalNs() + 1000ull * delayUs;
+  while (globalNs() < until) __nanosleep(20000);
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < bytes;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
     dst[i] = src[i];

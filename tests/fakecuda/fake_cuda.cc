@@ -5,6 +5,8 @@
 //   - a stream is a thread that runs its operations in order; events and cuStreamWaitValue32 are
 //     operations that record or wait; "kernels" are host functions on the stream, and the first
 //     launch of each waits for the whole context as CUDA's lazy loading may (fake_kernels.cc);
+//   - freeing, unregistering and unmapping memory wait for every stream, as the real calls may; a
+//     wait that cannot end (a stream held by work that waits for the caller) aborts after 60 s;
 //   - device memory is shared memory (memfd), so an IPC handle is (pid, fd) and opening it maps
 //     /proc/PID/fd/FD, as braidMemAlloc's peers do; pinned memory is ordinary memory;
 //   - one device, 0, and no peer access.
@@ -20,6 +22,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -199,6 +203,31 @@ int fakeStreamWaitValue32(void* stream, unsigned long long addr, unsigned value,
 
 std::atomic<int> ipcOpensToFail{0};  // (fakecudaFailIpcOpens)
 
+// Waits until every stream of this process has run what was queued before the call; false if that
+// takes more than `seconds`.
+bool synchronizeWithin(double seconds) {
+  std::set<Stream*> all;
+  {
+    std::lock_guard<std::mutex> g(registryMu);
+    all = streams();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                               std::chrono::duration<double>(seconds));
+  for (Stream* s : all)
+    if (!s->syncUntil(deadline)) return false;
+  return true;
+}
+
+// The device-wide synchronization of the calls that free memory. Where it cannot end because the
+// unfinished work waits for the caller (a stream held until this thread says "done"), a real GPU
+// hangs for good; here the process aborts after 60 s, naming the call.
+void synchronizeForFree(const char* call) {
+  if (synchronizeWithin(60)) return;
+  std::fprintf(stderr, "fakecuda: %s waited 60 s for the device to synchronize: a stream is held by work that waits for "
+               "this thread, which hangs on a GPU (free memory only while no stream is held)\n", call);
+  std::abort();
+}
+
 }  // namespace
 
 extern "C" {
@@ -215,18 +244,7 @@ void fakecudaFailIpcOpens(int n) { ipcOpensToFail = n; }
 // since CUDA 12.2): waits until every stream of this process has run what was queued before the call.
 // Returns 0 if that takes more than `seconds`: the caller would wait forever on a real GPU when the
 // unfinished work waits for the caller (tests/fakecuda/fake_kernels.cc aborts then).
-int fakecudaSynchronizeWithin(double seconds) {
-  std::set<Stream*> all;
-  {
-    std::lock_guard<std::mutex> g(registryMu);
-    all = streams();
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                               std::chrono::duration<double>(seconds));
-  for (Stream* s : all)
-    if (!s->syncUntil(deadline)) return 0;
-  return 1;
-}
+int fakecudaSynchronizeWithin(double seconds) { return synchronizeWithin(seconds) ? 1 : 0; }
 
 // The driver API (the names Braid looks up with dlsym or cudaGetDriverEntryPointByVersion), with its
 // types as plain C types.
@@ -452,7 +470,7 @@ cudaError_t cudaMalloc(void** p, std::size_t size) {
 cudaError_t cudaFree(void* p) {
   touch();
   if (!p) return cudaSuccess;  // "create the context"
-  cudaDeviceSynchronize();     // as CUDA's cudaFree does
+  synchronizeForFree("cudaFree");  // as CUDA's cudaFree does
   std::lock_guard<std::mutex> g(registryMu);
   auto it = ranges().find(reinterpret_cast<std::uintptr_t>(p));
   if (it == ranges().end() || !it->second.device || it->second.imported) return fail(cudaErrorInvalidValue);
@@ -473,7 +491,7 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
 }
 cudaError_t cudaHostAlloc(void** p, std::size_t size, unsigned) { return allocatePrivate(p, size, false); }
 cudaError_t cudaFreeHost(void* p) {
-  cudaDeviceSynchronize();
+  synchronizeForFree("cudaFreeHost");
   std::lock_guard<std::mutex> g(registryMu);
   auto it = ranges().find(reinterpret_cast<std::uintptr_t>(p));
   if (it == ranges().end() || it->second.device || it->second.imported) return fail(cudaErrorInvalidValue);
@@ -494,6 +512,7 @@ cudaError_t cudaHostRegister(void* p, std::size_t size, unsigned) {
   return cudaSuccess;
 }
 cudaError_t cudaHostUnregister(void* p) {
+  synchronizeForFree("cudaHostUnregister");
   std::lock_guard<std::mutex> g(registryMu);
   auto it = ranges().find(reinterpret_cast<std::uintptr_t>(p));
   if (it == ranges().end() || it->second.device || !it->second.imported) return fail(cudaErrorHostMemoryNotRegistered);
@@ -571,6 +590,7 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned) 
   return cudaSuccess;
 }
 cudaError_t cudaIpcCloseMemHandle(void* p) {
+  synchronizeForFree("cudaIpcCloseMemHandle");
   std::lock_guard<std::mutex> g(registryMu);
   auto it = ranges().find(reinterpret_cast<std::uintptr_t>(p));
   if (it == ranges().end() || !it->second.imported) return fail(cudaErrorInvalidValue);

@@ -470,6 +470,57 @@ TEST(GpuSendRecv, DeviceMemoryToHostMemoryAboveBuffSizeIsAnErrorNotAHang) {
 
 // The C++ API: device buffers with a stream, braid::Work finishing with the call; host work queued
 // after device work runs after it on every rank.
+// Staged all-reduces queued back to back on one stream, each larger than the one before, behind a
+// delayed kernel: each call grows the proxy's pinned staging memory while the calls before it are
+// queued or running. The outgrown buffers may be freed only once the proxy is idle: freeing pinned
+// memory may synchronize the device, and the stream is held until the next call is done (a hang on
+// a GPU; the emulation aborts, naming cudaFreeHost). Every element of every call is checked.
+TEST(GpuStaging, CallsQueuedBackToBackGrowTheStagingWhileEarlierOnesRun) {
+  Env env = transportEnv("shm");
+  env.push_back({"BRAID_TIMEOUT", "60"});
+  env.push_back({"BRAID_CUDA_IPC", "0"});
+  auto outcome = runRanks(
+      2,
+      [](int rank, braidComm_t comm) {
+        const std::size_t counts[] = {1000, (64 << 10) + 1, 1 << 20, (3 << 20) + 5};  // float32: 4 KB to 12 MiB
+        const DataType t = DataType::kFloat32;
+        std::size_t total = 0;
+        for (std::size_t c : counts) total += c;
+        Dev d;
+        if (!d.ensure(total * 4)) return report(rank, d.error), 10;
+        // Every input uploaded first (the delayed copies read them later, from their own regions).
+        std::size_t off = 0;
+        for (std::size_t c : counts) {
+          pattern::fill(d.host.data() + off * 4, c, t, ReduceOp::kSum, rank);
+          off += c;
+        }
+        if (cudaMemcpy(d.src, d.host.data(), total * 4, cudaMemcpyHostToDevice) != cudaSuccess) return report(rank, "upload"), 11;
+        off = 0;
+        for (std::size_t c : counts) {
+          std::byte* in = d.a + off * 4;
+          std::byte* out = d.b + off * 4;
+          if (cudaMemsetAsync(in, 0xEE, c * 4, d.stream) != cudaSuccess || !d.poison(out, c * 4)) return report(rank, "poison"), 12;
+          launchDelayedCopy(in, d.src + off * 4, c * 4, kDelayUs, d.stream);
+          braidResult_t res = braidAllReduce(in, out, c, braidFloat32, braidSum, comm, d.stream);
+          if (res != braidSuccess) return report(rank, std::string("allreduce: ") + braidGetLastError(comm)), 13;
+          off += c;
+        }
+        const std::byte* h = d.take(d.b, total * 4);
+        if (!h) return report(rank, d.error), 14;
+        std::size_t wrong = 0;
+        off = 0;
+        for (std::size_t c : counts) {
+          const std::size_t w = pattern::countWrong(h + off * 4, c, t, ReduceOp::kSum, 2, 0);
+          if (w) report(rank, "count " + std::to_string(c) + ": " + std::to_string(w) + " wrong elements");
+          wrong += w;
+          off += c;
+        }
+        return wrong ? 2 : 0;
+      },
+      env, 300);
+  expectEveryRankSucceeded(outcome);
+}
+
 TEST(GpuCpp, WorkOnDeviceBuffersAndHostCallsAfterThem) {
   auto outcome = runRanks(3, [](int rank, braidComm_t comm) {
     braid::Communicator c(comm->impl);

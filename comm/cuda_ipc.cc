@@ -135,6 +135,7 @@ struct CudaIpc {
   // thread; read there and by CudaProxy::enqueue on the callers' threads).
   std::atomic<bool> usable{false};
   bool trimWanted = false;               // more than kMaxMapped peers' allocations are open
+  bool closeWanted = false;              // the agreement said no: every peer's scratch is to be unmapped
   std::vector<std::byte*> peerScratch;   // by rank, as this process sees it
   std::uint64_t oneShotCalls = 0;        // which slot is next
   std::map<std::uint64_t, cudaIpcMemHandle_t> exported;   // this rank's allocations, by id
@@ -275,10 +276,14 @@ bool Comm::cudaIpcTakes(const CollArgs& a) const {
 }
 
 void Comm::trimCudaIpc() {
-  if (cudaIpc_ && cudaIpc_->trimWanted) {
+  if (!cudaIpc_) return;
+  if (cudaIpc_->closeWanted) {
+    cudaIpc_->closeAll();
+    cudaIpc_->closeWanted = false;
+  } else if (cudaIpc_->trimWanted) {
     cudaIpc_->closeMapped();
-    cudaIpc_->trimWanted = false;
   }
+  cudaIpc_->trimWanted = false;
 }
 
 Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, void* streamArg) {
@@ -332,7 +337,9 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
     if (!s.ok()) return s;
     const bool usable = std::all_of(oks.begin(), oks.end(), [](std::int32_t v) { return v != 0; });
     ipc.usable.store(usable, std::memory_order_release);
-    if (!usable) ipc.closeAll();
+    // The scratch this rank did map is unmapped when the proxy is next idle (trimCudaIpc), not now:
+    // unmapping may synchronize the device, and the caller's stream is held until this call is done.
+    if (!usable) ipc.closeWanted = true;
     BRAID_LOG(kInfo, kInit, "rank %d: CUDA IPC between the ranks' device buffers: %s", rank_,
               usable ? "on" : "off (some rank cannot map another's GPU memory; device calls are staged through host memory)");
   }

@@ -468,13 +468,11 @@ TEST(GpuSendRecv, DeviceMemoryToHostMemoryAboveBuffSizeIsAnErrorNotAHang) {
   });
 }
 
-// The C++ API: device buffers with a stream, braid::Work finishing with the call; host work queued
-// after device work runs after it on every rank.
 // Staged all-reduces queued back to back on one stream, each larger than the one before, behind a
 // delayed kernel: each call grows the proxy's pinned staging memory while the calls before it are
 // queued or running. The outgrown buffers may be freed only once the proxy is idle: freeing pinned
 // memory may synchronize the device, and the stream is held until the next call is done (a hang on
-// a GPU; the emulation aborts, naming cudaFreeHost). Every element of every call is checked.
+// a GPU; the emulation aborts, naming cudaHostUnregister). Every element of every call is checked.
 TEST(GpuStaging, CallsQueuedBackToBackGrowTheStagingWhileEarlierOnesRun) {
   Env env = transportEnv("shm");
   env.push_back({"BRAID_TIMEOUT", "60"});
@@ -521,6 +519,37 @@ TEST(GpuStaging, CallsQueuedBackToBackGrowTheStagingWhileEarlierOnesRun) {
   expectEveryRankSucceeded(outcome);
 }
 
+// The first device call's agreement, where one rank cannot map a peer's scratch (emulation only):
+// CUDA IPC is off on every rank, every call is staged and exact, and the rank that did map the other's
+// scratch unmaps it only once its proxy is idle (unmapping during the call, while the stream is held,
+// makes the emulation abort in cudaIpcCloseMemHandle).
+TEST(GpuStaging, ARankThatCannotMapAPeerAtTheAgreementTurnsIpcOffOnEveryRank) {
+  const auto failIpcOpens = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "fakecudaFailIpcOpens"));
+  if (!failIpcOpens) GTEST_SKIP() << "needs the CUDA emulation, whose cudaIpcOpenMemHandle can be made to fail";
+  auto outcome = runRanks(
+      2,
+      [&](int rank, braidComm_t comm) {
+        if (rank == 1) failIpcOpens(1);
+        Dev d;
+        for (std::size_t count : {std::size_t{1000}, std::size_t{(1 << 20) + 3}}) {  // one-shot size, then above it
+          if (!d.ensure(count * 4) || !d.put(d.a, count, DataType::kFloat32, ReduceOp::kSum, rank) || !d.poison(d.b, count * 4))
+            return report(rank, d.error), 10;
+          if (braidAllReduce(d.a, d.b, count, braidFloat32, braidSum, comm, d.stream) != braidSuccess)
+            return report(rank, std::string("allreduce: ") + braidGetLastError(comm)), 11;
+          const std::byte* h = d.take(d.b, count * 4);
+          if (!h) return report(rank, d.error), 12;
+          if (std::size_t w = pattern::countWrong(h, count, DataType::kFloat32, ReduceOp::kSum, 2, 0))
+            return report(rank, std::to_string(w) + " wrong elements of " + std::to_string(count)), 2;
+        }
+        if (comm->impl->cudaIpcCalls() != 0) return report(rank, "a call went through CUDA IPC"), 13;
+        return 0;
+      },
+      {{"BRAID_TIMEOUT", "60"}}, 180);
+  expectEveryRankSucceeded(outcome);
+}
+
+// The C++ API: device buffers with a stream, braid::Work finishing with the call; host work queued
+// after device work runs after it on every rank.
 TEST(GpuCpp, WorkOnDeviceBuffersAndHostCallsAfterThem) {
   auto outcome = runRanks(3, [](int rank, braidComm_t comm) {
     braid::Communicator c(comm->impl);

@@ -17,8 +17,8 @@
 
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -362,22 +362,25 @@ WirePair wirePair(DataType from, DataType to) {
 }
 
 // The kernel behind `fn` fully loaded in the current context: cudaFuncGetAttributes (which fails when
-// the binary has no code for this GPU), then the driver's cuFuncLoad where it has one (12.4 and later).
-using FuncLoad = int (*)(cudaFunction_t);
-Status loadKernel(const void* fn, const char* what, DataType t, FuncLoad funcLoad) {
+// the binary has no code for this GPU), cudaGetFuncBySymbol (the driver's handle, which loads it
+// where the driver loads at that point), then cuFuncLoad where the driver has it (12.4 and later).
+using FuncLoad = int (*)(cudaFunction_t);  // CUresult cuFuncLoad(CUfunction)
+Status loadKernel(const void* fn, const std::string& what, FuncLoad funcLoad) {
   cudaFuncAttributes attr{};
-  cudaError_t e = cudaFuncGetAttributes(&attr, fn);
   const char* call = "cudaFuncGetAttributes";
+  cudaError_t e = cudaFuncGetAttributes(&attr, fn);
   cudaFunction_t f = nullptr;
-  if (e == cudaSuccess && funcLoad) {
+  if (e == cudaSuccess) {
     call = "cudaGetFuncBySymbol";
-    if ((e = cudaGetFuncBySymbol(&f, fn)) == cudaSuccess && funcLoad(f) != 0)
-      return Status::CudaError(std::string("loading the ") + what + " kernel (" + dataTypeName(t) + "): cuFuncLoad failed");
+    e = cudaGetFuncBySymbol(&f, fn);
   }
-  if (e == cudaSuccess) return Status::Ok();
+  if (e == cudaSuccess) {
+    const int rc = funcLoad ? funcLoad(f) : 0;
+    if (rc == 0) return Status::Ok();
+    return Status::CudaError("loading the " + what + " kernel: cuFuncLoad failed with CUresult " + std::to_string(rc));
+  }
   (void)cudaGetLastError();
-  return Status::CudaError(std::string("loading the ") + what + " kernel (" + dataTypeName(t) + "): " + call + ": " +
-                           cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+  return Status::CudaError("loading the " + what + " kernel: " + call + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
 template <class... Params>
@@ -395,24 +398,26 @@ Status loadAll() {
   (void)multiprocessors();  // the launches' grid size, asked once now too
   for (int i = 0; i < kNumDataTypes; ++i) {
     const auto t = static_cast<DataType>(i);
+    const std::string type = std::string(" (") + dataTypeName(t) + ")";
     Status st = withCodec(t, [&]<class C>() {
       for (const void* fn : {symbol(foldKernel<C, Sum>), symbol(foldKernel<C, Prod>), symbol(foldKernel<C, Max>),
                              symbol(foldKernel<C, Min>)}) {
-        Status s = loadKernel(fn, "fold", t, funcLoad);
+        Status s = loadKernel(fn, "fold" + type, funcLoad);
         if (!s.ok()) return s;
       }
-      Status s = loadKernel(symbol(foldBytesKernel<C>), "byte-wise fold", t, funcLoad);
-      return s.ok() ? loadKernel(symbol(divideKernel<C>), "divide", t, funcLoad) : s;
+      Status s = loadKernel(symbol(foldBytesKernel<C>), "byte-wise fold" + type, funcLoad);
+      return s.ok() ? loadKernel(symbol(divideKernel<C>), "divide" + type, funcLoad) : s;
     });
-    if (st.ok() && isFloating(t))
-      st = withFloatCodec(t, [&]<class C>() { return loadKernel(symbol(nonFiniteKernel<C>), "finite check", t, funcLoad); });
     if (!st.ok()) return st;
+    if (!isFloating(t)) continue;
+    Status fin = withFloatCodec(t, [&]<class C>() { return loadKernel(symbol(nonFiniteKernel<C>), "finite check" + type, funcLoad); });
+    if (!fin.ok()) return fin;
   }
   for (const void* fn : {symbol(convertKernel<Plain<float>, Half>), symbol(convertKernel<Plain<float>, Bf16>),
                          symbol(convertKernel<Plain<double>, Half>), symbol(convertKernel<Plain<double>, Bf16>),
                          symbol(convertKernel<Half, Plain<float>>), symbol(convertKernel<Bf16, Plain<float>>),
                          symbol(convertKernel<Half, Plain<double>>), symbol(convertKernel<Bf16, Plain<double>>)}) {
-    Status s = loadKernel(fn, "convert", DataType::kFloat32, funcLoad);
+    Status s = loadKernel(fn, "convert", funcLoad);
     if (!s.ok()) return s;
   }
   return Status::Ok();
@@ -495,14 +500,15 @@ Status divide(void* x, std::size_t count, DataType t, int divisor, void* stream)
 
 Status preload() {
   static std::mutex mu;
-  static std::map<int, Status> loaded;  // by device
+  static std::set<int> loaded;  // devices
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return Status::CudaError(std::string("cudaGetDevice: ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
   std::lock_guard<std::mutex> g(mu);  // a second caller waits until the kernels are loaded
-  auto it = loaded.find(dev);
-  if (it == loaded.end()) it = loaded.emplace(dev, loadAll()).first;
-  return it->second;
+  if (loaded.count(dev)) return Status::Ok();
+  Status s = loadAll();
+  if (s.ok()) loaded.insert(dev);  // (a failure is tried again by the next communicator)
+  return s;
 }
 
 }  // namespace braid::kernels::gpu

@@ -48,7 +48,9 @@ struct Stream {
   std::thread thread;
 
   Stream() { thread = std::thread([this] { loop(); }); }
-  ~Stream() {
+  // Ends the thread. The object itself is never deleted (cudaStreamDestroy): a synchronization of
+  // every stream may still hold its address.
+  void stop() {
     {
       std::lock_guard<std::mutex> g(mu);
       stopping = true;
@@ -373,7 +375,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     std::lock_guard<std::mutex> g(registryMu);
     streams().erase(st);
   }
-  delete st;
+  st->stop();  // (not deleted: see Stream::stop)
   return cudaSuccess;
 }
 // Graph capture: only the state (the gpu test checks that Braid refuses a capturing stream).

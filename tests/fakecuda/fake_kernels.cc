@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <mutex>
 #include <set>
 #include <string>
@@ -24,30 +25,34 @@
 namespace braid {
 namespace {
 
-// Lazy loading as CUDA does it by default: the first launch of a kernel may wait for every stream of
-// the process (fakecudaSynchronizeWithin). Where that wait cannot end because the unfinished work
-// waits for the launching thread (a stream held until the caller's thread says "done"), a real GPU
-// hangs for good; here the process aborts after 60 s, naming the kernel. preload() loads them all.
+// Lazy loading as CUDA does it by default: loading a kernel (at its first launch, or Braid's all at
+// once in preload()) may wait for every stream of the process (fakecudaSynchronizeWithin). Where that
+// wait cannot end because the unfinished work waits for the loading thread (a stream held until that
+// thread says "done"), a real GPU hangs for good; here the process aborts after 60 s, naming what
+// was being loaded.
 extern "C" int fakecudaSynchronizeWithin(double seconds);
 std::mutex loadedMu;
 std::set<std::string> loaded;
-bool allLoaded = false;
+const char* const kBraidKernels[] = {"fold", "divide", "convert", "finite check"};  // (the test's kernels are not Braid's)
 
-void lazyLoad(const char* kernel) {
+void load(const std::vector<std::string>& kernels, const char* what) {
   {
     std::lock_guard<std::mutex> g(loadedMu);  // not held while waiting: launching a loaded kernel waits for nothing
-    if (allLoaded || loaded.count(kernel)) return;
+    bool all = true;
+    for (const std::string& k : kernels) all = all && loaded.count(k);
+    if (all) return;
   }
   if (fakecudaSynchronizeWithin(60)) {
     std::lock_guard<std::mutex> g(loadedMu);
-    loaded.insert(kernel);
+    loaded.insert(kernels.begin(), kernels.end());
     return;
   }
-  std::fprintf(stderr, "fakecuda: loading the %s kernel at its first launch waited 60 s for the context to synchronize: "
-               "a stream is held by work that waits for this thread, which hangs on a GPU (CUDA loads kernels lazily); "
-               "load kernels before holding streams (kernels::gpu::preload)\n", kernel);
+  std::fprintf(stderr, "fakecuda: loading %s waited 60 s for the context to synchronize: a stream is held by work that "
+               "waits for this thread, which hangs on a GPU (CUDA loads kernels lazily); load kernels before holding "
+               "streams (kernels::gpu::preload)\n", what);
   std::abort();
 }
+void lazyLoad(const char* kernel) { load({kernel}, (std::string("the ") + kernel + " kernel at its first launch").c_str()); }
 
 // Runs `work` on `stream` after everything queued before it, as kernel `kernel`.
 Status launch(const char* kernel, void* stream, std::function<void()> work) {
@@ -101,8 +106,7 @@ Status reduceMany(void* const* dsts, int ndst, const void* const* srcs, int nsrc
 }
 
 Status preload() {
-  std::lock_guard<std::mutex> g(loadedMu);
-  allLoaded = true;
+  load(std::vector<std::string>(std::begin(kBraidKernels), std::end(kBraidKernels)), "Braid's kernels (preload)");
   return Status::Ok();
 }
 

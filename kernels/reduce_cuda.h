@@ -46,11 +46,11 @@ Status convert(void* dst, DataType to, const void* src, DataType from, std::size
 Status flagNonFinite(const void* x, std::size_t count, DataType t, std::int32_t* flag, std::int32_t value, void* stream);
 
 // Loads every kernel of this file into the current device's context now, once per device and
-// process (later calls return at once; a failed load is tried again by the next call). CUDA loads kernels lazily by default (since
-// 12.2), and loading one may wait for everything queued in the context: a first launch on Braid's
-// proxy thread while a caller's stream is held until that thread says "done" would wait for itself.
-// So the proxy calls this when it starts, before it holds any stream; a build without code for this
-// GPU fails here, naming the kernel, rather than at a first launch.
+// process (later calls return at once; a failed load is tried again by the next call). CUDA loads
+// kernels lazily by default (since 12.2), and loading one may wait for everything queued in the
+// context: a first launch on Braid's proxy thread while a caller's stream is held until that thread
+// says "done" would wait for itself. So the proxy calls this when it starts, before it holds any
+// stream; a build without code for this GPU fails here, naming the kernel, not at a first launch.
 Status preload();
 
 }  // namespace braid::kernels::gpu

@@ -234,6 +234,9 @@ unsigned gridFor(std::size_t work) {
 // thread's last error: on the proxy thread that is often a stale cudaErrorNotReady from the polls
 // before the launch (cudaEventQuery, cudaStreamQuery), which a chevron launch checked with
 // cudaGetLastError would report as a failed launch.
+#ifndef BRAID_KERNEL_LAUNCH
+#define BRAID_KERNEL_LAUNCH cudaLaunchKernelEx  // (tests/fakecuda/simt.h runs the kernels on the CPU instead)
+#endif
 template <class... Params, class... Args>
 Status launch(const char* what, DataType t, ReduceOp op, unsigned grid, cudaStream_t s, void (*kernel)(Params...),
               Args&&... args) {
@@ -241,7 +244,7 @@ Status launch(const char* what, DataType t, ReduceOp op, unsigned grid, cudaStre
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(kThreads);
   cfg.stream = s;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  const cudaError_t e = BRAID_KERNEL_LAUNCH(&cfg, kernel, std::forward<Args>(args)...);
   if (e == cudaSuccess) return Status::Ok();
   (void)cudaGetLastError();  // this launch's error is returned here; it must not surface again elsewhere
   return Status::CudaError(std::string("launching the ") + what + " kernel (" + dataTypeName(t) + " " + reduceOpName(op) +

@@ -358,6 +358,18 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
   return cudaSuccess;
 }
 
+// Kernel attributes and handles (kernels::gpu::preload asks for them): every kernel is "loaded".
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* fn) {
+  if (!fn) return fail(cudaErrorInvalidDeviceFunction);
+  std::memset(attr, 0, sizeof(*attr));
+  return cudaSuccess;
+}
+cudaError_t cudaGetFuncBySymbol(cudaFunction_t* f, const void* fn) {
+  if (!fn) return fail(cudaErrorInvalidDeviceFunction);
+  *f = reinterpret_cast<cudaFunction_t>(const_cast<void*>(fn));
+  return cudaSuccess;
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
   touch();
   auto* created = new Stream;

@@ -3,8 +3,9 @@
 // machine without a GPU. It exists to test Braid's own logic around CUDA (the proxy's stream holds,
 // the staged pipeline's pieces and slots, the IPC all-reduce's protocol), not CUDA:
 //   - a stream is a thread that runs its operations in order; events and cuStreamWaitValue32 are
-//     operations that record or wait; "kernels" are host functions on the stream, and the first
-//     launch of each waits for the whole context as CUDA's lazy loading may (fake_kernels.cc);
+//     operations that record or wait; kernels are host functions on the stream (Braid's own code
+//     compiled for the CPU, simt.h; the test's, fake_kernels.cc), and loading one (its first launch,
+//     or cudaFuncGetAttributes) waits for the whole context as CUDA's lazy loading may;
 //   - freeing, unregistering and unmapping memory wait for every stream, as the real calls may; a
 //     wait that cannot end (a stream held by work that waits for the caller) aborts after 60 s;
 //   - device memory is shared memory (memfd), so an IPC handle is (pid, fd) and opening it maps
@@ -220,6 +221,12 @@ bool synchronizeWithin(double seconds) {
   return true;
 }
 
+std::mutex loadedMu;
+std::set<const void*>& loadedKernels() {
+  static auto* k = new std::set<const void*>;
+  return *k;
+}
+
 // The device-wide synchronization of the calls that free memory. Where it cannot end because the
 // unfinished work waits for the caller (a stream held until this thread says "done"), a real GPU
 // hangs for good; here the process aborts after 60 s, naming the call.
@@ -242,11 +249,26 @@ int fakecudaEmulation() { return 1; }
 // mapping the driver refuses would (the path that ends in "stage it" rather than an error).
 void fakecudaFailIpcOpens(int n) { ipcOpensToFail = n; }
 
-// The context synchronization that loading a kernel may need under CUDA's lazy loading (the default
-// since CUDA 12.2): waits until every stream of this process has run what was queued before the call.
-// Returns 0 if that takes more than `seconds`: the caller would wait forever on a real GPU when the
-// unfinished work waits for the caller (tests/fakecuda/fake_kernels.cc aborts then).
-int fakecudaSynchronizeWithin(double seconds) { return synchronizeWithin(seconds) ? 1 : 0; }
+// Lazy loading as CUDA does it by default (since 12.2): loading a kernel, at its first launch or when
+// cudaFuncGetAttributes asks for it (kernels::gpu::preload), may wait for every stream of the process.
+// Where that wait cannot end because the unfinished work waits for the loading thread (a stream held
+// until that thread says "done"), a real GPU hangs for good; here the process aborts after 60 s,
+// naming `what`. `kernel` is the key: the kernel's address (simt.h launches) or its name's.
+void fakecudaLoadKernel(const void* kernel, const char* what) {
+  {
+    std::lock_guard<std::mutex> g(loadedMu);  // not held while waiting: launching a loaded kernel waits for nothing
+    if (loadedKernels().count(kernel)) return;
+  }
+  if (synchronizeWithin(60)) {
+    std::lock_guard<std::mutex> g(loadedMu);
+    loadedKernels().insert(kernel);
+    return;
+  }
+  std::fprintf(stderr, "fakecuda: loading %s waited 60 s for the context to synchronize: a stream is held by work that "
+               "waits for this thread, which hangs on a GPU (CUDA loads kernels lazily); load kernels before holding "
+               "streams (kernels::gpu::preload)\n", what);
+  std::abort();
+}
 
 // The driver API (the names Braid looks up with dlsym or cudaGetDriverEntryPointByVersion), with its
 // types as plain C types.
@@ -358,9 +380,10 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
   return cudaSuccess;
 }
 
-// Kernel attributes and handles (kernels::gpu::preload asks for them): every kernel is "loaded".
+// Kernel attributes (kernels::gpu::preload asks for them, which loads the kernel) and handles.
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* fn) {
   if (!fn) return fail(cudaErrorInvalidDeviceFunction);
+  fakecudaLoadKernel(fn, "a kernel (cudaFuncGetAttributes)");
   std::memset(attr, 0, sizeof(*attr));
   return cudaSuccess;
 }

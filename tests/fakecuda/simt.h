@@ -1,11 +1,14 @@
 // Braid's CUDA kernels (kernels/reduce_cuda.cu) compiled by the host compiler and run on the CPU, so
-// that the gpu suite's kernel program (tests/gpu/test_gpu_kernels.cc) checks their own code, the
-// vector bodies, element-wise heads and tails and byte-wise paths included, on every machine
-// (tests/fakecuda/reduce_cuda_simt.cc; meson test gpu-kernels-simt). A launch becomes a host function
+// that the emulated suite runs their own code, the vector bodies, element-wise heads and tails and
+// byte-wise paths included, on every machine (tests/fakecuda/reduce_cuda_simt.cc): the gpu suite's
+// kernel program checks them against the CPU engine (gpu-kernels-simt), and the collectives program
+// and braid perf use them. A launch becomes a host function
 // on the (emulated) stream that runs every thread of every block one after the other, the blocks'
 // threads from last to first: a __syncthreads_or then sees every other thread of its block when
 // thread 0 reaches it, which is exact for kernels whose only work after that barrier is thread 0's
-// (nonFiniteKernel). What it cannot show: races between threads, real memory ordering, speed.
+// (nonFiniteKernel). A kernel not loaded yet (kernels::gpu::preload) loads at its first launch as
+// CUDA's lazy loading does (fakecudaLoadKernel). What it cannot show: races between threads, real
+// memory ordering, speed.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -31,6 +34,8 @@ namespace braid {
 inline thread_local dim3 blockIdx, blockDim, gridDim, threadIdx;
 }  // namespace braid
 
+extern "C" void fakecudaLoadKernel(const void* kernel, const char* what);  // (fake_cuda.cc)
+
 namespace braid::simt {
 
 inline thread_local int blockOr = 0;  // __syncthreads_or's accumulator for the running block
@@ -41,6 +46,7 @@ inline int syncthreadsOr(int v) { return blockOr |= (v != 0); }
 // what is queued there before it (reduce_cuda.cu calls this through BRAID_KERNEL_LAUNCH).
 template <class... Params, class... Args>
 cudaError_t launch(const cudaLaunchConfig_t* cfg, void (*kernel)(Params...), Args&&... args) {
+  fakecudaLoadKernel(reinterpret_cast<const void*>(kernel), "a Braid kernel at its first launch");  // (lazy loading)
   auto* run = new std::function<void()>(
       [kernel, grid = cfg->gridDim, block = cfg->blockDim, params = std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)] {
         braid::gridDim = grid;

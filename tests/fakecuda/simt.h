@@ -2,11 +2,10 @@
 // that the emulated suite runs their own code, the vector bodies, element-wise heads and tails and
 // byte-wise paths included, on every machine (tests/fakecuda/reduce_cuda_simt.cc): the gpu suite's
 // kernel program checks them against the CPU engine (gpu-kernels-simt), and the collectives program
-// and braid perf use them. A launch becomes a host function
-// on the (emulated) stream that runs every thread of every block one after the other, the blocks'
-// threads from last to first: a __syncthreads_or then sees every other thread of its block when
-// thread 0 reaches it, which is exact for kernels whose only work after that barrier is thread 0's
-// (nonFiniteKernel). A kernel not loaded yet (kernels::gpu::preload) loads at its first launch as
+// and braid perf use them. A launch becomes a host function on the (emulated) stream that runs
+// every thread of every block one after the other, the blocks' threads from last to first: a
+// __syncthreads_or then sees every other thread of its block when thread 0 reaches it, which is
+// exact for kernels whose only work after that barrier is thread 0's (nonFiniteKernel). A kernel not loaded yet (kernels::gpu::preload) loads at its first launch as
 // CUDA's lazy loading does (fakecudaLoadKernel). What it cannot show: races between threads, real
 // memory ordering, speed.
 #pragma once

@@ -364,6 +364,24 @@ WirePair wirePair(DataType from, DataType to) {
   return wide(from) && narrow(to) ? WirePair::kNarrow : narrow(from) && wide(to) ? WirePair::kWiden : WirePair::kNone;
 }
 
+// Calls f.template operator()<From, To>() with the codecs of one of the 8 pairs the wire formats use
+// (there are no kernels for the others).
+template <class F>
+Status withWirePair(DataType from, DataType to, F&& f) {
+  const bool toHalf = to == DataType::kFloat16, fromHalf = from == DataType::kFloat16;
+  switch (wirePair(from, to)) {
+    case WirePair::kNarrow:
+      return from == DataType::kFloat32 ? (toHalf ? f.template operator()<Plain<float>, Half>() : f.template operator()<Plain<float>, Bf16>())
+                                        : (toHalf ? f.template operator()<Plain<double>, Half>() : f.template operator()<Plain<double>, Bf16>());
+    case WirePair::kWiden:
+      return to == DataType::kFloat32 ? (fromHalf ? f.template operator()<Half, Plain<float>>() : f.template operator()<Bf16, Plain<float>>())
+                                      : (fromHalf ? f.template operator()<Half, Plain<double>>() : f.template operator()<Bf16, Plain<double>>());
+    case WirePair::kNone: break;
+  }
+  return Status::InvalidArgument(std::string("convert: ") + dataTypeName(from) + " to " + dataTypeName(to) +
+                                 " (only float32 and float64 to float16 and bfloat16, and back)");
+}
+
 // The kernel behind `fn` fully loaded in the current context: cudaFuncGetAttributes (which fails when
 // the binary has no code for this GPU), cudaGetFuncBySymbol (the driver's handle, which loads it
 // where the driver loads at that point), then cuFuncLoad where the driver has it (12.4 and later).
@@ -391,6 +409,7 @@ const void* symbol(void (*kernel)(Params...)) {
   return reinterpret_cast<const void*>(kernel);
 }
 
+// Every kernel the launches can pick, through the same dispatchers they use.
 Status loadAll() {
   void* entry = nullptr;
   cudaDriverEntryPointQueryResult found{};
@@ -403,9 +422,8 @@ Status loadAll() {
     const auto t = static_cast<DataType>(i);
     const std::string type = std::string(" (") + dataTypeName(t) + ")";
     Status st = withCodec(t, [&]<class C>() {
-      for (const void* fn : {symbol(foldKernel<C, Sum>), symbol(foldKernel<C, Prod>), symbol(foldKernel<C, Max>),
-                             symbol(foldKernel<C, Min>)}) {
-        Status s = loadKernel(fn, "fold" + type, funcLoad);
+      for (int o = 0; o < kNumReduceOps; ++o) {
+        Status s = withOp(static_cast<ReduceOp>(o), [&]<class Op>() { return loadKernel(symbol(foldKernel<C, Op>), "fold" + type, funcLoad); });
         if (!s.ok()) return s;
       }
       Status s = loadKernel(symbol(foldBytesKernel<C>), "byte-wise fold" + type, funcLoad);
@@ -415,13 +433,13 @@ Status loadAll() {
     if (!isFloating(t)) continue;
     Status fin = withFloatCodec(t, [&]<class C>() { return loadKernel(symbol(nonFiniteKernel<C>), "finite check" + type, funcLoad); });
     if (!fin.ok()) return fin;
-  }
-  for (const void* fn : {symbol(convertKernel<Plain<float>, Half>), symbol(convertKernel<Plain<float>, Bf16>),
-                         symbol(convertKernel<Plain<double>, Half>), symbol(convertKernel<Plain<double>, Bf16>),
-                         symbol(convertKernel<Half, Plain<float>>), symbol(convertKernel<Bf16, Plain<float>>),
-                         symbol(convertKernel<Half, Plain<double>>), symbol(convertKernel<Bf16, Plain<double>>)}) {
-    Status s = loadKernel(fn, "convert", funcLoad);
-    if (!s.ok()) return s;
+    for (DataType narrow : {DataType::kFloat16, DataType::kBfloat16}) {  // t's wire pairs, if it is float32 or float64
+      for (auto [from, to] : {std::pair{t, narrow}, std::pair{narrow, t}}) {
+        if (wirePair(from, to) == WirePair::kNone) continue;
+        Status conv = withWirePair(from, to, [&]<class F, class T>() { return loadKernel(symbol(convertKernel<F, T>), "convert" + type, funcLoad); });
+        if (!conv.ok()) return conv;
+      }
+    }
   }
   return Status::Ok();
 }
@@ -433,23 +451,10 @@ Status convert(void* dst, DataType to, const void* src, DataType from, std::size
   if (!alignedFor(dst, to) || !alignedFor(src, from)) return Status::InvalidArgument("convert: a pointer not aligned to its element size");
   if (count == 0) return Status::Ok();
   auto s = static_cast<cudaStream_t>(stream);
-  const auto run = [&]<class F, class T>() {
+  return withWirePair(from, to, [&]<class F, class T>() {
     return launch("convert", from, ReduceOp::kSum, gridFor(count), s, convertKernel<F, T>,
                   static_cast<typename T::Storage*>(dst), static_cast<const typename F::Storage*>(src), count, divisor);
-  };
-  // The 8 pairs the wire formats use (and no kernels for the others).
-  const bool toHalf = to == DataType::kFloat16, fromHalf = from == DataType::kFloat16;
-  switch (wirePair(from, to)) {
-    case WirePair::kNarrow:
-      return from == DataType::kFloat32 ? (toHalf ? run.template operator()<Plain<float>, Half>() : run.template operator()<Plain<float>, Bf16>())
-                                        : (toHalf ? run.template operator()<Plain<double>, Half>() : run.template operator()<Plain<double>, Bf16>());
-    case WirePair::kWiden:
-      return to == DataType::kFloat32 ? (fromHalf ? run.template operator()<Half, Plain<float>>() : run.template operator()<Bf16, Plain<float>>())
-                                      : (fromHalf ? run.template operator()<Half, Plain<double>>() : run.template operator()<Bf16, Plain<double>>());
-    case WirePair::kNone: break;
-  }
-  return Status::InvalidArgument(std::string("convert: ") + dataTypeName(from) + " to " + dataTypeName(to) +
-                                 " (only float32 and float64 to float16 and bfloat16, and back)");
+  });
 }
 
 Status flagNonFinite(const void* x, std::size_t count, DataType t, std::int32_t* flag, std::int32_t value, void* stream) {

@@ -208,6 +208,7 @@ std::atomic<int> ipcOpensToFail{0};  // (fakecudaFailIpcOpens)
 
 // Waits until every stream of this process has run what was queued before the call; false if that
 // takes more than `seconds`.
+constexpr double kForever = 1e9;  // seconds (about 31 years; still a steady_clock time point)
 bool synchronizeWithin(double seconds) {
   std::set<Stream*> all;
   {
@@ -227,15 +228,17 @@ std::set<const void*>& loadedKernels() {
   return *k;
 }
 
-// The device-wide synchronization of the calls that free memory. Where it cannot end because the
-// unfinished work waits for the caller (a stream held until this thread says "done"), a real GPU
-// hangs for good; here the process aborts after 60 s, naming the call.
-void synchronizeForFree(const char* call) {
+// The device-wide synchronization that freeing memory and loading a kernel may need. Where it cannot
+// end because the unfinished work waits for the caller (a stream held until this thread says
+// "done"), a real GPU hangs for good; here the process aborts after 60 s, naming what waited and
+// the rule it broke.
+void synchronizeOrAbort(const std::string& what, const char* rule) {
   if (synchronizeWithin(60)) return;
   std::fprintf(stderr, "fakecuda: %s waited 60 s for the device to synchronize: a stream is held by work that waits for "
-               "this thread, which hangs on a GPU (free memory only while no stream is held)\n", call);
+               "this thread, which hangs on a GPU (%s)\n", what.c_str(), rule);
   std::abort();
 }
+void synchronizeForFree(const char* call) { synchronizeOrAbort(call, "free memory only while no stream is held"); }
 
 }  // namespace
 
@@ -259,15 +262,10 @@ void fakecudaLoadKernel(const void* kernel, const char* what) {
     std::lock_guard<std::mutex> g(loadedMu);  // not held while waiting: launching a loaded kernel waits for nothing
     if (loadedKernels().count(kernel)) return;
   }
-  if (synchronizeWithin(60)) {
-    std::lock_guard<std::mutex> g(loadedMu);
-    loadedKernels().insert(kernel);
-    return;
-  }
-  std::fprintf(stderr, "fakecuda: loading %s waited 60 s for the context to synchronize: a stream is held by work that "
-               "waits for this thread, which hangs on a GPU (CUDA loads kernels lazily); load kernels before holding "
-               "streams (kernels::gpu::preload)\n", what);
-  std::abort();
+  synchronizeOrAbort(std::string("loading ") + what,
+                     "CUDA loads kernels lazily; load kernels before holding streams: kernels::gpu::preload");
+  std::lock_guard<std::mutex> g(loadedMu);
+  loadedKernels().insert(kernel);
 }
 
 // The driver API (the names Braid looks up with dlsym or cudaGetDriverEntryPointByVersion), with its
@@ -361,12 +359,7 @@ cudaError_t cudaDeviceCanAccessPeer(int* can, int, int) {
 }
 cudaError_t cudaDeviceEnablePeerAccess(int, unsigned) { return fail(cudaErrorPeerAccessUnsupported); }
 cudaError_t cudaDeviceSynchronize() {
-  std::set<Stream*> all;
-  {
-    std::lock_guard<std::mutex> g(registryMu);
-    all = streams();
-  }
-  for (Stream* s : all) s->sync();
+  synchronizeWithin(kForever);
   return cudaSuccess;
 }
 

@@ -41,31 +41,38 @@ inline thread_local int blockOr = 0;  // __syncthreads_or's accumulator for the 
 
 inline int syncthreadsOr(int v) { return blockOr |= (v != 0); }
 
-// cudaLaunchKernelEx for kernels compiled as host functions: the whole grid, on cfg->stream, after
-// what is queued there before it (reduce_cuda.cu calls this through BRAID_KERNEL_LAUNCH).
-template <class... Params, class... Args>
-cudaError_t launch(const cudaLaunchConfig_t* cfg, void (*kernel)(Params...), Args&&... args) {
-  fakecudaLoadKernel(reinterpret_cast<const void*>(kernel), "a Braid kernel at its first launch");  // (lazy loading)
-  auto* run = new std::function<void()>(
-      [kernel, grid = cfg->gridDim, block = cfg->blockDim, params = std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)] {
-        braid::gridDim = grid;
-        braid::blockDim = block;
-        for (unsigned b = 0; b < grid.x; ++b) {
-          braid::blockIdx = dim3(b);
-          blockOr = 0;
-          for (unsigned t = block.x; t-- > 0;) {
-            braid::threadIdx = dim3(t);
-            std::apply(kernel, params);
-          }
-        }
-      });
-  const cudaError_t e = cudaLaunchHostFunc(cfg->stream, [](void* p) {
+// A kernel of the emulation: `work` on `stream`, after what is queued there before it, loaded
+// first as CUDA's lazy loading does (fakecudaLoadKernel, keyed by `kernel`, naming `what`).
+inline cudaError_t onStream(const void* kernel, const char* what, cudaStream_t stream, std::function<void()> work) {
+  fakecudaLoadKernel(kernel, what);
+  auto* run = new std::function<void()>(std::move(work));
+  const cudaError_t e = cudaLaunchHostFunc(stream, [](void* p) {
     auto* f = static_cast<std::function<void()>*>(p);
     (*f)();
     delete f;
   }, run);
   if (e != cudaSuccess) delete run;
   return e;
+}
+
+// cudaLaunchKernelEx for kernels compiled as host functions: the whole grid, on cfg->stream, after
+// what is queued there before it (reduce_cuda.cu calls this through BRAID_KERNEL_LAUNCH).
+template <class... Params, class... Args>
+cudaError_t launch(const cudaLaunchConfig_t* cfg, void (*kernel)(Params...), Args&&... args) {
+  return onStream(reinterpret_cast<const void*>(kernel), "a Braid kernel at its first launch", cfg->stream,
+                  [kernel, grid = cfg->gridDim, block = cfg->blockDim,
+                   params = std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)] {
+                    braid::gridDim = grid;
+                    braid::blockDim = block;
+                    for (unsigned b = 0; b < grid.x; ++b) {
+                      braid::blockIdx = dim3(b);
+                      blockOr = 0;
+                      for (unsigned t = block.x; t-- > 0;) {
+                        braid::threadIdx = dim3(t);
+                        std::apply(kernel, params);
+                      }
+                    }
+                  });
 }
 
 }  // namespace braid::simt

@@ -1,5 +1,6 @@
 #include "tests/gpu/gpu_util.h"
 
+#include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,6 +39,10 @@ std::string gpuUnavailableReason() {
   if (!WIFEXITED(st)) return "the CUDA probe process died (signal " + std::to_string(WTERMSIG(st)) + ")";
   return why;
 }
+
+bool onEmulation() { return dlsym(RTLD_DEFAULT, "fakecudaEmulation") != nullptr; }
+
+FailIpcOpens failIpcOpensHook() { return reinterpret_cast<FailIpcOpens>(dlsym(RTLD_DEFAULT, "fakecudaFailIpcOpens")); }
 
 void skipWithoutGpu(const char* suite) {
   std::string why = gpuUnavailableReason();

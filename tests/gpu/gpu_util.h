@@ -13,6 +13,13 @@ namespace braid::test {
 std::string gpuUnavailableReason();
 // Prints the reason and exits with 77 (meson's SKIP) when no device can be used.
 void skipWithoutGpu(const char* suite);
+// Whether "CUDA" is tests/fakecuda's emulation (the programs linked against it; what only a real GPU
+// can hold in reasonable time and memory is left out or made smaller there).
+bool onEmulation();
+// The emulation's fakecudaFailIpcOpens(n) (the process's next n cudaIpcOpenMemHandle calls fail), or
+// null on a real GPU.
+using FailIpcOpens = void (*)(int);
+FailIpcOpens failIpcOpensHook();
 
 // On `stream`: every thread first sleeps about `delayUs`, then dst[0, bytes) = src[0, bytes). A call
 // that wrongly starts before the stream reaches it reads the stale contents of dst.

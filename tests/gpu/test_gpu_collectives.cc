@@ -7,7 +7,6 @@
 // kernel (launchSnapshot) queued just after it; the host looks only at that snapshot. A call that ran
 // early would reduce poison; a stream that resumed early would snapshot stale memory.
 // Without a usable GPU the program prints why and exits 77 (SKIP).
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -60,13 +59,15 @@ struct Dev {
     return false;
   }
   // Poisons [dst, dst+bytes) and then writes pattern data there with a delayed kernel, all on the stream.
-  bool put(std::byte* dst, std::size_t count, DataType t, ReduceOp op, int rank, std::size_t first = 0) {
+  // The data waits at src + srcOff until the kernel copies it: calls queued back to back without a
+  // synchronization in between need regions of their own.
+  bool put(std::byte* dst, std::size_t count, DataType t, ReduceOp op, int rank, std::size_t first = 0, std::size_t srcOff = 0) {
     const std::size_t bytes = count * dataTypeSize(t);
     if (!bytes) return true;
     pattern::fill(host.data(), count, t, op, rank, first);
-    if (cudaMemcpy(src, host.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) return fail("upload");
+    if (cudaMemcpy(src + srcOff, host.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) return fail("upload");
     if (cudaMemsetAsync(dst, 0xEE, bytes, stream) != cudaSuccess) return fail("poison");
-    launchDelayedCopy(dst, src, bytes, kDelayUs, stream);
+    launchDelayedCopy(dst, src + srcOff, bytes, kDelayUs, stream);
     return cudaGetLastError() == cudaSuccess || fail("delayed copy launch");
   }
   // Poisons an output region on the stream (so that a result that never arrives is seen).
@@ -266,7 +267,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, GpuCollectives,
 class GpuLargest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(GpuLargest, EveryCollectiveAt256MiBIsExact) {
-  if (dlsym(RTLD_DEFAULT, "fakecudaEmulation"))
+  if (onEmulation())
     GTEST_SKIP() << "256 MiB per rank runs on a real GPU only (on the CUDA emulation it would need several GiB of "
                     "memory and minutes of the CPU)";
   const bool ipc = GetParam();
@@ -445,7 +446,7 @@ TEST(GpuSendRecv, LargeMessagesGoThroughIpcUnlessTheSendBufferCannotBeSharedOrMa
       return 0;
     };
     if (int code = transfer(0, 7, 0, 20, "from the staged send")) return code;
-    const auto failIpcOpens = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "fakecudaFailIpcOpens"));
+    const auto failIpcOpens = failIpcOpensHook();
     if (failIpcOpens && rank == 0) failIpcOpens(1);
     if (int code = transfer(1, 3, 5, 30, failIpcOpens ? "after the receiver failed to map the offer" : "through IPC")) return code;
     if (int code = transfer(1, -11, 2, 40, "through IPC")) return code;
@@ -486,19 +487,11 @@ TEST(GpuStaging, CallsQueuedBackToBackGrowTheStagingWhileEarlierOnesRun) {
         for (std::size_t c : counts) total += c;
         Dev d;
         if (!d.ensure(total * 4)) return report(rank, d.error), 10;
-        // Every input uploaded first (the delayed copies read them later, from their own regions).
         std::size_t off = 0;
-        for (std::size_t c : counts) {
-          pattern::fill(d.host.data() + off * 4, c, t, ReduceOp::kSum, rank);
-          off += c;
-        }
-        if (cudaMemcpy(d.src, d.host.data(), total * 4, cudaMemcpyHostToDevice) != cudaSuccess) return report(rank, "upload"), 11;
-        off = 0;
         for (std::size_t c : counts) {
           std::byte* in = d.a + off * 4;
           std::byte* out = d.b + off * 4;
-          if (cudaMemsetAsync(in, 0xEE, c * 4, d.stream) != cudaSuccess || !d.poison(out, c * 4)) return report(rank, "poison"), 12;
-          launchDelayedCopy(in, d.src + off * 4, c * 4, kDelayUs, d.stream);
+          if (!d.put(in, c, t, ReduceOp::kSum, rank, 0, off * 4) || !d.poison(out, c * 4)) return report(rank, d.error), 12;
           braidResult_t res = braidAllReduce(in, out, c, braidFloat32, braidSum, comm, d.stream);
           if (res != braidSuccess) return report(rank, std::string("allreduce: ") + braidGetLastError(comm)), 13;
           off += c;
@@ -524,7 +517,7 @@ TEST(GpuStaging, CallsQueuedBackToBackGrowTheStagingWhileEarlierOnesRun) {
 // scratch unmaps it only once its proxy is idle (unmapping during the call, while the stream is held,
 // makes the emulation abort in cudaIpcCloseMemHandle).
 TEST(GpuStaging, ARankThatCannotMapAPeerAtTheAgreementTurnsIpcOffOnEveryRank) {
-  const auto failIpcOpens = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "fakecudaFailIpcOpens"));
+  const auto failIpcOpens = failIpcOpensHook();
   if (!failIpcOpens) GTEST_SKIP() << "needs the CUDA emulation, whose cudaIpcOpenMemHandle can be made to fail";
   auto outcome = runRanks(
       2,
@@ -738,7 +731,7 @@ TEST(GpuDdp, DeviceGradientsAreAveragedInStreamOrder) {
 // BRAID_TIMEOUT, and every rank's error names the rank that failed, the CUDA call and the knob. As
 // with NCCL's asynchronous errors, the communicator is failed from then on.
 TEST(GpuErrors, ABufferARankCannotMapFailsTheCallOnEveryRankNamingIt) {
-  const auto failIpcOpens = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "fakecudaFailIpcOpens"));
+  const auto failIpcOpens = failIpcOpensHook();
   if (!failIpcOpens) GTEST_SKIP() << "needs the CUDA emulation, whose cudaIpcOpenMemHandle can be made to fail";
   auto outcome = runRanks(2, [&](int rank, braidComm_t comm) {
     const std::size_t n = 1 << 20;  // 4 MiB: above the one-shot size, so the call maps the user's buffers

@@ -4,7 +4,6 @@
 // (NaN, infinities and subnormals included); results must match bit for bit, except that two NaNs
 // match whatever their payloads (the CPU's and the GPU's NaN propagation differ by design).
 // Without a usable GPU the program prints why and exits 77 (SKIP).
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,7 +25,7 @@ namespace {
 // The largest size: 2^20 + 7 on a GPU. On the CPU (the emulation's copy of this program runs the
 // kernels thread by thread, tests/fakecuda/simt.h) 70,001, still more vectors than the emulated
 // grid's 2,048 threads for every type but the 1-byte ones, so the grid-stride loops run.
-const std::size_t kLarge = dlsym(RTLD_DEFAULT, "fakecudaEmulation") ? 70001 : (1u << 20) + 7;
+const std::size_t kLarge = onEmulation() ? 70001 : (1u << 20) + 7;
 const std::size_t kSizes[] = {0, 1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 127, 1000, 4099, kLarge};
 struct Offsets { std::size_t d, a, b; bool inBytes; };
 const Offsets kOffsets[] = {{0, 0, 0, false}, {1, 1, 1, false}, {0, 1, 2, false}, {3, 3, 3, false},

@@ -1,9 +1,13 @@
 // `braid run`. The launcher's one real job is making sure no rank is left behind: a collective
 // job whose rank died leaves its peers blocked forever, so the first failure stops everyone
 // (SIGTERM, then SIGKILL after a grace period) and the launcher's own death takes the ranks along
-// (PR_SET_PDEATHSIG). Everything is driven from one poll() loop over a signalfd and the output
-// pipes, so signals never run code in a handler and nothing sleeps (except once, before the
-// ranks start, to see which cores are idle). Its second job is pinning ranks to cores.
+// (PR_SET_PDEATHSIG). Each rank starts a session (and so a process group) of its own, and the
+// signals go to the whole group, so whatever a rank started (data-loader workers, a shell's
+// children) stops with it, as torchrun stops its workers' groups. The launcher is the subreaper
+// of everything its ranks start, so orphans are reaped here and a group's end can be seen.
+// Everything is driven from one poll() loop over a signalfd and the output pipes, so signals never
+// run code in a handler and nothing sleeps (except once, before the ranks start, to see which
+// cores are idle). Its second job is pinning ranks to cores.
 #include "tools/launcher.h"
 
 #include <arpa/inet.h>
@@ -17,6 +21,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -61,9 +66,11 @@ constexpr std::string_view kUsage =
     "                          use, round-robin when ranks outnumber cores; none: leave ranks free\n"
     "  --tag-output            prefix every output line with \"[RANK] \"\n"
     "  -h, --help              show this help\n"
-    "When a rank fails, the others get SIGTERM and, 3 s later, SIGKILL; the exit status is the\n"
-    "failed rank's (128+signal if it was killed). SIGINT and SIGTERM sent to the launcher are\n"
-    "forwarded to all ranks, with the same 3 s before SIGKILL; the exit status is then 128+signal.\n";
+    "Each rank runs in a session and process group of its own. When a rank fails, every rank's\n"
+    "group (the rank and whatever it started) gets SIGTERM and, 3 s later, SIGKILL; the exit status\n"
+    "is the failed rank's (128+signal if it was killed). SIGINT and SIGTERM sent to the launcher are\n"
+    "forwarded to every group, with the same 3 s before SIGKILL; the exit status is then 128+signal.\n"
+    "Processes a rank leaves running in its group when it exits are stopped the same way.\n";
 
 // Far beyond one host's accelerators; the cap keeps a typo from forking a machine to death.
 constexpr int kMaxLocalRanks = 4096;
@@ -74,6 +81,8 @@ constexpr auto kReapAfterKill = std::chrono::seconds(2);
 // The signalfd only sees SIGCHLD if no other thread of the host process takes it first, so reap on
 // a slow timer as well rather than trusting it blindly.
 constexpr int kSafetyPollMs = 1000;
+// How often the launcher looks whether the processes a rank left in its group have ended.
+constexpr int kGroupPollMs = 20;
 // A "line" this long without a newline is split so one rank cannot grow the launcher without bound.
 constexpr std::size_t kMaxLineBytes = 64 * 1024;
 // Reads per stream per loop turn, so one chatty rank cannot starve the others or signal handling.
@@ -291,11 +300,19 @@ struct Stream {
 
 struct Rank {
   int rank = 0;  // Global rank: the tag and the name in messages.
-  pid_t pid = -1;
-  bool alive = false;
+  pid_t pid = -1;  // also its process group's id: the rank starts a session of its own
+  bool alive = false;  // not reaped yet
+  bool group = false;  // its process group may still have members (the rank or its descendants)
   Stream out;
   Stream err;
 };
+
+// Whether output written to `fd` could keep a reader waiting after the launcher exits: a pipe or a
+// socket stays open while any descendant of a rank holds it; a terminal or a file never blocks.
+bool holdsReaders(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode));
+}
 
 class Launcher {
  public:
@@ -304,6 +321,15 @@ class Launcher {
   int run() {
     std::fflush(nullptr);  // Output the host process buffered must come before the ranks'.
     chooseBindings();
+    // Through pipes of the launcher's own when tagging, or when the launcher's output is a pipe:
+    // then a rank's descendant that outlives it holds the launcher's pipe, not the reader's, and
+    // the reader sees EOF when the launcher exits. A terminal or a file is inherited as it is
+    // (a rank keeps its isatty() and its line buffering there).
+    relay_[0] = opts_.tagOutput || holdsReaders(STDOUT_FILENO);
+    relay_[1] = opts_.tagOutput || holdsReaders(STDERR_FILENO);
+    // Orphans of the ranks' descendants come to the launcher (and are reaped by it), so a group's
+    // last member is seen to end even where init does not reap.
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
     if (!setUpSignals()) return 1;
     launcherPid_ = ::getpid();
     for (std::string& word : opts_.program) childArgv_.push_back(word.data());
@@ -380,9 +406,9 @@ class Launcher {
     r.rank = opts_.nodeRank * opts_.nproc + localRank;
     UniqueFd outWrite;
     UniqueFd errWrite;
-    if (opts_.tagOutput) {
-      for (auto [stream, writeEnd, sink] : {std::tuple{&r.out, &outWrite, STDOUT_FILENO},
-                                            std::tuple{&r.err, &errWrite, STDERR_FILENO}}) {
+    for (auto [stream, writeEnd, sink] : {std::tuple{&r.out, &outWrite, STDOUT_FILENO},
+                                          std::tuple{&r.err, &errWrite, STDERR_FILENO}}) {
+      if (relay_[sink - STDOUT_FILENO]) {
         int fds[2];
         // Only our end is non-blocking: a rank writing to a full pipe must wait, not get EAGAIN.
         if (::pipe2(fds, O_CLOEXEC) != 0) {
@@ -403,6 +429,7 @@ class Launcher {
     if (pid == 0) execChild(localRank, r.rank, outWrite.get(), errWrite.get());
     r.pid = pid;
     r.alive = true;
+    r.group = true;
     // Our copies of the write ends close here, so EOF means the rank (and whatever it spawned) is done.
     return true;
   }
@@ -414,16 +441,22 @@ class Launcher {
     // launcher died before prctl took effect, the parent already changed and the signal never comes.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != launcherPid_) ::_exit(1);
+    // A session of its own: its process group is the rank and what it starts, signalled as one,
+    // and the terminal's job control (Ctrl-C, SIGTTIN on reads) is the launcher's alone.
+    ::setsid();
     ::sigaction(SIGCHLD, &oldChild_, nullptr);
     // Unblocking delivers a SIGTERM forwarded before exec, so a rank stopped early still stops.
     ::pthread_sigmask(SIG_SETMASK, &oldMask_, nullptr);
-    if (outFd >= 0) {
-      // Moving both ends above 2 first keeps dup2 correct even if a pipe landed on fd 1 or 2.
-      const int out = ::fcntl(outFd, F_DUPFD, 3);
-      const int err = ::fcntl(errFd, F_DUPFD, 3);
-      if (out < 0 || err < 0 || ::dup2(out, STDOUT_FILENO) < 0 || ::dup2(err, STDERR_FILENO) < 0) ::_exit(127);
-      ::close(out);
-      ::close(err);
+    // Moving both ends above 2 first keeps dup2 correct even if a pipe landed on fd 1 or 2.
+    const int out = outFd >= 0 ? ::fcntl(outFd, F_DUPFD, 3) : -1;
+    const int err = errFd >= 0 ? ::fcntl(errFd, F_DUPFD, 3) : -1;
+    for (auto [fd, target] : {std::pair{out, STDOUT_FILENO}, std::pair{err, STDERR_FILENO}}) {
+      if (fd < 0) {
+        if ((target == STDOUT_FILENO ? outFd : errFd) >= 0) ::_exit(127);
+        continue;
+      }
+      if (::dup2(fd, target) < 0) ::_exit(127);
+      ::close(fd);
     }
     const std::pair<const char*, std::string> vars[] = {
         {"RANK", std::to_string(globalRank)},
@@ -452,10 +485,25 @@ class Launcher {
     return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.alive; });
   }
 
+  // Whether a rank's process group still has members. While the rank is unreaped it does (a
+  // zombie still owns its pid, so its group's id cannot go to a stranger); after that, until the
+  // kernel says the group is empty. Its members' orphans are the launcher's to reap (subreaper).
+  bool groupLive(Rank& r) {
+    if (r.group && !r.alive && ::kill(-r.pid, 0) != 0 && errno == ESRCH) r.group = false;
+    return r.group;
+  }
+
+  bool anyGroupLive() {
+    bool any = false;
+    for (Rank& r : ranks_) any = groupLive(r) || any;
+    return any;
+  }
+
   void signalLive(int sig) {
-    // An exited but unreaped rank is a zombie that still owns its pid, so this never hits a stranger.
-    for (const Rank& r : ranks_) {
+    for (Rank& r : ranks_) {
+      // To the rank itself too: one that moved to another group (setsid of its own) still gets it.
       if (r.alive) ::kill(r.pid, sig);
+      if (groupLive(r)) ::kill(-r.pid, sig);
     }
   }
 
@@ -496,6 +544,11 @@ class Launcher {
   }
 
   void emit(const Rank& r, Stream& s, bool atEof) {
+    if (!opts_.tagOutput) {  // relayed as it comes
+      writeAll(s.sink, s.pending);
+      s.pending.clear();
+      return;
+    }
     // Built piecewise: GCC 12 at -O3 warns falsely (-Wrestrict) on "[" + to_string(...) + "] ".
     std::string prefix("[");
     prefix += std::to_string(r.rank);
@@ -532,27 +585,48 @@ class Launcher {
     }
   }
 
+  // Reaps every child that has ended: ranks, and the orphans of their descendants that came to the
+  // launcher as their subreaper (nothing to report for those).
   void reap() {
-    for (Rank& r : ranks_) {
-      if (!r.alive) continue;
+    for (;;) {
       int waitStatus = 0;
-      pid_t got;
-      do {
-        got = ::waitpid(r.pid, &waitStatus, WNOHANG);
-      } while (got < 0 && errno == EINTR);
-      if (got == 0) continue;
-      r.alive = false;
+      const pid_t got = ::waitpid(-1, &waitStatus, WNOHANG);
+      if (got < 0 && errno == EINTR) continue;
+      // ECHILD with ranks unreaped: they were reaped behind our back (another thread of the host
+      // process); nothing to report for them.
+      if (got < 0 && errno == ECHILD)
+        for (Rank& r : ranks_) r.alive = false;
+      if (got <= 0) break;
+      auto it = std::find_if(ranks_.begin(), ranks_.end(), [&](const Rank& r) { return r.alive && r.pid == got; });
+      if (it == ranks_.end()) continue;
+      it->alive = false;
       // Its last words are already in the pipes; show them before the verdict on it.
-      readStream(r, r.out, INT_MAX);
-      readStream(r, r.err, INT_MAX);
-      if (got == r.pid) onExit(r, waitStatus);  // ECHILD: reaped behind our back, nothing to report.
+      readStream(*it, it->out, INT_MAX);
+      readStream(*it, it->err, INT_MAX);
+      onExit(*it, waitStatus);
     }
+  }
+
+  // Every rank has exited 0 but some left processes in their groups: those are stopped like the
+  // ranks of a failed job (they would hold the job's output and its resources).
+  void stopLeftovers() {
+    for (Rank& r : ranks_)
+      if (groupLive(r))
+        printError("rank " + std::to_string(r.rank) + " exited, leaving processes running in its process group " +
+                   std::to_string(r.pid) + "; stopping them");
+    stopping_ = true;
+    killAt_ = Clock::now() + kStopGrace;
+    signalLive(SIGTERM);
   }
 
   void loop() {
     std::vector<pollfd> fds;
     std::vector<std::pair<Rank*, Stream*>> owners;
-    while (anyAlive()) {
+    for (;;) {
+      const bool ranksLeft = anyAlive();
+      const bool groupsLeft = anyGroupLive();
+      if (!ranksLeft && !groupsLeft) break;
+      if (!ranksLeft && !stopping_) stopLeftovers();
       const auto now = Clock::now();
       if (stopping_ && !killed_ && now >= killAt_) {
         signalLive(SIGKILL);
@@ -560,9 +634,12 @@ class Launcher {
         giveUpAt_ = now + kReapAfterKill;
       }
       if (killed_ && now >= giveUpAt_) {
-        for (const Rank& r : ranks_) {
-          if (r.alive) printError("rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) +
-                                  ") survived SIGKILL; leaving it behind");
+        for (Rank& r : ranks_) {
+          if (r.alive)
+            printError("rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ") survived SIGKILL; leaving it behind");
+          else if (groupLive(r))
+            printError("processes that rank " + std::to_string(r.rank) + " started (process group " + std::to_string(r.pid) +
+                       ") survived SIGKILL; leaving them behind");
         }
         break;
       }
@@ -576,10 +653,11 @@ class Launcher {
           owners.emplace_back(&r, s);
         }
       }
-      int timeoutMs = kSafetyPollMs;
+      // A group's members need not be the launcher's children, so their end wakes nobody: look often.
+      int timeoutMs = ranksLeft ? kSafetyPollMs : kGroupPollMs;
       if (stopping_) {
         const auto left = std::chrono::ceil<std::chrono::milliseconds>((killed_ ? giveUpAt_ : killAt_) - now);
-        timeoutMs = static_cast<int>(std::clamp<long long>(left.count(), 0, kSafetyPollMs));
+        timeoutMs = static_cast<int>(std::clamp<long long>(left.count(), 0, timeoutMs));
       }
       if (::poll(fds.data(), fds.size(), timeoutMs) < 0 && errno != EINTR) {
         // Without poll we can neither relay output nor notice signals: end the job the hard way.
@@ -599,14 +677,23 @@ class Launcher {
       }
       reap();
     }
-    // A descendant of a rank may hold a pipe open forever; the ranks' own output is already buffered,
-    // so one non-blocking drain gets all of it without waiting for EOF.
+    // Every rank and its group are gone, so the ranks' own output is already in the pipes, and one
+    // non-blocking drain gets all of it without waiting for EOF. A pipe still open after it is held
+    // by something outside the rank's group (a daemon: a new session of its own): the launcher does
+    // not wait for it, and says so.
     for (Rank& r : ranks_) {
+      std::string held;
       for (Stream* s : {&r.out, &r.err}) {
         readStream(r, *s, INT_MAX);
-        if (s->fd.valid()) emit(r, *s, true);
+        if (!s->fd.valid()) continue;
+        emit(r, *s, true);
         s->fd.reset();
+        held += held.empty() ? "" : " and ";
+        held += s == &r.out ? "stdout" : "stderr";
       }
+      if (!held.empty())
+        printError("something rank " + std::to_string(r.rank) + " started still holds its " + held +
+                   " (a process outside its process group, such as a daemon); not waiting for it: its further output is lost");
     }
   }
 
@@ -620,6 +707,7 @@ class Launcher {
   struct sigaction oldChild_ {};
   pid_t launcherPid_ = 0;
   int status_ = 0;
+  bool relay_[2] = {false, false};  // ranks' stdout, stderr come through the launcher's pipes (Stream)
   bool stopping_ = false;
   bool killed_ = false;
   Clock::time_point killAt_{};

@@ -122,6 +122,7 @@ Status Comm::setup(InitParams& p) {
                   " BRAID_TCP_CONGESTION=" + config_.tcpCongestion + " BRAID_CUDA_IPC=" + (config_.cudaIpc ? "1" : "0");
   self.cmaProbe = cmaProbeAddress();
   self.cpus = topology::cpuListText(topology::allowedCpus());
+  self.tuningL3 = topology::tuningL3Bytes();
   if (nranks_ > 1) {
     Status s = tcp_->listen(config_, p.storeIp);
     if (!s.ok()) return s.withContext(me + " tcp listener");
@@ -168,6 +169,9 @@ Status Comm::setup(InitParams& p) {
     pids_.push_back(info.pid);
     localPeer_.push_back(info.sameHostAs(self));
   }
+  cmaCacheBytes_ = self.tuningL3 ? self.tuningL3 : topology::kAssumedL3Bytes;
+  for (const PeerInfo& info : infos)
+    if (info.sameHostAs(self) && info.tuningL3) cmaCacheBytes_ = std::min<std::size_t>(cmaCacheBytes_, info.tuningL3);
   SetupContext ctx{rank_, nranks_, nonce_, p.storeNonce, config_, infos, *store_, deadline};
   conns_.resize(static_cast<std::size_t>(nranks_));
   shm_ = std::make_unique<ShmTransport>();

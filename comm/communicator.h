@@ -22,6 +22,7 @@
 #include "comm/tuner.h"
 #include "comm/trace.h"
 #include "comm/waiter.h"
+#include "topology/topology.h"
 #include "transport/transport.h"
 
 namespace braid {
@@ -38,6 +39,9 @@ enum class CmaDirection { kRead, kWrite };
 std::uint64_t cmaProbeAddress();
 Status cmaProbe(int pid, std::uint64_t probeAddress);
 Status cmaCopy(int pid, std::uint64_t remote, void* local, std::size_t n, CmaDirection direction);
+// The smallest all-gather or broadcast (bytes of the whole buffer) that takes cross-memory attach
+// among `nranks` ranks whose host tunes with an L3 of `l3Bytes`; SIZE_MAX: never (Comm::cmaFits).
+std::size_t cmaMinBytes(CollKind kind, int nranks, std::size_t l3Bytes);
 
 struct InitParams {
   int rank = -1;
@@ -104,6 +108,10 @@ class Comm final : public EngineHost, public Workspace {
   // How many all-gathers and broadcasts took the cross-memory-attach path (for tests).
   std::uint64_t cmaCalls() const { return cmaCalls_; }
   bool cmaUsable() const { return cmaUsable_; }
+  // The smallest all-gather or broadcast (its whole buffer, in bytes) that cross-memory attach
+  // takes where it is usable and no rank is oversubscribed (cmaFits); SIZE_MAX: never. Tests size
+  // their calls from it.
+  std::size_t cmaMinBytes(CollKind kind) const { return braid::cmaMinBytes(kind, nranks_, cmaCacheBytes_); }
   // Whether ranks outnumber the cores on some rank's host (agreed at setup). Cross-memory attach
   // is then left to the rings (cmaFits). Tests set it, on every rank, to cover both ways anywhere.
   void setOversubscribed(bool oversubscribed) { oversubscribed_ = oversubscribed; }
@@ -193,6 +201,9 @@ class Comm final : public EngineHost, public Workspace {
   bool probeCma(const std::vector<PeerInfo>& infos) const;
   bool cmaUsable_ = false;  // agreed by every rank at setup
   bool oversubscribed_ = false;  // see setOversubscribed
+  // The L3 figure cmaMinBytes uses: the smallest tuningL3 of this host's ranks, so that every rank
+  // of the host decides alike (ranks pinned to cores of different L3 domains may each see another).
+  std::size_t cmaCacheBytes_ = topology::kAssumedL3Bytes;
   std::uint64_t cmaCalls_ = 0;
   std::vector<std::uint64_t> cmaAddrs_;
   // comm/algorithms/mailbox.cc: small one-shot all-reduce and barrier through the shm mailbox.

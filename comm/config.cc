@@ -107,7 +107,7 @@ const Row kRows[] = {
      [](Config& c, const std::string& s) -> Status { c.commId = s; return Status::Ok(); }},
     {"BRAID_ZERO_COPY", "1", "1: all-reduce on braidMemAlloc buffers of one host reads peers' memory directly (256K and up)",
      [](Config& c, const std::string& s) { return parseBool(s, &c.zeroCopy); }},
-    {"BRAID_CMA", "1", "1: large all-gather and broadcast between ranks of one host copy between the ranks' buffers with process_vm_readv/writev (one copy, not two) unless ranks outnumber the cores: broadcast 2 ranks from L3/4, more from 128K; all-gather 3+ ranks from 512K",
+    {"BRAID_CMA", "1", "1: large all-gather and broadcast between ranks of one host copy between the ranks' buffers with process_vm_readv/writev (one copy, not two) unless ranks outnumber the cores: broadcast 2 ranks from a quarter of the L3 tuning uses (braid info), more from 128K; all-gather 3+ ranks from 512K",
      [](Config& c, const std::string& s) { return parseBool(s, &c.cma); }},
     {"BRAID_SECRET", "", "the job's secret (16+ characters) for launcher-started jobs; braid run sets one; never sent on the wire",
      [](Config& c, const std::string& s) -> Status {

@@ -23,8 +23,7 @@ const std::byte kZeros[8] = {};
 
 std::size_t largeCopyBytes() {
   static const std::size_t bytes = [] {
-    const std::size_t l3 = topology::summary().l3Bytes ? topology::summary().l3Bytes : std::size_t{32} << 20;
-    return std::max<std::size_t>(std::size_t{1} << 20, l3 / 32);
+    return std::max<std::size_t>(std::size_t{1} << 20, topology::tuningL3Bytes() / 32);
   }();
   return bytes;
 }

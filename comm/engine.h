@@ -21,8 +21,10 @@ class Connection;
 class Waiter;
 
 // Copies between this rank's own buffers. Below largeCopyBytes() memcpy; from there on streaming
-// stores that bypass the cache (kernels/copy.h): 1 MiB, or 1/32 of the last-level cache if that is
-// more. A collective's copy shares the cache with its other buffers and the peers' (and, on shared
+// stores that bypass the cache (kernels/copy.h): 1 MiB, or 1/32 of the L3 that tuning uses if that
+// is more (topology::tuningL3Bytes: a figure a VM reports that no CPU has counts as 32 MiB; on the
+// VM type that reports 508 MiB per vCPU, streaming from 16 MiB made 1-4 MiB 4-rank all-reduces
+// half as fast as from 1 MiB, docs/PERFORMANCE.md). A collective's copy shares the cache with its other buffers and the peers' (and, on shared
 // machines, other tenants'): on the 32 MiB L3 of the CI machine type the 2-rank all-gather's own
 // block was copied faster past the cache from 1 MiB up (docs/PERFORMANCE.md).
 std::size_t largeCopyBytes();

@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "braid_build_config.h"
+#include "comm/communicator.h"
 #include "comm/config.h"
+#include "comm/engine.h"
 #include "kernels/reduce.h"
 #include "tools/tools.h"
 #include "topology/topology.h"
@@ -26,8 +28,20 @@ int runInfo(int, char**) {
   std::printf("build: cuda %s, ibverbs headers %s, hwloc %s\n",
               BRAID_HAVE_CUDA ? "yes (device buffers staged through pinned memory; kernels for sm " BRAID_GPU_ARCHS ")" : "no",
               BRAID_HAVE_IBVERBS ? "found" : "no", BRAID_HAVE_HWLOC ? "yes" : "no (cores from the affinity mask)");
-  std::printf("host: %d cores, %d hardware threads, %d NUMA nodes, L3 %zu MiB, %s\n", t.cores, t.pus, t.numaNodes,
-              t.l3Bytes >> 20, t.cpuModel.empty() ? "unknown CPU" : t.cpuModel.c_str());
+  std::printf("host: %d cores, %d hardware threads, %d NUMA nodes, %s%s\n", t.cores, t.pus, t.numaNodes,
+              t.cpuModel.empty() ? "unknown CPU" : t.cpuModel.c_str(), t.hypervisor ? " (under a hypervisor)" : "");
+  std::printf("L3: %zu MiB, from %s\n", t.l3Bytes >> 20, t.l3Source.c_str());
+  const std::string tuned = "streaming copies from " + std::to_string(largeCopyBytes() >> 10) +
+                            " KiB, the 2-rank broadcast through cross-memory attach from " +
+                            std::to_string(cmaMinBytes(CollKind::kBroadcast, 2, topology::tuningL3Bytes()) >> 10) + " KiB";
+  if (t.l3Plausible)
+    std::printf("    tuning uses it: %s\n", tuned.c_str());
+  else
+    std::printf("    tuning assumes %zu MiB instead (%s): %s\n", topology::kAssumedL3Bytes >> 20,
+                t.l3Bytes == 0 ? "unknown"
+                : t.l3SharedBy > 0 ? "doubtful: more than any CPU has per CPU sharing it"
+                                   : "doubtful: a whole-machine figure under a hypervisor",
+                tuned.c_str());
   const std::vector<int> cpus = topology::allowedCpus();
   std::printf("this process may run on: CPUs %s, %zu cores (braid run pins its ranks one per core, round-robin "
               "when they outnumber them; --bind-to none leaves them free)\n",

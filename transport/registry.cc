@@ -30,7 +30,7 @@ Selection selectTransport(const PeerInfo& self, const PeerInfo& peer, const Conf
 std::string PeerInfo::serialize() const {
   std::ostringstream o;
   o << rank << '\n' << host << '\n' << bootId << '\n' << pid << '\n' << tcpAddr << '\n' << (shmUsable ? 1 : 0) << '\n'
-    << settings << '\n' << cmaProbe << '\n' << cpus << '\n';
+    << settings << '\n' << cmaProbe << '\n' << cpus << '\n' << tuningL3 << '\n';
   return o.str();
 }
 
@@ -51,6 +51,7 @@ Result<PeerInfo> PeerInfo::parse(const std::string& text) {
   if (!(in >> p.cmaProbe)) p.cmaProbe = 0;
   in.ignore(1);
   std::getline(in, p.cpus);
+  if (!(in >> p.tuningL3)) p.tuningL3 = 0;
   return p;
 }
 

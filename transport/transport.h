@@ -63,6 +63,7 @@ struct PeerInfo {
   std::string settings;   // the BRAID_* values every rank must share, e.g. "BRAID_NSOCKS=2 ..."
   std::uint64_t cmaProbe = 0;  // an address in this process that peers may read to probe process_vm_readv
   std::string cpus;       // the CPUs this rank may run on, as Linux lists them ("0-3,8"); "" if unknown
+  std::uint64_t tuningL3 = 0;  // the L3 figure this rank tunes with (topology::tuningL3Bytes); 0 if unknown
 
   bool sameHostAs(const PeerInfo& o) const { return host == o.host && bootId == o.bootId; }
   std::string serialize() const;

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "comm/communicator.h"
@@ -77,14 +78,19 @@ Status cmaCopy(int pid, std::uint64_t remote, void* local, std::size_t n, CmaDir
 // the copy (2 ranks: once the buffers, about four times the size over both ranks, no longer fit
 // in the L3 cache), and with more ranks every rank reads the others' blocks directly instead of
 // forwarding them along the ring (all-gather from 512 KiB, broadcast from 128 KiB).
-// Every rank computes the same answer: all of them run on this host and agreed at setup.
+std::size_t cmaMinBytes(CollKind kind, int nranks, std::size_t l3Bytes) {
+  constexpr std::size_t kNever = SIZE_MAX;
+  if (kind == CollKind::kAllGather) return nranks > 2 ? std::size_t{512} << 10 : kNever;
+  if (kind != CollKind::kBroadcast) return kNever;
+  if (nranks > 2) return std::size_t{128} << 10;
+  return std::max<std::size_t>(std::size_t{1} << 20, l3Bytes / 4);
+}
+
+// Every rank computes the same answer: all of them run on this host and agreed at setup on
+// cmaUsable_, oversubscribed_ and cmaCacheBytes_.
 bool Comm::cmaFits(const CollArgs& a, std::size_t total) const {
   if (!cmaUsable_ || oversubscribed_) return false;
-  if (a.kind == CollKind::kAllGather) return nranks_ > 2 && total >= (512u << 10);
-  if (a.kind != CollKind::kBroadcast) return false;
-  if (nranks_ > 2) return total >= (128u << 10);
-  const std::size_t l3 = topology::summary().l3Bytes ? topology::summary().l3Bytes : std::size_t{32} << 20;
-  return total >= std::max<std::size_t>(std::size_t{1} << 20, l3 / 4);
+  return total >= cmaMinBytes(a.kind);
 }
 
 Status Comm::cmaCollective(const CollArgs& a, const Fingerprint& fp) {

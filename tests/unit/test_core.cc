@@ -12,6 +12,7 @@
 #include "braid/braid.h"
 #include "comm/algorithms/algorithms.h"
 #include "comm/auth.h"
+#include "comm/communicator.h"
 #include "comm/config.h"
 #include "comm/fingerprint.h"
 #include "comm/init.h"
@@ -110,6 +111,44 @@ TEST(Topology, CpuListsRoundTripInLinuxSyntax) {
   for (const auto& core : braid::topology::allowedCores()) covered.insert(covered.end(), core.begin(), core.end());
   std::sort(covered.begin(), covered.end());
   EXPECT_EQ(covered, mine);
+}
+
+// The L3 figure is a tuning input the machine may get wrong: sizes parse as sysfs writes them, and a
+// figure no CPU has (508 MiB for one vCPU, as one VM type reports) is not believed.
+TEST(Topology, L3FiguresParseAndImplausibleOnesAreNotBelieved) {
+  using braid::topology::parseCacheSize;
+  using braid::topology::plausibleL3;
+  EXPECT_EQ(parseCacheSize("32768K"), std::size_t{32} << 20);
+  EXPECT_EQ(parseCacheSize("8M"), std::size_t{8} << 20);
+  EXPECT_EQ(parseCacheSize("1G"), std::size_t{1} << 30);
+  EXPECT_EQ(parseCacheSize("512"), 512u);
+  for (const char* bad : {"", "K", "32KB", "x32K", "-1K", "32T"}) EXPECT_EQ(parseCacheSize(bad), 0u) << bad;
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  EXPECT_FALSE(plausibleL3(0, 8, false));
+  EXPECT_TRUE(plausibleL3(32 * MiB, 16, true));   // a Zen CCD, 8 cores x 2 threads
+  EXPECT_TRUE(plausibleL3(96 * MiB, 16, true));   // its V-Cache twin
+  EXPECT_TRUE(plausibleL3(504 * MiB, 256, false));  // a whole-socket L3 of many cores
+  EXPECT_FALSE(plausibleL3(508 * MiB, 1, true));  // what this workplace's VM type reports per vCPU
+  EXPECT_FALSE(plausibleL3(508 * MiB, 1, false));
+  EXPECT_TRUE(plausibleL3(508 * MiB, 0, false));  // sysconf's machine-wide figure, on bare metal
+  EXPECT_FALSE(plausibleL3(508 * MiB, 0, true));  // and under a hypervisor
+  // What tuning uses on this host follows from what the host reports.
+  const auto& t = braid::topology::summary();
+  EXPECT_EQ(t.l3Plausible, plausibleL3(t.l3Bytes, t.l3SharedBy, t.hypervisor));
+  EXPECT_EQ(braid::topology::tuningL3Bytes(), t.l3Plausible ? t.l3Bytes : braid::topology::kAssumedL3Bytes);
+  EXPECT_FALSE(t.l3Source.empty());
+}
+
+// Where cross-memory attach takes over (comm/algorithms/cma.cc): from the L3 tuning uses at 2
+// ranks, fixed points with more.
+TEST(CrossMemoryAttachRule, SwitchPointsFollowTheCacheAtTwoRanks) {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  EXPECT_EQ(braid::cmaMinBytes(braid::CollKind::kBroadcast, 2, 32 * MiB), 8 * MiB);
+  EXPECT_EQ(braid::cmaMinBytes(braid::CollKind::kBroadcast, 2, 2 * MiB), 1 * MiB);  // never below 1 MiB
+  EXPECT_EQ(braid::cmaMinBytes(braid::CollKind::kBroadcast, 3, 508 * MiB), 128u << 10);
+  EXPECT_EQ(braid::cmaMinBytes(braid::CollKind::kAllGather, 2, 32 * MiB), SIZE_MAX);
+  EXPECT_EQ(braid::cmaMinBytes(braid::CollKind::kAllGather, 4, 32 * MiB), 512u << 10);
+  EXPECT_EQ(braid::cmaMinBytes(braid::CollKind::kAllReduce, 4, 32 * MiB), SIZE_MAX);
 }
 
 TEST(Interfaces, NcclSyntax) {

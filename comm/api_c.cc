@@ -1,7 +1,9 @@
 // braid.h on top of the internal Comm. Every entry point converts a Status into a braidResult_t
 // and remembers its message for braidGetLastError.
 #include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "braid/braid.h"
 #include "comm/c_handle.h"
@@ -13,6 +15,14 @@
 
 namespace {
 thread_local std::string tLastError;
+
+// braidGroupStart/End: the calls of this thread's open group, in call order.
+struct GroupCall {
+  std::shared_ptr<braid::Comm> comm;
+  braid::CollArgs args;
+};
+thread_local int tGroupDepth = 0;
+thread_local std::vector<GroupCall> tGroup;
 
 braidResult_t toResult(const braid::Status& s, braid::Comm* comm = nullptr) {
   if (!s.ok()) {
@@ -26,6 +36,11 @@ braidResult_t run(braidComm_t comm, const braid::CollArgs& a, void* stream) {
   if (!comm || !comm->impl) return toResult(braid::Status::InvalidArgument("communicator is NULL"));
   // Hold the communicator for the whole call: braidCommAbort on another thread may free `comm`.
   std::shared_ptr<braid::Comm> impl = comm->impl;
+  if (tGroupDepth > 0) {
+    braid::Status s = braid::cuda::admitToGroup(*impl, a, stream);
+    if (s.ok()) tGroup.push_back({impl, a});
+    return toResult(s, impl.get());
+  }
   return toResult(braid::cuda::run(*impl, a, stream), impl.get());
 }
 
@@ -143,6 +158,56 @@ braidResult_t braidRecv(void* r, size_t count, braidDataType_t t, int peer, brai
 
 braidResult_t braidBarrier(braidComm_t comm) {
   return run(comm, {braid::CollKind::kBarrier, nullptr, nullptr, 0, braid::DataType::kInt8, braid::ReduceOp::kSum}, nullptr);
+}
+
+braidResult_t braidAllToAll(const void* s, void* r, size_t count, braidDataType_t t, braidComm_t comm, void* stream) {
+  return run(comm, {braid::CollKind::kAllToAll, s, r, count, dt(t), braid::ReduceOp::kSum}, stream);
+}
+
+braidResult_t braidAllToAllv(const void* s, const size_t* sendcounts, const size_t* sdispls, void* r,
+                             const size_t* recvcounts, const size_t* rdispls, braidDataType_t t, braidComm_t comm,
+                             void* stream) {
+  if (!comm || !comm->impl) return toResult(braid::Status::InvalidArgument("communicator is NULL"));
+  if (!sendcounts || !sdispls || !recvcounts || !rdispls)
+    return toResult(braid::Status::InvalidArgument("alltoallv: sendcounts, sdispls, recvcounts and rdispls must not be NULL"),
+                    comm->impl.get());
+  const std::size_t n = static_cast<std::size_t>(comm->impl->nranks());
+  auto v = std::make_shared<braid::AllToAllvCounts>();
+  v->sendCounts.assign(sendcounts, sendcounts + n);
+  v->sendDispls.assign(sdispls, sdispls + n);
+  v->recvCounts.assign(recvcounts, recvcounts + n);
+  v->recvDispls.assign(rdispls, rdispls + n);
+  braid::CollArgs a{braid::CollKind::kAllToAllv, s, r, 0, dt(t), braid::ReduceOp::kSum};
+  a.v = std::move(v);
+  return run(comm, a, stream);
+}
+
+braidResult_t braidGroupStart(void) {
+  ++tGroupDepth;
+  return braidSuccess;
+}
+
+braidResult_t braidGroupEnd(void) {
+  if (tGroupDepth == 0)
+    return toResult(braid::Status::InvalidUsage("braidGroupEnd without a braidGroupStart on this thread"));
+  if (--tGroupDepth > 0) return braidSuccess;
+  std::vector<GroupCall> calls = std::move(tGroup);
+  tGroup.clear();
+  braidResult_t first = braidSuccess;
+  std::vector<bool> done(calls.size());
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    if (done[i]) continue;
+    std::vector<braid::CollArgs> mine;  // this communicator's calls, in call order
+    for (std::size_t j = i; j < calls.size(); ++j)
+      if (!done[j] && calls[j].comm == calls[i].comm) {
+        mine.push_back(calls[j].args);
+        done[j] = true;
+      }
+    // Every communicator's calls run, even after another's failed: its peers wait for them.
+    const braidResult_t r = toResult(calls[i].comm->runGroup(mine), calls[i].comm.get());
+    if (first == braidSuccess) first = r;
+  }
+  return first;
 }
 
 braidResult_t braidMemAlloc(void** ptr, size_t bytes) { return toResult(braid::mem::allocate(ptr, bytes)); }

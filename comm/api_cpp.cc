@@ -76,6 +76,17 @@ Work Communicator::broadcast(const void* send, void* recv, std::size_t count, Da
 Work Communicator::reduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op, int root, void* stream) {
   return Work(cuda::submit(*impl_, {CollKind::kReduce, send, recv, count, t, op, root}, stream));
 }
+Work Communicator::allToAll(const void* send, void* recv, std::size_t count, DataType t, void* stream) {
+  return Work(cuda::submit(*impl_, {CollKind::kAllToAll, send, recv, count, t, ReduceOp::kSum}, stream));
+}
+Work Communicator::allToAllv(const void* send, const std::vector<std::size_t>& sendCounts,
+                             const std::vector<std::size_t>& sendDispls, void* recv,
+                             const std::vector<std::size_t>& recvCounts, const std::vector<std::size_t>& recvDispls,
+                             DataType t, void* stream) {
+  CollArgs a{CollKind::kAllToAllv, send, recv, 0, t, ReduceOp::kSum};
+  a.v = std::make_shared<AllToAllvCounts>(AllToAllvCounts{sendCounts, sendDispls, recvCounts, recvDispls});
+  return Work(cuda::submit(*impl_, a, stream));
+}
 Work Communicator::send(const void* buf, std::size_t count, DataType t, int peer, void* stream) {
   return Work(cuda::submit(*impl_, {CollKind::kSendRecv, buf, nullptr, count, t, ReduceOp::kSum, -1, peer, true}, stream));
 }

@@ -381,8 +381,9 @@ Status Comm::validate(const CollArgs& a) const {
     if (a.peer == rank_) return Status::InvalidArgument("send/recv to itself (rank " + std::to_string(rank_) + ") is not supported");
   }
   const std::size_t es = dataTypeSize(a.dtype);
+  if (a.kind == CollKind::kAllToAllv) return validateAllToAllv(a);
   std::size_t elems = a.count;
-  if (a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter) {
+  if (a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter || a.kind == CollKind::kAllToAll) {
     if (a.count > ~std::size_t{0} / static_cast<std::size_t>(nranks_))
       return Status::InvalidArgument("count " + std::to_string(a.count) + " times " + std::to_string(nranks_) + " ranks overflows");
     elems = a.count * static_cast<std::size_t>(nranks_);
@@ -395,6 +396,37 @@ Status Comm::validate(const CollArgs& a) const {
     if (needSend && !a.send) return Status::InvalidArgument("send buffer is NULL with count " + std::to_string(a.count));
     if (needRecv && !a.recv) return Status::InvalidArgument("receive buffer is NULL with count " + std::to_string(a.count));
   }
+  return Status::Ok();
+}
+
+// The four arrays have nranks entries each; the counts and the buffer extents they imply fit in
+// size_t; a rank sends itself what it receives from itself; buffers are there where counts are.
+Status Comm::validateAllToAllv(const CollArgs& a) const {
+  const std::size_t n = static_cast<std::size_t>(nranks_), me = static_cast<std::size_t>(rank_);
+  if (!a.v) return Status::InvalidArgument("alltoallv: the counts and displacements are NULL");
+  const AllToAllvCounts& v = *a.v;
+  if (v.sendCounts.size() != n || v.sendDispls.size() != n || v.recvCounts.size() != n || v.recvDispls.size() != n)
+    return Status::InvalidArgument("alltoallv: sendcounts, sdispls, recvcounts and rdispls need " + std::to_string(n) +
+                                   " entries each (one per rank)");
+  const std::size_t es = dataTypeSize(a.dtype), limit = ~std::size_t{0} / es;
+  bool sends = false, recvs = false;
+  for (std::size_t p = 0; p < n; ++p) {
+    for (auto [count, displ, what] : {std::tuple{v.sendCounts[p], v.sendDispls[p], "send"},
+                                      std::tuple{v.recvCounts[p], v.recvDispls[p], "recv"}})
+      if (count > limit || displ > limit - count)
+        return Status::InvalidArgument(std::string("alltoallv: ") + what + "counts[" + std::to_string(p) + "] = " +
+                                       std::to_string(count) + " at displacement " + std::to_string(displ) +
+                                       " overflows the buffer size");
+    sends = sends || v.sendCounts[p] > 0;
+    recvs = recvs || v.recvCounts[p] > 0;
+  }
+  if (v.sendCounts[me] != v.recvCounts[me])
+    return Status::InvalidArgument("alltoallv: rank " + std::to_string(me) + " sends itself " + std::to_string(v.sendCounts[me]) +
+                                   " elements (sendcounts[" + std::to_string(me) + "]) but receives " +
+                                   std::to_string(v.recvCounts[me]) + " from itself (recvcounts[" + std::to_string(me) +
+                                   "]): they must be equal");
+  if (sends && !a.send) return Status::InvalidArgument("alltoallv: send buffer is NULL with nonzero sendcounts");
+  if (recvs && !a.recv) return Status::InvalidArgument("alltoallv: receive buffer is NULL with nonzero recvcounts");
   return Status::Ok();
 }
 
@@ -411,8 +443,7 @@ Status Comm::execute(const CollArgs& a, const DeviceCall* dev) {
   }
 }
 
-Status Comm::executeCall(const CollArgs& in, const DeviceCall* dev) {
-  CollArgs a = in;
+Fingerprint Comm::numberCall(const CollArgs& a) {
   Fingerprint fp;
   fp.kind = a.kind;
   fp.dtype = a.dtype;
@@ -426,6 +457,12 @@ Status Comm::executeCall(const CollArgs& in, const DeviceCall* dev) {
   } else {
     fp.seq = ++collSeq_;
   }
+  return fp;
+}
+
+Status Comm::executeCall(const CollArgs& in, const DeviceCall* dev) {
+  CollArgs a = in;
+  const Fingerprint fp = numberCall(a);
   // After the failure every call names itself and its number: the error says which call found out.
   if (failed_) return failure().withContext(fp.describe() + " #" + std::to_string(fp.seq) + " on a failed communicator");
   trace_.begin(fp);
@@ -443,6 +480,12 @@ Status Comm::executeCall(const CollArgs& in, const DeviceCall* dev) {
   const std::size_t total = callBytes(a, nranks_);
 
   if (nranks_ == 1) {  // no peers: a local copy (avg divides by 1)
+    if (a.kind == CollKind::kAllToAllv) {
+      const std::size_t bytes = a.v->sendCounts[0] * es;
+      if (bytes) std::memmove(static_cast<std::byte*>(a.recv) + a.v->recvDispls[0] * es,
+                              static_cast<const std::byte*>(a.send) + a.v->sendDispls[0] * es, bytes);
+      return Status::Ok();
+    }
     const std::size_t bytes = a.count * es;  // one rank: every collective's output is its input
     if (a.kind != CollKind::kBarrier && a.send != a.recv && bytes && a.recv) std::memmove(a.recv, a.send, bytes);
     return Status::Ok();
@@ -518,6 +561,15 @@ Status Comm::executeHost(const CollArgs& in, const Fingerprint& fp, std::size_t 
     case CollKind::kBroadcast:
     case CollKind::kReduce: buildRooted(a, *this, t.algo, t.channels, plan_); break;
     case CollKind::kSendRecv: buildSendRecv(a, plan_); break;
+    case CollKind::kAllToAll:
+    case CollKind::kAllToAllv: {
+      // Both ends of a pair must cut a block alike, from what they share: the block's size and
+      // the channels a large call gets (not this rank's total, which differs by rank in alltoallv).
+      // (This re-tunes: `t` refers to the tuner's last answer, and is not used past here.)
+      const int channels = tuner_.choose(CollKind::kAllToAll, std::size_t{1} << 30).channels;
+      buildAllToAll(a, *this, channels, plan_);
+      break;
+    }
   }
   return runPlan();
 }
@@ -533,13 +585,69 @@ Status Comm::runDevice(const CollArgs& dev, const DeviceCall& d) { return runInO
 
 Status Comm::runBlocking(const CollArgs& a) { return runInOrder(a, nullptr); }
 
-Status Comm::runInOrder(const CollArgs& a, const DeviceCall* dev) {
+void Comm::waitForQueuedCalls() {
   if (asyncPending_.load(std::memory_order_acquire) > 0) {
     // Calls run in call order: wait for queued asynchronous work first. (A thread's own earlier
     // submit() is always seen here; without one, the common case, no lock is taken.)
     std::unique_lock<std::mutex> g(qMu_);
     qCv_.wait(g, [&] { return queue_.empty() && !workerBusy_; });
   }
+}
+
+Status Comm::runGroup(const std::vector<CollArgs>& calls) {
+  waitForQueuedCalls();
+  std::lock_guard<std::mutex> g(execMu_);
+  if (closed_) return Status::Aborted("the communicator was aborted");
+  std::vector<const CollArgs*> p2p;
+  for (const CollArgs& a : calls)
+    if (a.kind == CollKind::kSendRecv) p2p.push_back(&a);
+  if (!p2p.empty()) {
+    Status s;
+    try {
+      s = executeSendRecvs(p2p);
+    } catch (const std::bad_alloc&) {
+      s = Status::SystemError("rank " + std::to_string(rank_) + " ran out of memory for a group of " +
+                              std::to_string(p2p.size()) + " sends and receives");
+      if (!failed_) fail(s, true);
+    }
+    trace_.end(s);
+    if (!s.ok()) return s;
+  }
+  for (const CollArgs& a : calls) {
+    if (a.kind == CollKind::kSendRecv) continue;
+    Status s = execute(a);
+    trace_.end(s);
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+// One plan for all of them: the engine moves every peer's send and receive queues together, so
+// the group finishes whatever order each rank posted its calls in. Each message is numbered and
+// checked as the call would be alone, so a peer may match a grouped send with a plain recv.
+Status Comm::executeSendRecvs(const std::vector<const CollArgs*>& calls) {
+  std::vector<Fingerprint> fps;
+  std::size_t largest = 0;
+  for (const CollArgs* a : calls) {
+    fps.push_back(numberCall(*a));
+    largest = std::max(largest, a->count * dataTypeSize(a->dtype));
+  }
+  if (failed_)
+    return failure().withContext("a group of " + std::to_string(calls.size()) + " sends and receives (the first " +
+                                 fps[0].describe() + " #" + std::to_string(fps[0].seq) + ") on a failed communicator");
+  trace_.begin(fps[0]);  // one entry for the group, under its first call
+  const TunerChoice& t = tuner_.choose(CollKind::kSendRecv, largest);
+  plan_.reset(fps[0], commTag_, rank_, nranks_, t.chunk);
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    const CollArgs& a = *calls[i];
+    const std::size_t bytes = a.count * dataTypeSize(a.dtype);
+    plan_.setFingerprint(a.isSend ? plan_.send(a.peer, 0, a.send, bytes) : plan_.recvCopy(a.peer, 0, a.recv, bytes), fps[i]);
+  }
+  return runPlan();
+}
+
+Status Comm::runInOrder(const CollArgs& a, const DeviceCall* dev) {
+  waitForQueuedCalls();
   Status s;
   {
     std::lock_guard<std::mutex> g(execMu_);

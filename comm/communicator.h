@@ -71,6 +71,10 @@ class Comm final : public EngineHost, public Workspace {
   Status validate(const CollArgs& a) const;
   // Runs one call to completion on this thread. `a` has passed validate() (cuda::run does that).
   Status runBlocking(const CollArgs& a);
+  // A group's calls on this communicator (braidGroupStart/End), validated already, on host memory:
+  // its sends and receives as one plan (no order of posting them deadlocks), then its collectives
+  // in call order.
+  Status runGroup(const std::vector<CollArgs>& calls);
   // One call on CUDA device buffers, run by the CUDA proxy (comm/cuda_proxy.cc) on its thread, as
   // the user made it (`dev`). A collective other than send/recv whose ranks all sit on one host
   // reads the ranks' device buffers directly (comm/cuda_ipc.cc) on the proxy's `stream` (the
@@ -143,6 +147,11 @@ class Comm final : public EngineHost, public Workspace {
   // runBlocking and runDevice: after queued asynchronous calls, one call at a time.
   Status runInOrder(const CollArgs& a, const DeviceCall* dev);
   Status executeCall(const CollArgs& a, const DeviceCall* dev);
+  // The call's fingerprint, with the next sequence number of its kind (collectives, or the pair).
+  Fingerprint numberCall(const CollArgs& a);
+  Status executeSendRecvs(const std::vector<const CollArgs*>& calls);
+  void waitForQueuedCalls();
+  Status validateAllToAllv(const CollArgs& a) const;
   // After executeCall's bookkeeping: the algorithms on host memory, and the device call around them.
   // userMemory: the buffers are the user's (false: the CUDA proxy's pinned staging memory, kept away
   // from cross-memory attach; its all-reduces try the zero-copy path softly, see tryZeroCopyAllReduce).

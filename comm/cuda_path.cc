@@ -214,6 +214,9 @@ Result<Memory> classify(const Comm& comm, const CollArgs& a) {
                                    (s == Memory::kDevice ? "CUDA device" : "host") + " memory but the receive buffer is " +
                                    (r == Memory::kDevice ? "CUDA device" : "host") + " memory; both must be the same kind");
   const Memory m = s != Memory::kNone ? s : r;
+  if (m == Memory::kDevice && (a.kind == CollKind::kAllToAll || a.kind == CollKind::kAllToAllv))
+    return Status::InvalidArgument(std::string(collName(a.kind)) +
+                                   ": CUDA device buffers are not supported for all-to-all yet (host buffers are)");
 #if !BRAID_HAVE_CUDA
   if (m == Memory::kDevice)
     return Status::InvalidArgument(std::string(collName(a.kind)) +
@@ -222,7 +225,9 @@ Result<Memory> classify(const Comm& comm, const CollArgs& a) {
   return m;
 }
 
-Status run(Comm& comm, const CollArgs& a, void* stream) {
+namespace {
+// Every entry point's first steps: the arguments, the stream, and which memory the buffers are.
+Result<Memory> admit(Comm& comm, const CollArgs& a, void* stream) {
 #if !BRAID_HAVE_CUDA
   if (stream)
     return Status::InvalidArgument("a CUDA stream was given, but this build of Braid has no CUDA support "
@@ -231,18 +236,39 @@ Status run(Comm& comm, const CollArgs& a, void* stream) {
   Status v = comm.validate(a);
   if (v.ok()) v = checkStream(stream);
   if (!v.ok()) return v;
-  auto m = classify(comm, a);
-  if (!m.ok()) return m.status();
-  if (*m == Memory::kDevice) return enqueueDevice(comm, a, stream, nullptr);
+  return classify(comm, a);
+}
+
+// Before a call on host buffers runs: device calls queued before it are done, and so is the work
+// on the stream passed with it.
+Status hostReady(Comm& comm, void* stream) {
   Status s = waitForProxy(comm);
   if (!s.ok()) return s;
 #if BRAID_HAVE_CUDA
-  if (stream) {
-    s = cuda::waitForStream(static_cast<cudaStream_t>(stream), comm.timeoutSec(), "the stream passed with host buffers");
-    if (!s.ok()) return s;
-  }
+  if (stream) return cuda::waitForStream(static_cast<cudaStream_t>(stream), comm.timeoutSec(), "the stream passed with host buffers");
+#else
+  (void)stream;
 #endif
-  return comm.runBlocking(a);
+  return Status::Ok();
+}
+}  // namespace
+
+Status run(Comm& comm, const CollArgs& a, void* stream) {
+  auto m = admit(comm, a, stream);
+  if (!m.ok()) return m.status();
+  if (*m == Memory::kDevice) return enqueueDevice(comm, a, stream, nullptr);
+  Status s = hostReady(comm, stream);
+  return s.ok() ? comm.runBlocking(a) : s;
+}
+
+Status admitToGroup(Comm& comm, const CollArgs& a, void* stream) {
+  auto m = admit(comm, a, stream);
+  if (!m.ok()) return m.status();
+  if (*m == Memory::kDevice)
+    return Status::InvalidArgument(std::string(collName(a.kind)) +
+                                   " between braidGroupStart and braidGroupEnd: CUDA device buffers are not supported in "
+                                   "groups yet (host buffers are; outside a group device buffers are)");
+  return hostReady(comm, stream);
 }
 
 std::shared_ptr<WorkState> submit(Comm& comm, const CollArgs& a, void* stream) {
@@ -251,15 +277,7 @@ std::shared_ptr<WorkState> submit(Comm& comm, const CollArgs& a, void* stream) {
     w->finish(std::move(s));
     return w;
   };
-#if !BRAID_HAVE_CUDA
-  if (stream)
-    return failed(Status::InvalidArgument("a CUDA stream was given, but this build of Braid has no CUDA support "
-                                          "(pass nullptr for host buffers, or configure with -Dcuda=enabled)"));
-#endif
-  Status v = comm.validate(a);
-  if (v.ok()) v = checkStream(stream);
-  if (!v.ok()) return failed(v);
-  auto m = classify(comm, a);
+  auto m = admit(comm, a, stream);
   if (!m.ok()) return failed(m.status());
   if (*m == Memory::kDevice) {
     auto w = std::make_shared<WorkState>();
@@ -267,15 +285,8 @@ std::shared_ptr<WorkState> submit(Comm& comm, const CollArgs& a, void* stream) {
     if (!s.ok()) return failed(s);
     return w;
   }
-  Status s = waitForProxy(comm);
-  if (!s.ok()) return failed(s);
-#if BRAID_HAVE_CUDA
-  if (stream) {
-    s = cuda::waitForStream(static_cast<cudaStream_t>(stream), comm.timeoutSec(), "the stream passed with host buffers");
-    if (!s.ok()) return failed(s);
-  }
-#endif
-  return comm.submit(a);
+  Status s = hostReady(comm, stream);
+  return s.ok() ? comm.submit(a) : failed(s);
 }
 
 }  // namespace cuda

@@ -33,6 +33,9 @@ int chosenDevice();
 // The C API: host buffers run to completion as before (a non-NULL stream is first waited for);
 // device buffers are queued on `stream` and the call returns at once.
 Status run(Comm& comm, const CollArgs& a, void* stream);
+// A call made between braidGroupStart and braidGroupEnd: checked now (bad arguments are refused at
+// once, and leave the group as it was), run at the group's end (Comm::runGroup). Host buffers only.
+Status admitToGroup(Comm& comm, const CollArgs& a, void* stream);
 // The C++ API: the same, returning the shared state of a braid::Work.
 std::shared_ptr<WorkState> submit(Comm& comm, const CollArgs& a, void* stream);
 

@@ -38,6 +38,7 @@ void Plan::reset(const Fingerprint& f, std::uint64_t commTag, int rank, int nran
   chunk_ = std::max<std::size_t>(chunk, 64);
   streamCopies_ = false;
   ops_.clear();
+  opFps_.clear();
   copies_.clear();
   for (std::size_t i = 0; i < numQueues_; ++i) queues_[i].ops.clear();
   numQueues_ = 0;
@@ -64,6 +65,13 @@ std::vector<Plan::Queue>::iterator Plan::findQueue(int peer, int channel, bool s
   pos->ops.clear();
   pos->head = 0;
   return pos;
+}
+
+void Plan::setFingerprint(int index, const Fingerprint& f) {
+  Op& op = ops_[static_cast<std::size_t>(index)];
+  op.fp = static_cast<int>(opFps_.size());
+  op.step = 0;  // the first (only) message of its own call, as it would be alone
+  opFps_.push_back(f);
 }
 
 void Plan::localCopy(void* dst, const void* src, std::size_t bytes) {
@@ -173,7 +181,7 @@ struct PlanRunner {
     if (!op.started) {
       if (!depStarted(op)) return false;
       if (op.hdrDone == 0) {
-        op.hdr = makeHeader(fp, plan.commTag_, plan.rank_, op.bytes, op.step);
+        op.hdr = makeHeader(plan.fingerprintOf(op), plan.commTag_, plan.rank_, op.bytes, op.step);
         if (op.bytes <= kInlineBytes && limit(op) == op.bytes) {
           auto r = sendWhole(op, ch);
           if (!r.ok() || op.complete || !*r) return r;
@@ -226,6 +234,7 @@ struct PlanRunner {
   Status checkHeader(const Op& op) {
     const WireHeader& h = op.hdr;
     Fingerprint theirs = fingerprintOf(h);
+    const Fingerprint& fp = plan.fingerprintOf(op);
     if (h.magic != kWireMagic || h.commTag != plan.commTag_)
       return Status::Internal("corrupt or foreign message from " + where(op) + " during " + fp.describe() + " #" +
                               std::to_string(fp.seq));
@@ -233,6 +242,16 @@ struct PlanRunner {
       return Status::InvalidUsage(farewellMismatch(plan.rank_, fp, op.peer, theirs));
     if (!theirs.sameCall(fp) || h.sender != op.peer)
       return Status::InvalidUsage(mismatchText(plan.rank_, callAs(fp), op.peer, callAs(theirs)));
+    if (fp.kind == CollKind::kAllToAllv && h.bytes != op.bytes && h.step == op.step) {
+      // Per-pair counts that the two ranks do not agree on (one message per pair, or one per
+      // channel piece of a large block: the piece sizes then differ too).
+      return Status::InvalidUsage(fp.describe() + " #" + std::to_string(fp.seq) + ": rank " + std::to_string(op.peer) +
+                                  " sends rank " + std::to_string(plan.rank_) + " a message of " + std::to_string(h.bytes) +
+                                  " bytes where rank " + std::to_string(plan.rank_) + " expects " + std::to_string(op.bytes) +
+                                  ": rank " + std::to_string(op.peer) + "'s sendcounts[" + std::to_string(plan.rank_) +
+                                  "] must equal rank " + std::to_string(plan.rank_) + "'s recvcounts[" +
+                                  std::to_string(op.peer) + "]");
+    }
     if (h.bytes != op.bytes || h.step != op.step)
       return Status::Internal("rank " + std::to_string(op.peer) + " sent message " + std::to_string(h.step) + " of " +
                               std::to_string(h.bytes) + " bytes where rank " + std::to_string(plan.rank_) +

@@ -39,6 +39,7 @@ struct Op {
   int peer = -1;
   int channel = 0;
   int dep = -1;              // op whose finished bytes gate this one
+  int fp = -1;               // index of its own fingerprint in the plan (Plan::setFingerprint); -1: the plan's
   std::uint32_t step = 0;
   const std::byte* src = nullptr;  // send: source; reduce: local operand
   std::byte* dst = nullptr;        // receives
@@ -64,7 +65,12 @@ class Plan {
   // collective whose output is at least largeCopyBytes(), though each message may be smaller (the
   // all-gather's blocks): copy them past the cache too.
   void streamCopies() { streamCopies_ = true; }
+  // Gives op `index` (a send or receive) a fingerprint of its own, and makes it message 0 of that
+  // call: a group's sends and receives run as one plan, each numbered and checked as the call it
+  // would be alone. The others carry the plan's.
+  void setFingerprint(int index, const Fingerprint& f);
   const Fingerprint& fingerprint() const { return fp_; }
+  const Fingerprint& fingerprintOf(const Op& op) const { return op.fp < 0 ? fp_ : opFps_[static_cast<std::size_t>(op.fp)]; }
   bool empty() const { return ops_.empty(); }
   int numOps() const { return static_cast<int>(ops_.size()); }
 
@@ -86,6 +92,7 @@ class Plan {
   // a plan allocates nothing once the communicator has run a call of the same shape.
   std::vector<Queue>::iterator findQueue(int peer, int channel, bool sending);
   Fingerprint fp_;
+  std::vector<Fingerprint> opFps_;  // setFingerprint's
   std::uint64_t commTag_ = 0;
   int rank_ = 0;
   int nranks_ = 1;

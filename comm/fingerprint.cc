@@ -11,6 +11,8 @@ const char* collName(CollKind k) {
     case CollKind::kReduce: return "reduce";
     case CollKind::kSendRecv: return "send/recv";
     case CollKind::kBarrier: return "barrier";
+    case CollKind::kAllToAll: return "alltoall";
+    case CollKind::kAllToAllv: return "alltoallv";
   }
   return "unknown";
 }
@@ -45,6 +47,7 @@ std::string Fingerprint::describe() const {
     return s;
   }
   if (kind == CollKind::kBarrier) return "barrier()";
+  if (kind == CollKind::kAllToAllv) return std::string("alltoallv(") + dataTypeName(dtype) + ")";
   s = std::string(collName(kind)) + "(count=" + std::to_string(count) + ", " + dataTypeName(dtype);
   if (kind == CollKind::kAllReduce || kind == CollKind::kReduceScatter || kind == CollKind::kReduce)
     s += std::string(", ") + reduceOpName(op);

@@ -10,7 +10,7 @@
 namespace braid {
 
 enum class CollKind : std::int32_t {
-  kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast, kReduce, kSendRecv, kBarrier,
+  kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast, kReduce, kSendRecv, kBarrier, kAllToAll, kAllToAllv,
 };
 const char* collName(CollKind k);
 
@@ -19,7 +19,9 @@ struct Fingerprint {
   DataType dtype = DataType::kInt8;
   ReduceOp op = ReduceOp::kSum;
   std::int32_t root = -1;     // rooted collectives; for send/recv the receiving rank
-  std::uint64_t count = 0;    // the user's count (per-rank count for all-gather/reduce-scatter)
+  std::uint64_t count = 0;    // the user's count (per-rank count for all-gather/reduce-scatter and
+                              // the per-peer block of all-to-all; 0 for all-to-allv, whose counts
+                              // are per pair and checked message by message)
   std::uint64_t seq = 0;      // collectives: per communicator; send/recv: per ordered pair
   std::int32_t sender = -1;   // send/recv: the sending rank
 

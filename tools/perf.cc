@@ -1,6 +1,6 @@
 // `braid perf`: nccl-tests' table for Braid's collectives, run under any launcher. Times are the
 // slowest rank's mean per iteration; algbw = size / time; busbw = algbw times nccl-tests' factor
-// (all-reduce 2(n-1)/n; all-gather and reduce-scatter (n-1)/n; broadcast, reduce, sendrecv 1), so
+// (all-reduce 2(n-1)/n; all-gather, reduce-scatter and all-to-all (n-1)/n; broadcast, reduce, sendrecv 1), so
 // the numbers paste beside NCCL's.
 //
 // With -c 1 every iteration's result is checked element by element against the CPU reference
@@ -43,7 +43,7 @@ const char* kUsage =
     "                 each timed call is waited for on the stream; checking copies the results to the host\n"
     "  --plot: busbw against size as SVG (log-log): this run's two columns, and the out-of-place\n"
     "          column of every earlier --json output given with --plot-with (repeatable)\n"
-    "  COLLECTIVE: allreduce allgather reducescatter broadcast reduce sendrecv barrier\n"
+    "  COLLECTIVE: allreduce allgather reducescatter alltoall broadcast reduce sendrecv barrier\n"
     "  sizes take K, M, G suffixes; run it under a launcher: braid run -n 4 braid perf allreduce -b 8 -e 64M\n";
 
 struct TypeName {
@@ -61,7 +61,7 @@ bool isReduction(const std::string& c) { return c == "allreduce" || c == "reduce
 
 double busFactor(const std::string& coll, int n) {
   if (coll == "allreduce") return 2.0 * (n - 1) / n;
-  if (coll == "allgather" || coll == "reducescatter") return static_cast<double>(n - 1) / n;
+  if (coll == "allgather" || coll == "reducescatter" || coll == "alltoall") return static_cast<double>(n - 1) / n;
   return 1.0;
 }
 
@@ -107,6 +107,7 @@ struct Run {
     if (c == "allreduce") return braidAllReduce(s, r, count, t, ro, comm, st);
     if (c == "allgather") return braidAllGather(s, r, per, t, comm, st);
     if (c == "reducescatter") return braidReduceScatter(s, r, per, t, ro, comm, st);
+    if (c == "alltoall") return braidAllToAll(s, r, per, t, comm, st);
     if (c == "broadcast") return braidBroadcast(s, r, count, t, o.root, comm, st);
     if (c == "reduce") return braidReduce(s, r, count, t, ro, o.root, comm, st);
     if (c == "barrier") return braidBarrier(comm);
@@ -117,7 +118,7 @@ struct Run {
   // Measures one column (out-of-place or in-place) of one row.
   PerfCell measure(DataType dt, ReduceOp op, std::size_t count, bool inPlace) {
     const std::size_t es = dataTypeSize(dt);
-    const bool gathered = o.coll == "allgather" || o.coll == "reducescatter";
+    const bool gathered = o.coll == "allgather" || o.coll == "reducescatter" || o.coll == "alltoall";
     const std::size_t per = gathered ? count / static_cast<std::size_t>(n) : count;
     const std::size_t rr = static_cast<std::size_t>(rank);
     std::byte* recv = recvBuf;
@@ -147,6 +148,9 @@ struct Run {
         for (int q = 0; q < n; ++q)
           w += pattern::countWrong(recvH + static_cast<std::size_t>(q) * per * es, per, dt, op, n,
                                    static_cast<std::size_t>(q) * per, q);
+      if (c == "alltoall")  // block q came from rank q: its block for this rank
+        for (int q = 0; q < n; ++q)
+          w += pattern::countWrong(recvH + static_cast<std::size_t>(q) * per * es, per, dt, op, n, rr * per, q);
       return w;
     };
     const bool check = o.check && o.coll != "barrier";
@@ -235,7 +239,7 @@ int parse(int argc, char** argv, PerfOptions& o) {
     }
     if (!ok) return 2;
   }
-  const char* known[] = {"allreduce", "allgather", "reducescatter", "broadcast", "reduce", "sendrecv", "barrier"};
+  const char* known[] = {"allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "sendrecv", "barrier"};
   bool collOk = false;
   for (const char* k : known) collOk |= o.coll == k;
   bool typeOk = o.dtype == "all", opOk = o.op == "all";
@@ -362,7 +366,7 @@ int runPerf(int argc, char** argv) {
     for (ReduceOp op : ops)
       for (std::size_t bytes = o.minBytes; bytes <= o.maxBytes;) {
         const std::size_t es = dataTypeSize(dt);
-        const bool gathered = o.coll == "allgather" || o.coll == "reducescatter";
+        const bool gathered = o.coll == "allgather" || o.coll == "reducescatter" || o.coll == "alltoall";
         const std::size_t unit = es * (gathered ? static_cast<std::size_t>(n) : 1);
         PerfRow row;
         row.count = bytes / unit * (gathered ? static_cast<std::size_t>(n) : 1);

@@ -1,11 +1,14 @@
 // Algorithms turn one collective call into a Plan (comm/engine.h). One file per family:
 // ring.cc (all-reduce, all-gather, reduce-scatter), tree.cc (double binary tree all-reduce, and the
 // rooted broadcast/reduce over a binary tree or a chain, and send/recv), oneshot.cc (small all-reduce:
-// everyone sends everyone its input), direct.cc (zero-copy all-reduce on braidMemAlloc memory).
+// everyone sends everyone its input), direct.cc (zero-copy all-reduce on braidMemAlloc memory),
+// alltoall.cc (all-to-all and all-to-allv).
 // Every rank builds the same message structure from the same arguments; nothing here knows which
 // transport a peer uses.
 #pragma once
 #include <cstddef>
+#include <memory>
+#include <vector>
 
 #include "comm/engine.h"
 
@@ -13,6 +16,15 @@ namespace braid {
 
 enum class Algo { kRing, kTree, kOneShot };
 const char* algoName(Algo a);
+
+// All-to-allv: per peer, how many elements go to it and from where in the send buffer, how many
+// come from it and to where in the receive buffer (MPI_Alltoallv's four arrays, in elements).
+struct AllToAllvCounts {
+  std::vector<std::size_t> sendCounts, sendDispls, recvCounts, recvDispls;
+  // The elements of the send (receive) buffer the call touches: max of displ + count.
+  std::size_t sendExtent() const;
+  std::size_t recvExtent() const;
+};
 
 struct CollArgs {
   CollKind kind;
@@ -24,6 +36,7 @@ struct CollArgs {
   int root = -1;
   int peer = -1;          // send/recv
   bool isSend = false;    // send/recv
+  std::shared_ptr<const AllToAllvCounts> v = nullptr;  // all-to-allv (shared: queued calls keep it alive)
 };
 
 // Where an algorithm runs: this rank, how many, how many channels to spread data over, and
@@ -36,11 +49,19 @@ class Workspace {
   virtual std::byte* scratch(std::size_t bytes) = 0;
 };
 
-// The bytes a call moves in all: count elements, times the ranks for all-gather and reduce-scatter
-// (whose count is per rank).
+// The bytes a call moves in all: count elements, times the ranks for all-gather, reduce-scatter
+// and all-to-all (whose count is per rank); for all-to-allv the elements this rank sends.
 inline std::size_t callBytes(const CollArgs& a, int nranks) {
-  const std::size_t bytes = a.count * dataTypeSize(a.dtype);
-  return a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter ? bytes * static_cast<std::size_t>(nranks) : bytes;
+  const std::size_t es = dataTypeSize(a.dtype);
+  if (a.kind == CollKind::kAllToAllv) {
+    std::size_t elems = 0;
+    if (a.v)
+      for (std::size_t c : a.v->sendCounts) elems += c;
+    return elems * es;
+  }
+  const std::size_t bytes = a.count * es;
+  const bool perRank = a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter || a.kind == CollKind::kAllToAll;
+  return perRank ? bytes * static_cast<std::size_t>(nranks) : bytes;
 }
 
 // Elements [off, off+len) of part i when `total` is split into `parts` nearly equal parts.
@@ -54,6 +75,9 @@ inline Range split(std::size_t total, std::size_t parts, std::size_t i) {
 }
 
 void buildRingAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
+// All-to-all and all-to-allv (comm/algorithms/alltoall.cc): every rank sends its block for each
+// peer straight to it, all at once, and copies its own; in place, the send side is copied first.
+void buildAllToAll(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
 void buildRingAllGather(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
 void buildRingReduceScatter(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
 void buildTreeAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan);

@@ -119,6 +119,31 @@ braidResult_t braidSend(const void* sendbuff, size_t count, braidDataType_t data
 braidResult_t braidRecv(void* recvbuff, size_t count, braidDataType_t datatype, int peer, braidComm_t comm,
                         void* stream);
 braidResult_t braidBarrier(braidComm_t comm);
+/* All-to-all: block p of this rank's send buffer (count elements at sendbuff + p*count) goes to
+ * rank p, which puts it at recvbuff + r*count, r being this rank. In place: sendbuff == recvbuff.
+ * Host buffers; CUDA device buffers are braidInvalidArgument for now. */
+braidResult_t braidAllToAll(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype,
+                            braidComm_t comm, void* stream);
+/* All-to-all with per-peer counts and displacements, in elements (MPI_Alltoallv's four arrays, one
+ * entry per rank): sendcounts[p] elements from sendbuff + sdispls[p] go to rank p, which puts them
+ * at its recvbuff + rdispls[r]; its recvcounts[r] must be the same number (a rank whose counts do
+ * not match its peer's gets braidInvalidUsage naming both, and the communicator ends, as for any
+ * mismatch). sendcounts[r] == recvcounts[r] for this rank r. In place: sendbuff == recvbuff (the
+ * send side is copied first). Host buffers only, as braidAllToAll. */
+braidResult_t braidAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
+                             const size_t* recvcounts, const size_t* rdispls, braidDataType_t datatype,
+                             braidComm_t comm, void* stream);
+
+/* Groups, as NCCL's ncclGroupStart/ncclGroupEnd: calls made between them on this thread (on any
+ * communicator) are checked at once (a bad argument is returned then and leaves the group as it
+ * was) and run at the outermost braidGroupEnd. There, per communicator in the order each first
+ * appeared, its sends and receives run together as one, so that no order of posting them
+ * deadlocks (every rank sending to every other before receiving, say), then its collectives in
+ * call order. Each send and receive is still matched one for one, in order per pair: a grouped
+ * send may meet a plain braidRecv. Groups nest; braidGroupEnd returns the first error of the
+ * group. Host buffers only for now (device buffers in a group are braidInvalidArgument). */
+braidResult_t braidGroupStart(void);
+braidResult_t braidGroupEnd(void);
 
 /* Host memory that the other ranks of this host can map (NCCL has ncclMemAlloc for the same
  * reason): an all-reduce of 256 KiB or more whose buffers on every rank come from braidMemAlloc

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "braid/braid.h"
 #include "braid/status.hpp"
@@ -71,6 +72,12 @@ class Communicator {
   Work send(const void* buf, std::size_t count, DataType t, int peer, void* stream = nullptr);
   Work recv(void* buf, std::size_t count, DataType t, int peer, void* stream = nullptr);
   Work barrier();
+  // braidAllToAll and braidAllToAllv (see braid.h); the four vectors have size() entries each and
+  // are copied, so they need not outlive the call.
+  Work allToAll(const void* send, void* recv, std::size_t count, DataType t, void* stream = nullptr);
+  Work allToAllv(const void* send, const std::vector<std::size_t>& sendCounts, const std::vector<std::size_t>& sendDispls,
+                 void* recv, const std::vector<std::size_t>& recvCounts, const std::vector<std::size_t>& recvDispls,
+                 DataType t, void* stream = nullptr);
 
   // Ends the communicator at once (see braidCommAbort).
   void abort();

@@ -1,0 +1,359 @@
+// All-to-all, all-to-allv and groups (braidGroupStart/End) over real processes and transports.
+// Every element is checked: rank s sends rank d, at element i of its block, a value that differs
+// by sender, destination and index and is exact in its type, so a block that lands in the wrong
+// place, from the wrong rank, or shifted, is found. Buffers are misaligned by 1 to 3 bytes; counts
+// include 0, 1, primes and blocks of 256 KiB and more (cut into one piece per channel).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "braid/braid.h"
+#include "kernels/reduce.h"
+#include "tests/common/harness.h"
+
+namespace braid::test {
+namespace {
+
+// Values exact in the type: below 127 for int8, 251 for uint8 and bfloat16, 2039 for float16.
+double value(DataType t, std::size_t from, std::size_t to, std::size_t i) {
+  const std::size_t m = t == DataType::kInt8 ? 127
+                        : t == DataType::kUint8 || t == DataType::kBfloat16 ? 251
+                        : t == DataType::kFloat16 ? 2039
+                                                  : 1000003;
+  return static_cast<double>((from * 31 + to * 17 + i * 7) % m);
+}
+
+void fillBlock(std::byte* p, std::size_t count, DataType t, std::size_t from, std::size_t to) {
+  for (std::size_t i = 0; i < count; ++i) kernels::storeFromDouble(p, i, t, value(t, from, to, i));
+}
+
+std::size_t wrongInBlock(const std::byte* p, std::size_t count, DataType t, std::size_t from, std::size_t to) {
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) wrong += kernels::loadAsDouble(p, i, t) != value(t, from, to, i);
+  return wrong;
+}
+
+// "shm_3ranks": the name of a (transport, ranks) instance.
+std::string paramName(const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+  return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
+}
+
+std::string failure(braidComm_t comm, braidResult_t r) {
+  return std::string(braidGetErrorString(r)) + ": " + braidGetLastError(comm);
+}
+
+// ------------------------------------------------------------------ all-to-all
+
+class AllToAll : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(AllToAll, EveryTypeCountAndPlacementIsExact) {
+  const std::string transport = std::get<0>(GetParam());
+  const int n = std::get<1>(GetParam());
+  auto outcome = runRanks(n, [&](int rank, braidComm_t comm) {
+    const std::size_t nn = static_cast<std::size_t>(n), me = static_cast<std::size_t>(rank);
+    long wrong = 0;
+    int cases = 0;
+    std::vector<std::byte> a, b;
+    for (int ti = 0; ti < kNumDataTypes; ++ti) {
+      const auto t = static_cast<DataType>(ti);
+      const std::size_t es = dataTypeSize(t);
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4097}, std::size_t{65537}}) {
+        if (count == 65537 && ti % 3 != 0) continue;  // the large blocks for a sample of the types
+        for (int inPlace = 0; inPlace < 2; ++inPlace) {
+          const std::size_t shift = 1 + (count + static_cast<std::size_t>(ti)) % 3, bytes = count * es * nn;
+          a.assign(bytes + 8, std::byte{0x5a});
+          b.assign(bytes + 8, std::byte{0x5a});
+          std::byte* send = a.data() + shift;
+          std::byte* recv = inPlace ? send : b.data() + shift;
+          for (std::size_t d = 0; d < nn; ++d) fillBlock(send + d * count * es, count, t, me, d);
+          const braidResult_t r = braidAllToAll(send, recv, count, static_cast<braidDataType_t>(t), comm, nullptr);
+          if (r != braidSuccess) {
+            report(rank, "alltoall " + std::string(dataTypeName(t)) + " count " + std::to_string(count) + ": " + failure(comm, r));
+            return 1;
+          }
+          for (std::size_t s = 0; s < nn; ++s) {
+            const std::size_t w = wrongInBlock(recv + s * count * es, count, t, s, me);
+            if (w) report(rank, "alltoall " + std::string(dataTypeName(t)) + " count " + std::to_string(count) +
+                                    (inPlace ? " in place" : "") + ": " + std::to_string(w) + " wrong elements from rank " +
+                                    std::to_string(s));
+            wrong += static_cast<long>(w);
+          }
+          // Nothing written past the receive buffer.
+          if (!inPlace && (b[shift - 1] != std::byte{0x5a} || b[shift + bytes] != std::byte{0x5a})) {
+            report(rank, "alltoall wrote outside the receive buffer");
+            return 3;
+          }
+          ++cases;
+        }
+      }
+    }
+    if (rank == 0) std::fprintf(stderr, "rank 0: %d all-to-all cases, %ld wrong elements\n", cases, wrong);
+    return wrong ? 2 : 0;
+  }, transportEnv(transport), 300);
+  expectEveryRankSucceeded(outcome);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, AllToAll,
+                         ::testing::Values(std::make_tuple("shm", 1), std::make_tuple("shm", 2), std::make_tuple("shm", 3),
+                                           std::make_tuple("shm", 5), std::make_tuple("tcp", 2), std::make_tuple("tcp", 4)),
+                         paramName);
+
+// ------------------------------------------------------------------ all-to-allv
+
+// What rank s sends rank d: ragged, often zero, one pair far past 256 KiB (cut into pieces).
+std::size_t raggedCount(std::size_t s, std::size_t d, int round) {
+  if (s == 1 && d == 0 && round == 1) return 300007;
+  return (s * 7 + d * 3 + static_cast<std::size_t>(round)) % 5 == 0 ? 0 : (s * 13 + d * 29 + static_cast<std::size_t>(round)) % 211;
+}
+
+class AllToAllv : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(AllToAllv, RaggedCountsAndGappedDisplacementsAreExact) {
+  const std::string transport = std::get<0>(GetParam());
+  const int n = std::get<1>(GetParam());
+  auto outcome = runRanks(n, [&](int rank, braidComm_t comm) {
+    const std::size_t nn = static_cast<std::size_t>(n), me = static_cast<std::size_t>(rank);
+    long wrong = 0;
+    for (int round = 0; round < 3; ++round)
+      for (const DataType t : {DataType::kFloat32, DataType::kInt8, DataType::kBfloat16, DataType::kFloat64}) {
+        const std::size_t es = dataTypeSize(t);
+        for (int inPlace = 0; inPlace < 2; ++inPlace) {
+          // Blocks in reverse peer order with a gap of p+1 elements before block p, so that the
+          // displacements are neither sorted nor dense.
+          std::vector<std::size_t> sc(nn), sd(nn), rc(nn), rd(nn);
+          std::size_t sendEnd = 0, recvEnd = 0;
+          for (std::size_t k = nn; k-- > 0;) {
+            sc[k] = raggedCount(me, k, round);
+            rc[k] = raggedCount(k, me, round);
+            sd[k] = sendEnd + k + 1;
+            sendEnd = sd[k] + sc[k];
+            rd[k] = recvEnd + 2 * k + 1;
+            recvEnd = rd[k] + rc[k];
+          }
+          const std::size_t shift = 1 + static_cast<std::size_t>(round);
+          std::vector<std::byte> a((std::max(sendEnd, recvEnd) + 1) * es + 8), b(recvEnd * es + 8);
+          std::byte* send = a.data() + shift;
+          std::byte* recv = inPlace ? send : b.data() + shift;
+          for (std::size_t d = 0; d < nn; ++d) fillBlock(send + sd[d] * es, sc[d], t, me, d);
+          const braidResult_t r = braidAllToAllv(send, sc.data(), sd.data(), recv, rc.data(), rd.data(),
+                                                 static_cast<braidDataType_t>(t), comm, nullptr);
+          if (r != braidSuccess) {
+            report(rank, "alltoallv round " + std::to_string(round) + ": " + failure(comm, r));
+            return 1;
+          }
+          for (std::size_t s = 0; s < nn; ++s) {
+            const std::size_t w = wrongInBlock(recv + rd[s] * es, rc[s], t, s, me);
+            if (w) report(rank, "alltoallv " + std::string(dataTypeName(t)) + " round " + std::to_string(round) +
+                                    (inPlace ? " in place" : "") + ": " + std::to_string(w) + " of " + std::to_string(rc[s]) +
+                                    " elements from rank " + std::to_string(s) + " wrong");
+            wrong += static_cast<long>(w);
+          }
+        }
+      }
+    return wrong ? 2 : 0;
+  }, transportEnv(transport), 300);
+  expectEveryRankSucceeded(outcome);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllv,
+                         ::testing::Values(std::make_tuple("shm", 1), std::make_tuple("shm", 2), std::make_tuple("shm", 4),
+                                           std::make_tuple("tcp", 3)),
+                         paramName);
+
+// A rank's own bad arguments are refused at once and leave the communicator usable; counts that
+// two ranks disagree on end the communicator on both (the receiver at once, the sender at its
+// next call if its part was done), naming the pair and the arrays.
+TEST(AllToAllvErrors, BadArgumentsAreRefusedAndMismatchedCountsNamed) {
+  auto outcome = runRanks(2, [&](int rank, braidComm_t comm) {
+    const std::size_t peer = static_cast<std::size_t>(1 - rank), me = static_cast<std::size_t>(rank);
+    std::vector<float> send(64, 1.0f), recv(64, 0.0f);
+    std::vector<std::size_t> sc(2, 4), sd{0, 4}, rc(2, 4), rd{0, 4};
+    rc[me] = 3;  // sends itself 4, receives 3 from itself
+    braidResult_t r = braidAllToAllv(send.data(), sc.data(), sd.data(), recv.data(), rc.data(), rd.data(), braidFloat32, comm, nullptr);
+    if (r != braidInvalidArgument || !std::strstr(braidGetLastError(comm), "sends itself 4 elements")) {
+      report(rank, "self-mismatch: " + failure(comm, r));
+      return 1;
+    }
+    r = braidAllToAllv(send.data(), nullptr, sd.data(), recv.data(), rc.data(), rd.data(), braidFloat32, comm, nullptr);
+    if (r != braidInvalidArgument) {
+      report(rank, "NULL counts: " + failure(comm, r));
+      return 2;
+    }
+    rc[me] = 4;
+    r = braidAllToAllv(send.data(), sc.data(), sd.data(), recv.data(), rc.data(), rd.data(), braidFloat32, comm, nullptr);
+    if (r != braidSuccess) {  // still usable
+      report(rank, "valid call after the refused ones: " + failure(comm, r));
+      return 3;
+    }
+    if (rank == 1) rc[peer] = 5;  // rank 0 sends 4, rank 1 expects 5
+    r = braidAllToAllv(send.data(), sc.data(), sd.data(), recv.data(), rc.data(), rd.data(), braidFloat32, comm, nullptr);
+    // Rank 0's part may be done before rank 1 reads the header: it learns at its next call.
+    if (rank == 0 && r == braidSuccess) r = braidBarrier(comm);
+    const std::string msg = braidGetLastError(comm);
+    if (r == braidSuccess) {
+      report(rank, "mismatched counts succeeded");
+      return 4;
+    }
+    if (msg.find("alltoallv(float32) #") == std::string::npos ||
+        msg.find("rank 0's sendcounts[1] must equal rank 1's recvcounts[0]") == std::string::npos) {
+      report(rank, "mismatch not named: " + msg);
+      return 5;
+    }
+    return 0;  // the communicator has ended; destroying it returns at once
+  }, {{"BRAID_TIMEOUT", "20"}}, 60);
+  expectEveryRankSucceeded(outcome);
+}
+
+// ------------------------------------------------------------------ groups
+
+// Every rank posts all its sends (4 MiB each, far past what a transport buffers) before any
+// receive. Called one by one this deadlocks: each rank's first send waits for a peer that is
+// itself sending. In a group they run together and every element arrives.
+class Groups : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(Groups, SendsBeforeReceivesInAnyOrderComplete) {
+  const std::string transport = std::get<0>(GetParam());
+  const int n = std::get<1>(GetParam());
+  auto outcome = runRanks(n, [&](int rank, braidComm_t comm) {
+    const std::size_t nn = static_cast<std::size_t>(n), me = static_cast<std::size_t>(rank);
+    for (std::size_t count : {std::size_t{0}, std::size_t{13}, std::size_t{(1u << 20) + 1}}) {
+      std::vector<std::vector<float>> out(nn), in(nn);
+      if (braidGroupStart() != braidSuccess) return 1;
+      // Sends first, to the peers in an order that differs by rank; then the receives.
+      for (std::size_t k = 1; k < nn; ++k) {
+        const std::size_t p = (me + nn - k) % nn;
+        out[p].resize(count + 1);
+        fillBlock(reinterpret_cast<std::byte*>(out[p].data() + 1), count, DataType::kFloat32, me, p);
+        const braidResult_t r = braidSend(out[p].data() + 1, count, braidFloat32, static_cast<int>(p), comm, nullptr);
+        if (r != braidSuccess) {
+          report(rank, "grouped send: " + failure(comm, r));
+          return 2;
+        }
+      }
+      for (std::size_t p = 0; p < nn; ++p) {
+        if (p == me) continue;
+        in[p].assign(count + 1, -1.0f);
+        const braidResult_t r = braidRecv(in[p].data() + 1, count, braidFloat32, static_cast<int>(p), comm, nullptr);
+        if (r != braidSuccess) {
+          report(rank, "grouped recv: " + failure(comm, r));
+          return 3;
+        }
+      }
+      const braidResult_t r = braidGroupEnd();
+      if (r != braidSuccess) {
+        report(rank, "braidGroupEnd: " + failure(comm, r));
+        return 4;
+      }
+      for (std::size_t p = 0; p < nn; ++p) {
+        if (p == me) continue;
+        const std::size_t w = wrongInBlock(reinterpret_cast<std::byte*>(in[p].data() + 1), count, DataType::kFloat32, p, me);
+        if (w) {
+          report(rank, std::to_string(w) + " wrong elements from rank " + std::to_string(p) + " at count " + std::to_string(count));
+          return 5;
+        }
+      }
+    }
+    return 0;
+  }, transportEnv(transport), 120);
+  expectEveryRankSucceeded(outcome);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Groups,
+                         ::testing::Values(std::make_tuple("shm", 2), std::make_tuple("shm", 4), std::make_tuple("tcp", 3)),
+                         paramName);
+
+// A grouped send meets plain receives; a nested group runs at the outermost end; a bad argument
+// inside a group is refused at once and the rest of the group still runs; collectives in a group
+// run after its sends and receives, in call order; braidGroupEnd without a start is an error.
+TEST(GroupRules, NestingMixingCollectivesAndErrors) {
+  auto outcome = runRanks(3, [&](int rank, braidComm_t comm) {
+    const int right = (rank + 1) % 3, left = (rank + 2) % 3;
+    if (braidGroupEnd() != braidInvalidUsage) {
+      report(rank, "braidGroupEnd without a start succeeded");
+      return 1;
+    }
+    // Rank 0 groups two sends to rank 1, which receives them one by one.
+    std::vector<int> m1(100, rank), m2(7, rank + 10), g1(100, -1), g2(7, -1);
+    if (rank == 0) {
+      braidGroupStart();
+      braidSend(m1.data(), m1.size(), braidInt32, 1, comm, nullptr);
+      braidSend(m2.data(), m2.size(), braidInt32, 1, comm, nullptr);
+      if (braidGroupEnd() != braidSuccess) return 2;
+    } else if (rank == 1) {
+      if (braidRecv(g1.data(), g1.size(), braidInt32, 0, comm, nullptr) != braidSuccess ||
+          braidRecv(g2.data(), g2.size(), braidInt32, 0, comm, nullptr) != braidSuccess)
+        return 3;
+      if (g1 != std::vector<int>(100, 0) || g2 != std::vector<int>(7, 10)) {
+        report(rank, "plain receives of grouped sends got the wrong data");
+        return 4;
+      }
+    }
+    // Nested: nothing runs at the inner end. A ring exchange, an all-reduce and an all-gather.
+    std::vector<double> ringIn(5, -1), ringOut(5, rank), sum(9, rank + 1), gathered(3 * 4, -1), mine(4, rank * 2);
+    braidGroupStart();
+    braidGroupStart();
+    if (braidAllReduce(sum.data(), sum.data(), sum.size(), braidFloat64, braidSum, comm, nullptr) != braidSuccess) return 5;
+    if (braidSend(ringOut.data(), ringOut.size(), braidFloat64, right, comm, nullptr) != braidSuccess) return 6;
+    // Refused at once (a peer outside the communicator), and not part of the group.
+    if (braidSend(ringOut.data(), 1, braidFloat64, 7, comm, nullptr) != braidInvalidArgument) return 7;
+    if (braidGroupEnd() != braidSuccess) return 8;
+    if (ringIn[0] != -1 || sum[0] != rank + 1) {
+      report(rank, "a call ran at the inner braidGroupEnd");
+      return 9;
+    }
+    if (braidRecv(ringIn.data(), ringIn.size(), braidFloat64, left, comm, nullptr) != braidSuccess) return 10;
+    if (braidAllGather(mine.data(), gathered.data(), mine.size(), braidFloat64, comm, nullptr) != braidSuccess) return 11;
+    const braidResult_t r = braidGroupEnd();
+    if (r != braidSuccess) {
+      report(rank, "outer braidGroupEnd: " + failure(comm, r));
+      return 12;
+    }
+    if (ringIn != std::vector<double>(5, left) || sum != std::vector<double>(9, 6)) {
+      report(rank, "the group's ring exchange or all-reduce is wrong");
+      return 13;
+    }
+    for (int q = 0; q < 3; ++q)
+      for (int i = 0; i < 4; ++i)
+        if (gathered[static_cast<std::size_t>(q * 4 + i)] != q * 2) {
+          report(rank, "the group's all-gather is wrong");
+          return 14;
+        }
+    // The communicator goes on as usual after the groups.
+    double x = 1, y = 0;
+    if (braidAllReduce(&x, &y, 1, braidFloat64, braidSum, comm, nullptr) != braidSuccess || y != 3) return 15;
+    return 0;
+  }, {}, 60);
+  expectEveryRankSucceeded(outcome);
+}
+
+// A grouped send whose size its receiver does not expect: the receiver's group fails naming both
+// calls; the sender's small send was handed to the transport already, so it learns at its next
+// call (a barrier), with the same error. Both within the timeout.
+TEST(GroupRules, AMismatchInsideAGroupIsNamedOnBothRanks) {
+  auto outcome = runRanks(2, [&](int rank, braidComm_t comm) {
+    std::vector<float> buf(64, 1.0f);
+    braidGroupStart();
+    if (rank == 0) braidSend(buf.data(), 10, braidFloat32, 1, comm, nullptr);
+    else braidRecv(buf.data(), 11, braidFloat32, 0, comm, nullptr);
+    braidResult_t r = braidGroupEnd();
+    if (rank == 0 && r == braidSuccess) r = braidBarrier(comm);
+    const std::string msg = braidGetLastError(comm);
+    if (r == braidSuccess) {
+      report(rank, "mismatched grouped send/recv succeeded");
+      return 1;
+    }
+    if (msg.find("send/recv(count=1") == std::string::npos || msg.find("rank 0->1") == std::string::npos) {
+      report(rank, "mismatch not named: " + msg);
+      return 2;
+    }
+    return 0;
+  }, {{"BRAID_TIMEOUT", "20"}}, 60);
+  expectEveryRankSucceeded(outcome);
+}
+
+}  // namespace
+}  // namespace braid::test

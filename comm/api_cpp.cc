@@ -26,6 +26,14 @@ bool Work::test() {
   return state_->done;
 }
 
+void Work::onDone(std::function<void(const Status&)> f) {
+  if (!state_) {
+    f(Status::InvalidUsage("empty Work"));
+    return;
+  }
+  state_->whenDone(std::move(f));
+}
+
 Status Work::status() const {
   if (!state_) return Status::InvalidUsage("empty Work");
   std::lock_guard<std::mutex> g(state_->mu);

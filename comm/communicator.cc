@@ -48,10 +48,26 @@ std::string hostName() {
 }  // namespace
 
 void WorkState::finish(Status s) {
-  std::lock_guard<std::mutex> g(mu);
-  status = std::move(s);
-  done = true;
-  cv.notify_all();
+  std::vector<std::function<void(const Status&)>> callbacks;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    status = std::move(s);
+    done = true;
+    callbacks.swap(onDone);
+    cv.notify_all();
+  }
+  for (auto& f : callbacks) f(status);  // status no longer changes: read without the lock
+}
+
+void WorkState::whenDone(std::function<void(const Status&)> f) {
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (!done) {
+      onDone.push_back(std::move(f));
+      return;
+    }
+  }
+  f(status);
 }
 
 Result<std::shared_ptr<Comm>> Comm::create(InitParams params) {

@@ -59,7 +59,11 @@ struct WorkState {
   std::condition_variable cv;
   bool done = false;
   Status status;
+  std::vector<std::function<void(const Status&)>> onDone;  // whenDone's, until finish
   void finish(Status s);
+  // Calls f(status) once the work is done: at once, on this thread, if it is; else on the thread
+  // that finishes it (the communicator's worker, or the CUDA proxy), after waiters are woken.
+  void whenDone(std::function<void(const Status&)> f);
 };
 
 class Comm final : public EngineHost, public Workspace {

@@ -15,6 +15,7 @@
 // A Communicator is a shared handle: copies refer to the same group; the last copy destroys it.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,11 @@ class Work {
   Status wait(double timeoutSec = -1);
   bool test();              // done?
   Status status() const;    // the result once done; in progress before
+  // Calls f with the result once the work is done: at once, on this thread, if it is already;
+  // otherwise on the thread that finishes it (keep f short, and make no Braid call from it on
+  // the same communicator: that thread runs the communicator's calls). For futures (c10d's
+  // Work::getFuture) and completion queues.
+  void onDone(std::function<void(const Status&)> f);
 
  private:
   friend class Communicator;

@@ -6,12 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "braid/braid.h"
+#include "braid/braid.hpp"
+#include "comm/c_handle.h"
 #include "kernels/reduce.h"
 #include "tests/common/harness.h"
 
@@ -205,6 +210,62 @@ TEST(AllToAllvErrors, BadArgumentsAreRefusedAndMismatchedCountsNamed) {
     }
     return 0;  // the communicator has ended; destroying it returns at once
   }, {{"BRAID_TIMEOUT", "20"}}, 60);
+  expectEveryRankSucceeded(outcome);
+}
+
+// The C++ API: allToAll and allToAllv as Work on the communicator's worker, whose vectors need not
+// outlive the call, and Work::onDone: called once with the result, on the finishing thread or at
+// once when the work is already done.
+TEST(AllToAllCpp, WorkAndOnDoneCallbacks) {
+  auto outcome = runRanks(3, [&](int rank, braidComm_t c) {
+    Communicator comm(c->impl);
+    const std::size_t nn = 3, me = static_cast<std::size_t>(rank), count = 5000;
+    std::vector<float> send(count * nn), recv(count * nn, -1.0f);
+    for (std::size_t d = 0; d < nn; ++d)
+      fillBlock(reinterpret_cast<std::byte*>(send.data() + d * count), count, DataType::kFloat32, me, d);
+    std::atomic<int> calls{0};
+    Status seen = Status::Internal("not called");
+    Work w = comm.allToAll(send.data(), recv.data(), count, DataType::kFloat32);
+    w.onDone([&](const Status& s) {
+      seen = s;
+      ++calls;
+    });
+    Status s = w.wait();
+    for (int i = 0; i < 1000 && calls.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!s.ok() || calls.load() != 1 || !seen.ok()) {
+      report(rank, "allToAll: " + s.toString() + ", callback called " + std::to_string(calls.load()) + " times with " +
+                       seen.toString());
+      return 1;
+    }
+    for (std::size_t q = 0; q < nn; ++q)
+      if (wrongInBlock(reinterpret_cast<std::byte*>(recv.data() + q * count), count, DataType::kFloat32, q, me)) return 2;
+    bool ranAtOnce = false;
+    w.onDone([&](const Status& st) { ranAtOnce = st.ok(); });
+    if (!ranAtOnce) return 3;
+    // allToAllv with vectors that are gone before the work runs: rank r sends r+1+d elements to d.
+    Work v;
+    std::vector<double> vs(64), vr(64, -1);
+    {
+      std::vector<std::size_t> sc(nn), sd(nn), rc(nn), rd(nn);
+      for (std::size_t d = 0, off = 0; d < nn; ++d, off += 8) {
+        sc[d] = me + 1 + d;
+        sd[d] = off;
+        rc[d] = d + 1 + me;
+        rd[d] = off;
+        for (std::size_t i = 0; i < sc[d]; ++i) vs[off + i] = static_cast<double>(me * 100 + d * 10 + i);
+      }
+      v = comm.allToAllv(vs.data(), sc, sd, vr.data(), rc, rd, DataType::kFloat64);
+    }
+    s = v.wait();
+    if (!s.ok()) {
+      report(rank, "allToAllv: " + s.toString());
+      return 4;
+    }
+    for (std::size_t q = 0; q < nn; ++q)
+      for (std::size_t i = 0; i < q + 1 + me; ++i)
+        if (vr[q * 8 + i] != static_cast<double>(q * 100 + me * 10 + i)) return 5;
+    return 0;
+  }, {}, 60);
   expectEveryRankSucceeded(outcome);
 }
 

@@ -10,6 +10,7 @@
 #include <x86intrin.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <chrono>
@@ -201,11 +202,19 @@ int chosenDevice() {
 }
 
 Result<Memory> classify(const Comm& comm, const CollArgs& a) {
-  if (a.kind == CollKind::kBarrier || a.count == 0) return Memory::kNone;
+  const bool v = a.kind == CollKind::kAllToAllv;  // its count is 0: the arrays say what it moves
+  if (a.kind == CollKind::kBarrier || (a.count == 0 && !v)) return Memory::kNone;
   const int me = comm.rank();
   bool needSend = a.kind != CollKind::kSendRecv || a.isSend;
   bool needRecv = a.kind == CollKind::kSendRecv ? !a.isSend : (a.kind != CollKind::kReduce || a.root == me);
   if (a.kind == CollKind::kBroadcast) needSend = a.root == me;
+  if (v) {
+    auto any = [](const std::vector<std::size_t>& counts) {
+      return std::any_of(counts.begin(), counts.end(), [](std::size_t c) { return c > 0; });
+    };
+    needSend = a.v && any(a.v->sendCounts);
+    needRecv = a.v && any(a.v->recvCounts);
+  }
   const Driver* d = needSend || needRecv ? driver() : nullptr;
   const Memory s = needSend ? memoryWith(d, a.send) : Memory::kNone;
   const Memory r = needRecv ? memoryWith(d, a.recv) : Memory::kNone;

@@ -240,18 +240,19 @@ struct PlanRunner {
                               std::to_string(fp.seq));
     if (isFarewell(h))  // the peer made its last call and destroys
       return Status::InvalidUsage(farewellMismatch(plan.rank_, fp, op.peer, theirs));
+    if (fp.kind == CollKind::kAllToAllv && theirs.kind == fp.kind && theirs.seq == fp.seq && theirs.dtype == fp.dtype &&
+        theirs.count != fp.count && h.sender == op.peer) {
+      // Each message of an all-to-allv carries its pair's whole count (buildAllToAll), so a pair
+      // that disagrees is caught at the first header, however each end cut its block.
+      return Status::InvalidUsage(fp.describe() + " #" + std::to_string(fp.seq) + ": rank " + std::to_string(op.peer) +
+                                  " sends rank " + std::to_string(plan.rank_) + " " + std::to_string(theirs.count) +
+                                  " elements where rank " + std::to_string(plan.rank_) + " expects " +
+                                  std::to_string(fp.count) + ": rank " + std::to_string(op.peer) + "'s sendcounts[" +
+                                  std::to_string(plan.rank_) + "] must equal rank " + std::to_string(plan.rank_) +
+                                  "'s recvcounts[" + std::to_string(op.peer) + "]");
+    }
     if (!theirs.sameCall(fp) || h.sender != op.peer)
       return Status::InvalidUsage(mismatchText(plan.rank_, callAs(fp), op.peer, callAs(theirs)));
-    if (fp.kind == CollKind::kAllToAllv && h.bytes != op.bytes && h.step == op.step) {
-      // Per-pair counts that the two ranks do not agree on (one message per pair, or one per
-      // channel piece of a large block: the piece sizes then differ too).
-      return Status::InvalidUsage(fp.describe() + " #" + std::to_string(fp.seq) + ": rank " + std::to_string(op.peer) +
-                                  " sends rank " + std::to_string(plan.rank_) + " a message of " + std::to_string(h.bytes) +
-                                  " bytes where rank " + std::to_string(plan.rank_) + " expects " + std::to_string(op.bytes) +
-                                  ": rank " + std::to_string(op.peer) + "'s sendcounts[" + std::to_string(plan.rank_) +
-                                  "] must equal rank " + std::to_string(plan.rank_) + "'s recvcounts[" +
-                                  std::to_string(op.peer) + "]");
-    }
     if (h.bytes != op.bytes || h.step != op.step)
       return Status::Internal("rank " + std::to_string(op.peer) + " sent message " + std::to_string(h.step) + " of " +
                               std::to_string(h.bytes) + " bytes where rank " + std::to_string(plan.rank_) +
@@ -358,8 +359,6 @@ void waitForNotice(EngineHost& host) {
 Status Engine::run(Plan& plan, EngineHost& host) {
   const Fingerprint& fp = plan.fp_;
   PlanRunner runner{plan, host, plan.ops_, fp, std::max<std::size_t>(dataTypeSize(fp.dtype), 1)};
-  // Only failures need the call's name: build it then, not on every (microsecond) collective.
-  auto what = [&] { return fp.describe() + " #" + std::to_string(fp.seq); };
   Waiter& waiter = host.waiter();
   waiter.progressed();
   // The clock is read only once the plan has to wait: a call that completes without waiting
@@ -374,7 +373,9 @@ Status Engine::run(Plan& plan, EngineHost& host) {
       if (!r.ok()) {
         if (r.status().code() == Code::kRemoteError) waitForNotice(host);
         Status fail = host.failure();
-        return (fail.ok() ? r.status() : fail).withContext(failedOn(fp, plan.rank_));
+        // The call of the message that failed (in a group, each message is a call of its own).
+        const Fingerprint& mine = plan.fingerprintOf(plan.ops_[static_cast<std::size_t>(q.ops[q.head])]);
+        return (fail.ok() ? r.status() : fail).withContext(failedOn(mine, plan.rank_));
       }
       moved |= *r;
       all &= q.head == q.ops.size();
@@ -397,7 +398,8 @@ Status Engine::run(Plan& plan, EngineHost& host) {
       for (const Plan::Queue& q : queues)
         if (q.head < q.ops.size() && (!stuck || (stuck->sending && !q.sending))) stuck = &q;
       const Op& op = plan.ops_[static_cast<std::size_t>(stuck->ops[stuck->head])];
-      return host.explainTimeout(what(), "rank " + std::to_string(plan.rank_) + " waited " +
+      const Fingerprint& mine = plan.fingerprintOf(op);
+      return host.explainTimeout(mine.describe() + " #" + std::to_string(mine.seq), "rank " + std::to_string(plan.rank_) + " waited " +
                                            (stuck->sending ? "to send to " : "to receive from ") + runner.where(op) +
                                            " (" + std::to_string(op.done) + " of " + std::to_string(op.bytes) +
                                            " bytes moved)");

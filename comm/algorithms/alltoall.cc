@@ -44,6 +44,14 @@ void buildAllToAll(const CollArgs& a, Workspace& ws, int channels, Plan& plan) {
     if (extent) std::memcpy(copy, send, extent);
     send = copy;
   }
+  // All-to-allv: every message carries its pair's count, so that the receiver checks it at the
+  // first header even where the two ends would cut the block differently. One message per queue
+  // (peer, channel, direction), so each is message 0 of its queue.
+  auto withCount = [&](std::size_t elems) {
+    Fingerprint f = plan.fingerprint();
+    f.count = elems;
+    return f;
+  };
   constexpr std::size_t kPieceMin = 256u << 10;
   auto pieces = [&](std::size_t bytes) {
     return bytes >= kPieceMin ? static_cast<std::size_t>(std::max(1, channels)) : std::size_t{1};
@@ -55,11 +63,13 @@ void buildAllToAll(const CollArgs& a, Workspace& ws, int channels, Plan& plan) {
     const std::size_t outParts = pieces(outBytes), inParts = pieces(inBytes);
     for (std::size_t c = 0; c < outParts; ++c) {
       const Range r = split(outBytes, outParts, c);
-      plan.send(to, static_cast<int>(c), send + sendOff(to) + r.off, r.len);
+      const int op = plan.send(to, static_cast<int>(c), send + sendOff(to) + r.off, r.len);
+      if (v) plan.setFingerprint(op, withCount(outBytes / es));
     }
     for (std::size_t c = 0; c < inParts; ++c) {
       const Range r = split(inBytes, inParts, c);
-      plan.recvCopy(from, static_cast<int>(c), recv + recvOff(from) + r.off, r.len);
+      const int op = plan.recvCopy(from, static_cast<int>(c), recv + recvOff(from) + r.off, r.len);
+      if (v) plan.setFingerprint(op, withCount(inBytes / es));
     }
   }
   if (callBytes(a, n) >= largeCopyBytes()) plan.streamCopies();

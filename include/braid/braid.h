@@ -134,14 +134,17 @@ braidResult_t braidAllToAllv(const void* sendbuff, const size_t* sendcounts, con
                              const size_t* recvcounts, const size_t* rdispls, braidDataType_t datatype,
                              braidComm_t comm, void* stream);
 
-/* Groups, as NCCL's ncclGroupStart/ncclGroupEnd: calls made between them on this thread (on any
- * communicator) are checked at once (a bad argument is returned then and leaves the group as it
- * was) and run at the outermost braidGroupEnd. There, per communicator in the order each first
- * appeared, its sends and receives run together as one, so that no order of posting them
- * deadlocks (every rank sending to every other before receiving, say), then its collectives in
- * call order. Each send and receive is still matched one for one, in order per pair: a grouped
- * send may meet a plain braidRecv. Groups nest; braidGroupEnd returns the first error of the
- * group. Host buffers only for now (device buffers in a group are braidInvalidArgument). */
+/* Groups, as NCCL's ncclGroupStart/ncclGroupEnd: calls made between them on this thread are
+ * checked at once (a bad argument is returned then and leaves the group as it was) and run at the
+ * outermost braidGroupEnd. There, per communicator in the order each first appeared, its sends and
+ * receives run together as one, so that no order of posting them on one communicator deadlocks
+ * (every rank sending to every other before receiving, say), then its collectives in call order.
+ * Each send and receive is still matched one for one, in order per pair: a grouped send may meet
+ * a plain braidRecv when the group holds only sends and receives (a collective in the group runs
+ * after all of them, which a peer calling in plain order would not expect). Not yet: several
+ * communicators whose grouped sends and receives wait on each other (they run one communicator
+ * after the other), and device buffers in a group (braidInvalidArgument). Groups nest;
+ * braidGroupEnd returns the first error of the group. */
 braidResult_t braidGroupStart(void);
 braidResult_t braidGroupEnd(void);
 

@@ -269,6 +269,32 @@ TEST(AllToAllCpp, WorkAndOnDoneCallbacks) {
   expectEveryRankSucceeded(outcome);
 }
 
+// Counts that disagree across 256 KiB, where the two ends would cut the block into different
+// numbers of pieces: the receiver still names the pair at the first header, and the sender
+// fails at its next call; neither succeeds with half a block.
+TEST(AllToAllvErrors, MismatchedLargeBlocksAreNamed) {
+  auto outcome = runRanks(2, [&](int rank, braidComm_t comm) {
+    const std::size_t peer = static_cast<std::size_t>(1 - rank), me = static_cast<std::size_t>(rank);
+    std::vector<float> send(200000, 1.0f), recv(200000, 0.0f);
+    std::vector<std::size_t> sc(2, 0), sd(2, 0), rc(2, 0), rd(2, 0);
+    sc[peer] = rank == 0 ? 80000 : 10;  // rank 0 sends 320,000 bytes (cut in pieces)...
+    rc[peer] = rank == 1 ? 40000 : 10;  // ...where rank 1 expects 160,000 (one piece)
+    sc[me] = rc[me] = 3;
+    sd[me] = 100000;
+    rd[me] = 100000;
+    braidResult_t r = braidAllToAllv(send.data(), sc.data(), sd.data(), recv.data(), rc.data(), rd.data(), braidFloat32,
+                                     comm, nullptr);
+    if (rank == 0 && r == braidSuccess) r = braidBarrier(comm);
+    const std::string msg = braidGetLastError(comm);
+    if (r == braidSuccess || msg.find("rank 0 sends rank 1 80000 elements where rank 1 expects 40000") == std::string::npos) {
+      report(rank, "large mismatch: " + failure(comm, r));
+      return 1;
+    }
+    return 0;
+  }, {{"BRAID_TIMEOUT", "20"}}, 60);
+  expectEveryRankSucceeded(outcome);
+}
+
 // ------------------------------------------------------------------ groups
 
 // Every rank posts all its sends (4 MiB each, far past what a transport buffers) before any
@@ -361,12 +387,12 @@ TEST(GroupRules, NestingMixingCollectivesAndErrors) {
     if (braidSend(ringOut.data(), ringOut.size(), braidFloat64, right, comm, nullptr) != braidSuccess) return 6;
     // Refused at once (a peer outside the communicator), and not part of the group.
     if (braidSend(ringOut.data(), 1, braidFloat64, 7, comm, nullptr) != braidInvalidArgument) return 7;
+    if (braidRecv(ringIn.data(), ringIn.size(), braidFloat64, left, comm, nullptr) != braidSuccess) return 10;
     if (braidGroupEnd() != braidSuccess) return 8;
     if (ringIn[0] != -1 || sum[0] != rank + 1) {
       report(rank, "a call ran at the inner braidGroupEnd");
       return 9;
     }
-    if (braidRecv(ringIn.data(), ringIn.size(), braidFloat64, left, comm, nullptr) != braidSuccess) return 10;
     if (braidAllGather(mine.data(), gathered.data(), mine.size(), braidFloat64, comm, nullptr) != braidSuccess) return 11;
     const braidResult_t r = braidGroupEnd();
     if (r != braidSuccess) {

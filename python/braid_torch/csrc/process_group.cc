@@ -1,0 +1,438 @@
+#include "process_group.h"
+
+#include <ATen/core/ivalue.h>
+#include <ATen/core/jit_type.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace braid::torch_backend {
+namespace {
+
+// Braid's element type for a tensor's dtype; bool travels as uint8 (its reductions: below).
+braid::DataType braidType(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return braid::DataType::kFloat32;
+    case at::kDouble: return braid::DataType::kFloat64;
+    case at::kHalf: return braid::DataType::kFloat16;
+    case at::kBFloat16: return braid::DataType::kBfloat16;
+    case at::kInt: return braid::DataType::kInt32;
+    case at::kLong: return braid::DataType::kInt64;
+    case at::kChar: return braid::DataType::kInt8;
+    case at::kByte:
+    case at::kBool: return braid::DataType::kUint8;
+    default: break;
+  }
+  TORCH_CHECK(false, "braid: tensors of type ", t.scalar_type(),
+              " are not supported (Braid has float32, float64, float16, bfloat16, int8, uint8, int32, int64 and bool)");
+}
+
+// Braid's reduction for c10d's op on this tensor. On bool, sum is logical or (max) and product
+// logical and (min), as NCCL and Gloo make them.
+braid::ReduceOp braidOp(const c10d::ReduceOp& op, const at::Tensor& t) {
+  const bool isBool = t.scalar_type() == at::kBool;
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return isBool ? braid::ReduceOp::kMax : braid::ReduceOp::kSum;
+    case c10d::ReduceOp::PRODUCT: return isBool ? braid::ReduceOp::kMin : braid::ReduceOp::kProd;
+    case c10d::ReduceOp::MIN: return braid::ReduceOp::kMin;
+    case c10d::ReduceOp::MAX: return braid::ReduceOp::kMax;
+    case c10d::ReduceOp::AVG:
+      TORCH_CHECK(!isBool, "braid: ReduceOp.AVG on bool tensors is not defined");
+      return braid::ReduceOp::kAvg;
+    default: break;
+  }
+  TORCH_CHECK(false, "braid: ReduceOp BAND, BOR, BXOR and PREMUL_SUM are not supported (Braid reduces with SUM, ",
+              "PRODUCT, MIN, MAX and AVG)");
+}
+
+void checkCpu(const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu(), "braid: ", t.device(), " tensors are not supported by this backend yet (CPU tensors are)");
+}
+
+// The one tensor a call takes (c10d passes lists: one tensor per device in the old multi-device API).
+at::Tensor& single(std::vector<at::Tensor>& tensors, const char* what) {
+  TORCH_CHECK(tensors.size() == 1, "braid: ", what, " takes exactly one tensor per call, got ", tensors.size());
+  checkCpu(tensors[0]);
+  return tensors[0];
+}
+
+// Contiguous memory for Braid: the tensor itself when it is, else a copy (written back after the
+// call for outputs).
+at::Tensor dense(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+void* ptr(const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; }
+
+std::size_t count(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()); }
+
+// All tensors of a list flattened end to end into one new contiguous buffer of their dtype.
+at::Tensor concat(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(ts.size());
+  for (const at::Tensor& t : ts) {
+    checkCpu(t);
+    TORCH_CHECK(t.scalar_type() == ts[0].scalar_type(), "braid: the tensors of one call must have one dtype");
+    flat.push_back(t.reshape({-1}));
+  }
+  return at::cat(flat);
+}
+
+// Copies consecutive pieces of `from` into each tensor of `to`.
+void split(const at::Tensor& from, std::vector<at::Tensor>& to) {
+  int64_t off = 0;
+  for (at::Tensor& t : to) {
+    t.copy_(from.narrow(0, off, t.numel()).view(t.sizes()));
+    off += t.numel();
+  }
+}
+
+std::chrono::milliseconds braidTimeout(std::chrono::milliseconds timeout) { return timeout; }
+
+// A c10d::Work over a braid::Work: done when Braid's is, with a future that completes then (DDP's
+// comm hooks wait on it). `after` runs first, on success (copies results into non-contiguous or
+// list outputs); `keep` holds the buffers Braid uses until then.
+class WorkBraid : public c10d::Work {
+ public:
+  static c10::intrusive_ptr<c10d::Work> start(int rank, c10d::OpType type, braid::Work work, std::vector<at::Tensor> outputs,
+                                              std::vector<at::Tensor> keep = {}, std::function<void()> after = {}) {
+    auto w = c10::make_intrusive<WorkBraid>(rank, type, std::move(outputs));
+    w->keep_ = std::move(keep);
+    w->after_ = std::move(after);
+    w->work_ = std::move(work);
+    c10::intrusive_ptr<WorkBraid> self = w;
+    w->work_.onDone([self](const braid::Status& s) { self->complete(s); });
+    return w;
+  }
+
+  WorkBraid(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+      : c10d::Work(rank, type), outputs_(std::move(outputs)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+
+ private:
+  void complete(const braid::Status& s) {
+    std::exception_ptr error;
+    if (s.ok() && after_) {
+      try {
+        after_();
+      } catch (const std::exception& e) {
+        error = std::make_exception_ptr(std::runtime_error(std::string("braid: copying the result out failed: ") + e.what()));
+      }
+    }
+    if (!s.ok()) error = std::make_exception_ptr(std::runtime_error("braid: " + s.toString()));
+    keep_.clear();
+    finish(error);
+    if (error) future_->setError(error);
+    else future_->markCompleted(c10::IValue(outputs_));
+  }
+
+  braid::Work work_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> keep_;
+  std::function<void()> after_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace
+
+ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                     std::chrono::milliseconds timeout)
+    : c10d::ProcessGroup(rank, size), timeout_(braidTimeout(timeout)) {
+  const std::string key = "braid/unique_id";
+  braidUniqueId id;
+  if (rank == 0) {
+    const braidResult_t r = braidGetUniqueId(&id);
+    TORCH_CHECK(r == braidSuccess, "braid: rank 0 could not make a unique id: ", braidGetLastError(nullptr));
+    store->set(key, std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id));
+  } else {
+    const std::vector<uint8_t> bytes = store->get(key);  // waits for rank 0, bounded by the store's timeout
+    TORCH_CHECK(bytes.size() == sizeof id, "braid: the store holds ", bytes.size(), " bytes under ", key, ", not a unique id");
+    std::memcpy(&id, bytes.data(), sizeof id);
+  }
+  // The process group's timeout bounds every Braid call, unless BRAID_TIMEOUT says otherwise.
+  const bool ownTimeout = std::getenv("BRAID_TIMEOUT") == nullptr;
+  if (ownTimeout) {
+    const long seconds = std::max<long>(1, static_cast<long>(std::ceil(static_cast<double>(timeout.count()) / 1000.0)));
+    ::setenv("BRAID_TIMEOUT", std::to_string(seconds).c_str(), 1);
+  }
+  auto c = braid::Communicator::fromUniqueId(id, size, rank);
+  if (ownTimeout) ::unsetenv("BRAID_TIMEOUT");
+  TORCH_CHECK(c.ok(), "braid: rank ", rank, " could not join the communicator of ", size, " ranks: ", c.status().toString());
+  comm_ = std::make_unique<braid::Communicator>(std::move(*c));
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupBraid::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                                 int size, const std::chrono::duration<float>& timeout) {
+  return c10::make_intrusive<ProcessGroupBraid>(store, rank, size,
+                                                std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+}
+
+braid::Communicator& ProcessGroupBraid::comm() { return *comm_; }
+
+namespace {
+// A one-tensor call in place: Braid works on `buf` (the tensor, or a dense copy written back).
+c10::intrusive_ptr<c10d::Work> inPlace(int rank, c10d::OpType type, at::Tensor& t,
+                                       const std::function<braid::Work(const at::Tensor&)>& call) {
+  at::Tensor buf = dense(t);
+  braid::Work w = call(buf);
+  std::function<void()> after;
+  if (!buf.is_same(t)) after = [t, buf]() mutable { t.copy_(buf); };
+  return WorkBraid::start(rank, type, std::move(w), {t}, {buf}, std::move(after));
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tensor>& tensors,
+                                                            const c10d::BroadcastOptions& opts) {
+  at::Tensor& t = single(tensors, "broadcast");
+  const braid::DataType dt = braidType(t);
+  return inPlace(getRank(), c10d::OpType::BROADCAST, t, [&](const at::Tensor& b) {
+    return comm().broadcast(ptr(b), ptr(b), count(b), dt, static_cast<int>(opts.rootRank));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  at::Tensor& t = single(tensors, "allreduce");
+  const braid::DataType dt = braidType(t);
+  const braid::ReduceOp op = braidOp(opts.reduceOp, t);
+  return inPlace(getRank(), c10d::OpType::ALLREDUCE, t,
+                 [&](const at::Tensor& b) { return comm().allReduce(ptr(b), ptr(b), count(b), dt, op); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                      const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK(!tensors.empty(), "braid: allreduce_coalesced of no tensors");
+  at::Tensor buf = concat(tensors);
+  const braid::ReduceOp op = braidOp(opts.reduceOp, tensors[0]);
+  braid::Work w = comm().allReduce(ptr(buf), ptr(buf), count(buf), braidType(buf), op);
+  return WorkBraid::start(getRank(), c10d::OpType::ALLREDUCE_COALESCED, std::move(w), tensors, {buf},
+                          [tensors, buf]() mutable { split(buf, tensors); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  at::Tensor& t = single(tensors, "reduce");
+  const braid::DataType dt = braidType(t);
+  const braid::ReduceOp op = braidOp(opts.reduceOp, t);
+  return inPlace(getRank(), c10d::OpType::REDUCE, t, [&](const at::Tensor& b) {
+    return comm().reduce(ptr(b), ptr(b), count(b), dt, op, static_cast<int>(opts.rootRank));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                            std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) {
+  at::Tensor& in = single(inputs, "allgather");
+  TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(), "braid: allgather needs one list of ",
+              getSize(), " output tensors");
+  for (const at::Tensor& o : outputs[0])
+    TORCH_CHECK(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
+                "braid: allgather's output tensors must match the input's size and dtype");
+  at::Tensor src = dense(in);
+  at::Tensor all = at::empty({getSize() * in.numel()}, in.options());
+  braid::Work w = comm().allGather(ptr(src), ptr(all), count(src), braidType(in));
+  std::vector<at::Tensor> outs = outputs[0];
+  return WorkBraid::start(getRank(), c10d::OpType::ALLGATHER, std::move(w), outs, {src, all},
+                          [outs, all]() mutable { split(all, outs); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                  const c10d::AllgatherOptions&) {
+  checkCpu(input);
+  checkCpu(output);
+  TORCH_CHECK(output.numel() == getSize() * input.numel() && output.scalar_type() == input.scalar_type(),
+              "braid: _allgather_base's output must hold world_size times the input, in its dtype");
+  at::Tensor src = dense(input);
+  return inPlace(getRank(), c10d::OpType::_ALLGATHER_BASE, output, [&](const at::Tensor& b) {
+    return comm().allGather(ptr(src), ptr(b), count(src), braidType(input));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                      std::vector<at::Tensor>& inputs,
+                                                                      const c10d::AllgatherOptions&) {
+  TORCH_CHECK(!inputs.empty() && outputs.size() == static_cast<std::size_t>(getSize()),
+              "braid: allgather_coalesced needs world_size lists of outputs");
+  at::Tensor src = concat(inputs);
+  at::Tensor all = at::empty({getSize() * src.numel()}, src.options());
+  braid::Work w = comm().allGather(ptr(src), ptr(all), count(src), braidType(src));
+  std::vector<at::Tensor> outs;
+  for (auto& list : outputs) outs.insert(outs.end(), list.begin(), list.end());
+  return WorkBraid::start(getRank(), c10d::OpType::ALLGATHER_COALESCED, std::move(w), outs, {src, all},
+                          [outs, all]() mutable { split(all, outs); });
+}
+
+// Gather and scatter are all-to-allv calls in which only the root's row (or column) is non-zero.
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                         std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  at::Tensor& in = single(inputs, "gather");
+  const std::size_t n = static_cast<std::size_t>(getSize()), root = static_cast<std::size_t>(opts.rootRank);
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "braid: gather's root ", opts.rootRank, " is outside 0..",
+              getSize() - 1);
+  const bool isRoot = getRank() == opts.rootRank;
+  if (isRoot)
+    TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == n, "braid: gather's root needs one list of ", n, " outputs");
+  at::Tensor src = dense(in);
+  at::Tensor all = at::empty({isRoot ? getSize() * in.numel() : 0}, in.options());
+  std::vector<std::size_t> sc(n, 0), sd(n, 0), rc(n, 0), rd(n, 0);
+  sc[root] = count(src);
+  for (std::size_t q = 0; isRoot && q < n; ++q) {
+    rc[q] = count(src);
+    rd[q] = q * count(src);
+  }
+  braid::Work w = comm().allToAllv(ptr(src), sc, sd, ptr(all), rc, rd, braidType(in));
+  std::vector<at::Tensor> outs = isRoot ? outputs[0] : std::vector<at::Tensor>{};
+  return WorkBraid::start(getRank(), c10d::OpType::GATHER, std::move(w), outs, {src, all},
+                          [outs, all]() mutable { split(all, outs); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor>& outputs,
+                                                          std::vector<std::vector<at::Tensor>>& inputs,
+                                                          const c10d::ScatterOptions& opts) {
+  at::Tensor& out = single(outputs, "scatter");
+  const std::size_t n = static_cast<std::size_t>(getSize()), root = static_cast<std::size_t>(opts.rootRank);
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "braid: scatter's root ", opts.rootRank, " is outside 0..",
+              getSize() - 1);
+  const bool isRoot = getRank() == opts.rootRank;
+  at::Tensor src = at::empty({0}, out.options());
+  if (isRoot) {
+    TORCH_CHECK(inputs.size() == 1 && inputs[0].size() == n, "braid: scatter's root needs one list of ", n, " inputs");
+    for (const at::Tensor& t : inputs[0]) TORCH_CHECK(t.numel() == out.numel(), "braid: scatter's inputs must match the output's size");
+    src = concat(inputs[0]);
+  }
+  std::vector<std::size_t> sc(n, 0), sd(n, 0), rc(n, 0), rd(n, 0);
+  for (std::size_t q = 0; isRoot && q < n; ++q) {
+    sc[q] = count(out);
+    sd[q] = q * count(out);
+  }
+  rc[root] = count(out);
+  return inPlace(getRank(), c10d::OpType::SCATTER, out, [&](const at::Tensor& b) {
+    return comm().allToAllv(ptr(src), sc, sd, ptr(b), rc, rd, braidType(out));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<std::vector<at::Tensor>>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) {
+  at::Tensor& out = single(outputs, "reduce_scatter");
+  TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(), "braid: reduce_scatter needs one list of ",
+              getSize(), " input tensors");
+  for (const at::Tensor& t : inputs[0])
+    TORCH_CHECK(t.numel() == out.numel(), "braid: reduce_scatter's inputs must match the output's size");
+  at::Tensor src = concat(inputs[0]);
+  const braid::ReduceOp op = braidOp(opts.reduceOp, out);
+  return inPlace(getRank(), c10d::OpType::REDUCE_SCATTER, out, [&](const at::Tensor& b) {
+    return comm().reduceScatter(ptr(src), ptr(b), count(b), braidType(out), op);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                       const c10d::ReduceScatterOptions& opts) {
+  checkCpu(input);
+  checkCpu(output);
+  TORCH_CHECK(input.numel() == getSize() * output.numel(), "braid: _reduce_scatter_base's input must hold world_size times the output");
+  at::Tensor src = dense(input);
+  const braid::ReduceOp op = braidOp(opts.reduceOp, output);
+  return inPlace(getRank(), c10d::OpType::_REDUCE_SCATTER_BASE, output, [&](const at::Tensor& b) {
+    return comm().reduceScatter(ptr(src), ptr(b), count(b), braidType(output), op);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                std::vector<int64_t>& outputSplits,
+                                                                std::vector<int64_t>& inputSplits,
+                                                                const c10d::AllToAllOptions&) {
+  checkCpu(input);
+  checkCpu(output);
+  const std::size_t n = static_cast<std::size_t>(getSize());
+  at::Tensor src = dense(input);
+  if (outputSplits.empty() && inputSplits.empty()) {
+    TORCH_CHECK(input.numel() % getSize() == 0 && output.numel() == input.numel(),
+                "braid: all_to_all_single without split sizes needs equal tensors divisible by world_size");
+    return inPlace(getRank(), c10d::OpType::ALLTOALL_BASE, output, [&](const at::Tensor& b) {
+      return comm().allToAll(ptr(src), ptr(b), count(src) / n, braidType(input));
+    });
+  }
+  // Split sizes count rows (the first dimension); an empty list means equal rows.
+  auto layout = [&](const at::Tensor& t, const std::vector<int64_t>& splits, std::vector<std::size_t>& counts,
+                    std::vector<std::size_t>& displs) {
+    const std::size_t rows = t.dim() ? static_cast<std::size_t>(t.size(0)) : 1;
+    const std::size_t perRow = rows ? count(t) / rows : 0;
+    TORCH_CHECK(splits.empty() || splits.size() == n, "braid: all_to_all_single needs ", n, " split sizes");
+    TORCH_CHECK(!splits.empty() || rows % n == 0, "braid: all_to_all_single: ", rows, " rows do not split equally over ", n,
+                " ranks");
+    std::size_t off = 0;
+    for (std::size_t p = 0; p < n; ++p) {
+      const std::size_t r = splits.empty() ? rows / n : static_cast<std::size_t>(splits[p]);
+      counts.push_back(r * perRow);
+      displs.push_back(off);
+      off += r * perRow;
+    }
+    TORCH_CHECK(off <= count(t), "braid: all_to_all_single's split sizes add up to more rows than the tensor has");
+  };
+  std::vector<std::size_t> sc, sd, rc, rd;
+  layout(input, inputSplits, sc, sd);
+  layout(output, outputSplits, rc, rd);
+  return inPlace(getRank(), c10d::OpType::ALLTOALL_BASE, output, [&](const at::Tensor& b) {
+    return comm().allToAllv(ptr(src), sc, sd, ptr(b), rc, rd, braidType(input));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllToAllOptions&) {
+  const std::size_t n = static_cast<std::size_t>(getSize());
+  TORCH_CHECK(inputs.size() == n && outputs.size() == n, "braid: all_to_all needs ", n, " input and ", n, " output tensors");
+  at::Tensor src = concat(inputs);
+  std::vector<std::size_t> sc, sd, rc, rd;
+  std::size_t so = 0, ro = 0;
+  for (std::size_t p = 0; p < n; ++p) {
+    sc.push_back(count(inputs[p]));
+    sd.push_back(so);
+    so += sc.back();
+    checkCpu(outputs[p]);
+    rc.push_back(count(outputs[p]));
+    rd.push_back(ro);
+    ro += rc.back();
+  }
+  at::Tensor all = at::empty({static_cast<int64_t>(ro)}, src.options());
+  braid::Work w = comm().allToAllv(ptr(src), sc, sd, ptr(all), rc, rd, braidType(src));
+  std::vector<at::Tensor> outs = outputs;
+  return WorkBraid::start(getRank(), c10d::OpType::ALLTOALL, std::move(w), outs, {src, all},
+                          [outs, all]() mutable { split(all, outs); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  TORCH_CHECK(tag == 0, "braid: send/recv tags are not supported yet (messages between two ranks are matched in order); ",
+              "got tag ", tag);
+  at::Tensor& t = single(tensors, "send");
+  at::Tensor src = dense(t);
+  braid::Work w = comm().send(ptr(src), count(src), braidType(t), dstRank);
+  return WorkBraid::start(getRank(), c10d::OpType::SEND, std::move(w), {t}, {src});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  TORCH_CHECK(tag == 0, "braid: send/recv tags are not supported yet (messages between two ranks are matched in order); ",
+              "got tag ", tag);
+  at::Tensor& t = single(tensors, "recv");
+  const braid::DataType dt = braidType(t);
+  return inPlace(getRank(), c10d::OpType::RECV, t,
+                 [&](const at::Tensor& b) { return comm().recv(ptr(b), count(b), dt, srcRank); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOptions&) {
+  return WorkBraid::start(getRank(), c10d::OpType::BARRIER, comm().barrier(), {});
+}
+
+// Braid's barrier already names the silent rank when it times out.
+void ProcessGroupBraid::monitoredBarrier(const c10d::BarrierOptions& opts, bool) {
+  const auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+  braid::Work w = comm().barrier();
+  const braid::Status s = w.wait(static_cast<double>(timeout.count()) / 1000.0);
+  TORCH_CHECK(s.ok(), "braid: monitored barrier on rank ", getRank(), ": ", s.toString());
+}
+
+}  // namespace braid::torch_backend

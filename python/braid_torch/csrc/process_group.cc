@@ -176,14 +176,17 @@ c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupBraid::create(const c10::intr
 braid::Communicator& ProcessGroupBraid::comm() { return *comm_; }
 
 namespace {
-// A one-tensor call in place: Braid works on `buf` (the tensor, or a dense copy written back).
+// A call whose result is one tensor: Braid writes `buf` (the tensor, or a dense copy written back
+// after). `inputs`: other buffers the call reads, kept alive until it is done.
 c10::intrusive_ptr<c10d::Work> inPlace(int rank, c10d::OpType type, at::Tensor& t,
-                                       const std::function<braid::Work(const at::Tensor&)>& call) {
+                                       const std::function<braid::Work(const at::Tensor&)>& call,
+                                       std::vector<at::Tensor> inputs = {}) {
   at::Tensor buf = dense(t);
   braid::Work w = call(buf);
   std::function<void()> after;
   if (!buf.is_same(t)) after = [t, buf]() mutable { t.copy_(buf); };
-  return WorkBraid::start(rank, type, std::move(w), {t}, {buf}, std::move(after));
+  inputs.push_back(buf);
+  return WorkBraid::start(rank, type, std::move(w), {t}, std::move(inputs), std::move(after));
 }
 }  // namespace
 
@@ -249,7 +252,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(at::Tensor& ou
   at::Tensor src = dense(input);
   return inPlace(getRank(), c10d::OpType::_ALLGATHER_BASE, output, [&](const at::Tensor& b) {
     return comm().allGather(ptr(src), ptr(b), count(src), braidType(input));
-  });
+  }, {src});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -312,7 +315,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor
   rc[root] = count(out);
   return inPlace(getRank(), c10d::OpType::SCATTER, out, [&](const at::Tensor& b) {
     return comm().allToAllv(ptr(src), sc, sd, ptr(b), rc, rd, braidType(out));
-  });
+  }, {src});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -327,7 +330,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at:
   const braid::ReduceOp op = braidOp(opts.reduceOp, out);
   return inPlace(getRank(), c10d::OpType::REDUCE_SCATTER, out, [&](const at::Tensor& b) {
     return comm().reduceScatter(ptr(src), ptr(b), count(b), braidType(out), op);
-  });
+  }, {src});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -339,7 +342,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(at::Tenso
   const braid::ReduceOp op = braidOp(opts.reduceOp, output);
   return inPlace(getRank(), c10d::OpType::_REDUCE_SCATTER_BASE, output, [&](const at::Tensor& b) {
     return comm().reduceScatter(ptr(src), ptr(b), count(b), braidType(output), op);
-  });
+  }, {src});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -355,7 +358,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(at::Tensor& outp
                 "braid: all_to_all_single without split sizes needs equal tensors divisible by world_size");
     return inPlace(getRank(), c10d::OpType::ALLTOALL_BASE, output, [&](const at::Tensor& b) {
       return comm().allToAll(ptr(src), ptr(b), count(src) / n, braidType(input));
-    });
+    }, {src});
   }
   // Split sizes count rows (the first dimension); an empty list means equal rows.
   auto layout = [&](const at::Tensor& t, const std::vector<int64_t>& splits, std::vector<std::size_t>& counts,
@@ -379,7 +382,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(at::Tensor& outp
   layout(output, outputSplits, rc, rd);
   return inPlace(getRank(), c10d::OpType::ALLTOALL_BASE, output, [&](const at::Tensor& b) {
     return comm().allToAllv(ptr(src), sc, sd, ptr(b), rc, rd, braidType(input));
-  });
+  }, {src});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,

@@ -1,0 +1,23 @@
+// The Python module braid_torch._C: the process group class and its creator for
+// torch.distributed.Backend.register_backend (python/braid_torch/__init__.py registers it).
+#include <pybind11/chrono.h>
+#include <torch/csrc/utils/pybind.h>  // c10::intrusive_ptr as a pybind11 holder
+
+#include "process_group.h"
+
+namespace py = pybind11;
+using braid::torch_backend::ProcessGroupBraid;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "Braid as a torch.distributed backend (import braid_torch; init_process_group(\"braid\"))";
+  // c10d's classes are registered with pybind11 when torch.distributed is imported.
+  py::module::import("torch.distributed");
+  py::class_<ProcessGroupBraid, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupBraid>>(m, "ProcessGroupBraid")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout) {
+             return c10::make_intrusive<ProcessGroupBraid>(store, rank, size, timeout);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>());
+  m.def("create", &ProcessGroupBraid::create, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+        py::call_guard<py::gil_scoped_release>(),
+        "The creator torch.distributed.Backend.register_backend calls: (store, rank, size, timeout) -> process group");
+}

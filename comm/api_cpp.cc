@@ -95,6 +95,23 @@ Work Communicator::allToAllv(const void* send, const std::vector<std::size_t>& s
   a.v = std::make_shared<AllToAllvCounts>(AllToAllvCounts{sendCounts, sendDispls, recvCounts, recvDispls});
   return Work(cuda::submit(*impl_, a, stream));
 }
+Work Communicator::sendRecvBatch(const std::vector<PeerOp>& ops, void* stream) {
+  std::vector<CollArgs> calls;
+  for (const PeerOp& op : ops) {
+    const bool isSend = op.kind == PeerOp::kSend;
+    CollArgs a{CollKind::kSendRecv, isSend ? op.buf : nullptr, isSend ? nullptr : op.buf, op.count, op.type,
+               ReduceOp::kSum, -1, op.peer, isSend};
+    Status s = cuda::admitToGroup(*impl_, a, stream);
+    if (!s.ok()) {
+      auto w = std::make_shared<WorkState>();
+      w->finish(s.withContext("sendRecvBatch, entry " + std::to_string(calls.size())));
+      return Work(w);
+    }
+    calls.push_back(a);
+  }
+  return Work(impl_->submitGroup(std::move(calls)));
+}
+
 Work Communicator::send(const void* buf, std::size_t count, DataType t, int peer, void* stream) {
   return Work(cuda::submit(*impl_, {CollKind::kSendRecv, buf, nullptr, count, t, ReduceOp::kSum, -1, peer, true}, stream));
 }

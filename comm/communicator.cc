@@ -614,6 +614,10 @@ Status Comm::runGroup(const std::vector<CollArgs>& calls) {
   waitForQueuedCalls();
   std::lock_guard<std::mutex> g(execMu_);
   if (closed_) return Status::Aborted("the communicator was aborted");
+  return executeGroup(calls);
+}
+
+Status Comm::executeGroup(const std::vector<CollArgs>& calls) {
   std::vector<const CollArgs*> p2p;
   for (const CollArgs& a : calls)
     if (a.kind == CollKind::kSendRecv) p2p.push_back(&a);
@@ -673,7 +677,13 @@ Status Comm::runInOrder(const CollArgs& a, const DeviceCall* dev) {
   return s;
 }
 
-std::shared_ptr<WorkState> Comm::submit(const CollArgs& a) {
+std::shared_ptr<WorkState> Comm::submit(const CollArgs& a) { return enqueue({{a}, false, nullptr}); }
+
+std::shared_ptr<WorkState> Comm::submitGroup(std::vector<CollArgs> calls) {
+  return enqueue({std::move(calls), true, nullptr});
+}
+
+std::shared_ptr<WorkState> Comm::enqueue(Queued item) {
   auto w = std::make_shared<WorkState>();
   std::lock_guard<std::mutex> g(qMu_);
   if (stopWorker_) {  // destroyed or aborted meanwhile: never restart the worker
@@ -681,7 +691,8 @@ std::shared_ptr<WorkState> Comm::submit(const CollArgs& a) {
     return w;
   }
   if (!worker_.joinable()) worker_ = std::thread([this] { workerLoop(); });
-  queue_.emplace_back(a, w);
+  item.work = w;
+  queue_.push_back(std::move(item));
   asyncPending_.fetch_add(1, std::memory_order_release);
   qCv_.notify_all();
   return w;
@@ -689,7 +700,7 @@ std::shared_ptr<WorkState> Comm::submit(const CollArgs& a) {
 
 void Comm::workerLoop() {
   for (;;) {
-    std::pair<CollArgs, std::shared_ptr<WorkState>> item;
+    Queued item;
     {
       std::unique_lock<std::mutex> g(qMu_);
       qCv_.wait(g, [&] { return stopWorker_ || !queue_.empty(); });
@@ -701,11 +712,17 @@ void Comm::workerLoop() {
     Status s;
     {
       std::lock_guard<std::mutex> g(execMu_);
-      s = closed_ ? Status::Aborted("the communicator was aborted") : execute(item.first);
-      trace_.end(s);
+      if (closed_) {
+        s = Status::Aborted("the communicator was aborted");
+      } else if (item.group) {
+        s = executeGroup(item.calls);
+      } else {
+        s = execute(item.calls[0]);
+        trace_.end(s);
+      }
     }
     setLastError(s);
-    item.second->finish(s);
+    item.work->finish(s);
     std::lock_guard<std::mutex> g(qMu_);
     workerBusy_ = false;
     asyncPending_.fetch_sub(1, std::memory_order_release);
@@ -875,7 +892,7 @@ void Comm::shutdown(bool abortive) {
   if (abortive) {
     // Queued work that never started fails now; the running call sees the failure within a slice.
     std::lock_guard<std::mutex> g(qMu_);
-    for (auto& item : queue_) item.second->finish(Status::Aborted("the communicator was aborted before this call ran"));
+    for (auto& item : queue_) item.work->finish(Status::Aborted("the communicator was aborted before this call ran"));
     asyncPending_.fetch_sub(static_cast<int>(queue_.size()), std::memory_order_release);
     queue_.clear();
   }

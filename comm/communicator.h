@@ -94,6 +94,8 @@ class Comm final : public EngineHost, public Workspace {
   Status runDevice(const CollArgs& dev, const DeviceCall& d);
   // Queues one call for the worker thread. `a` has passed validate() (cuda::submit does that).
   std::shared_ptr<WorkState> submit(const CollArgs& a);
+  // Queues a group (as runGroup runs it) for the worker thread: one Work for all of its calls.
+  std::shared_ptr<WorkState> submitGroup(std::vector<CollArgs> calls);
 
   // Stops everything: pending and later calls fail with aborted; other ranks are told.
   void abort();
@@ -293,7 +295,15 @@ class Comm final : public EngineHost, public Workspace {
 
   std::mutex qMu_;
   std::condition_variable qCv_;
-  std::deque<std::pair<CollArgs, std::shared_ptr<WorkState>>> queue_;
+  struct Queued {
+    std::vector<CollArgs> calls;  // one call, or a group's
+    bool group = false;
+    std::shared_ptr<WorkState> work;
+  };
+  std::shared_ptr<WorkState> enqueue(Queued item);
+  // runGroup's body, with execMu_ held.
+  Status executeGroup(const std::vector<CollArgs>& calls);
+  std::deque<Queued> queue_;
   bool workerBusy_ = false;
   std::atomic<int> asyncPending_{0};  // submitted calls not yet finished (queued or running)
   bool stopWorker_ = false;

@@ -59,6 +59,16 @@ struct StoreOptions {
 Result<void*> memAlloc(std::size_t bytes);
 Status memFree(void* ptr);
 
+// One send or receive of a batch (Communicator::sendRecvBatch).
+struct PeerOp {
+  enum Kind { kSend, kRecv };
+  Kind kind;
+  void* buf;  // a send reads it, a receive writes it
+  std::size_t count;
+  DataType type;
+  int peer;
+};
+
 class Communicator {
  public:
   static Result<Communicator> fromEnv();
@@ -78,6 +88,11 @@ class Communicator {
   Work send(const void* buf, std::size_t count, DataType t, int peer, void* stream = nullptr);
   Work recv(void* buf, std::size_t count, DataType t, int peer, void* stream = nullptr);
   Work barrier();
+  // Sends and receives that run together as one group (braidGroupStart/End), in one Work: they
+  // finish whatever order each rank lists them in (every rank sending before it receives, say).
+  // Each is matched with its peer's calls one for one, in order per pair, as it would be alone.
+  // Host buffers.
+  Work sendRecvBatch(const std::vector<PeerOp>& ops, void* stream = nullptr);
   // braidAllToAll and braidAllToAllv (see braid.h); the four vectors have size() entries each and
   // are copied, so they need not outlive the call.
   Work allToAll(const void* send, void* recv, std::size_t count, DataType t, void* stream = nullptr);

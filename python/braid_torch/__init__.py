@@ -19,4 +19,35 @@ def _create_braid(store, rank, size, timeout):
 if not hasattr(_dist.Backend, "BRAID"):
     _dist.Backend.register_backend("braid", _create_braid)
 
+_torch_batch_isend_irecv = _dist.batch_isend_irecv
+
+
+def batch_isend_irecv(p2p_op_list):
+    """torch.distributed.batch_isend_irecv, with a batch on a Braid group run as one Braid group.
+
+    Torch 1.13 groups a batch only for NCCL and otherwise issues the operations one by one, which
+    deadlocks on a backend whose calls run in order once two ranks both send a large message
+    before receiving. This runs the batch as braidGroupStart/End would; other backends' batches go
+    to torch's own function. Returns one request per operation (all the same Work).
+    """
+    if not p2p_op_list:
+        return _torch_batch_isend_irecv(p2p_op_list)
+    group = p2p_op_list[0].group
+    pg = group if group is not None else _dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupBraid):
+        return _torch_batch_isend_irecv(p2p_op_list)
+    ops = []
+    for op in p2p_op_list:
+        if op.group is not group:
+            raise RuntimeError("braid: all operations of a batch_isend_irecv must use the same group")
+        if getattr(op, "tag", 0):
+            raise RuntimeError("braid: send/recv tags are not supported yet (messages between two ranks are matched in order)")
+        peer = op.peer if group is None else _dist.distributed_c10d._get_group_rank(group, op.peer)
+        ops.append((op.op in (_dist.isend, _dist.send), op.tensor, peer))
+    work = pg._batch_isend_irecv(ops)
+    return [work for _ in p2p_op_list]
+
+
+_dist.batch_isend_irecv = batch_isend_irecv
+
 __all__ = ["ProcessGroupBraid"]

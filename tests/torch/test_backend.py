@@ -178,11 +178,31 @@ def collectives_body(rank, world, port):
         req.wait()
         req2.wait()
         expect_equal(buf, torch.full((1000,), float(left) + 0.5), "isend/irecv ring")
+        # batch_isend_irecv: every rank sends 4 MiB to both neighbours before it receives (issued
+        # one by one, as torch 1.13 does for backends other than NCCL, this waits until the
+        # timeout); one receive lands in a non-contiguous view.
+        big = 1 << 20
+        outs = [torch.full((big,), float(rank * 10 + k)) for k in range(2)]
+        ins = [torch.zeros(big), torch.zeros(2 * big)[::2]]
+        ops = [dist.P2POp(dist.isend, outs[0], right), dist.P2POp(dist.isend, outs[1], left),
+               dist.P2POp(dist.irecv, ins[0], left), dist.P2POp(dist.irecv, ins[1], right)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        expect_equal(ins[0], torch.full((big,), float(left * 10)), "batch_isend_irecv from the left")
+        expect_equal(ins[1], torch.full((big,), float(right * 10 + 1)), "batch_isend_irecv from the right")
         try:
             dist.send(torch.zeros(1), dst=right, tag=3)
             raise AssertionError("a send with tag 3 was accepted")
         except RuntimeError as e:
             assert "tags are not supported yet" in str(e), str(e)
+    # A subgroup (new_group: its own store prefix, so a communicator of its own) beside the world.
+    if world >= 3:
+        sub = dist.new_group([0, 2])
+        t = torch.full((5,), float(rank + 1))
+        if rank in (0, 2):
+            dist.all_reduce(t, group=sub)
+            expect_equal(t, torch.full((5,), 4.0), "all_reduce on new_group([0, 2])")
+            assert dist.get_backend(sub) == "braid"
     # The future of an async all-reduce completes with the result.
     t = torch.ones(8) * (rank + 1)
     fut = dist.all_reduce(t, async_op=True).get_future()
@@ -261,6 +281,81 @@ def killed_rank_body(rank, world, port, out_path):
     os._exit(5)
 
 
+# ------------------------------------------------------------------ bad input
+
+def bad_input_body(rank, world, port, out_path):
+    init(rank, world, port, timeout=5)  # every call bounded by 5 s
+    msgs = []
+    try:  # a peer outside the group: refused on this rank alone, the group goes on
+        dist.send(torch.zeros(4), dst=world + 5)
+        msgs.append("send to a rank out of range was accepted")
+    except (RuntimeError, ValueError) as e:
+        msgs.append(f"out of range: {e}")
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    assert t.tolist() == [float(world)] * 4, t
+    try:  # ranks disagree on the size: every rank raises, naming both calls
+        dist.all_reduce(torch.ones(10 + rank))
+        msgs.append("mismatched sizes succeeded")
+    except RuntimeError as e:
+        msgs.append(f"mismatch: {e}")
+    with open(f"{out_path}.{rank}", "w") as f:
+        f.write("\n".join(msgs))
+    os._exit(0)
+
+
+def silent_rank_body(rank, world, port, out_path):
+    init(rank, world, port, timeout=5)
+    if rank == world - 1:
+        time.sleep(12)  # never calls (while the others time out)
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4))
+        msg = "an all-reduce without the silent rank succeeded"
+    except RuntimeError as e:
+        msg = str(e)
+    with open(f"{out_path}.{rank}", "w") as f:
+        f.write(f"{time.monotonic() - start:.3f}\n{msg}")
+    os._exit(0)
+
+
+def run_ranks(fn, world, path, limit=60):
+    port = free_port()
+    spawner = mp.get_context("spawn")
+    procs = [spawner.Process(target=fn, args=(r, world, port, path)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + limit
+    for p in procs:
+        p.join(timeout=max(0.1, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+
+
+def check_bad_input_raises_on_every_rank():
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "bad")
+        run_ranks(bad_input_body, 2, path)
+        for rank in range(2):
+            with open(f"{path}.{rank}") as f:
+                out_of_range, mismatch = f.read().split("\n", 1)
+            if "outside 0..1" not in out_of_range:
+                raise AssertionError(f"rank {rank}: {out_of_range}")
+            if "allreduce(count=10, float32, sum)" not in mismatch or "allreduce(count=11, float32, sum)" not in mismatch:
+                raise AssertionError(f"rank {rank}: the mismatch does not name both calls: {mismatch}")
+            print(f"  rank {rank}: {mismatch[:150]}")
+        path = os.path.join(d, "silent")
+        run_ranks(silent_rank_body, 3, path)
+        for rank in range(2):
+            with open(f"{path}.{rank}") as f:
+                took, msg = f.readline(), f.read()
+            if float(took) > 10 or "rank 2" not in msg or "silent" not in msg:
+                raise AssertionError(f"rank {rank} after {took.strip()} s: {msg}")
+            print(f"  rank {rank} after {took.strip()} s: {msg[:150]}")
+
+
 # ------------------------------------------------------------------ driver
 
 def spawn(fn, world, *args):
@@ -311,7 +406,7 @@ def check_killed_rank_is_named():
             print(f"  survivor {rank} failed after {took.strip()} s: {msg.strip()[:160]}")
 
 
-CHECKS = [check_collectives, check_ddp_matches_gloo, check_killed_rank_is_named]
+CHECKS = [check_collectives, check_ddp_matches_gloo, check_killed_rank_is_named, check_bad_input_raises_on_every_rank]
 
 if __name__ == "__main__":
     passed = failed = 0

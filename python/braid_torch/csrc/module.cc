@@ -16,7 +16,9 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout) {
              return c10::make_intrusive<ProcessGroupBraid>(store, rank, size, timeout);
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>());
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
+      .def("_batch_isend_irecv", &ProcessGroupBraid::batchSendRecv, py::arg("ops"), py::call_guard<py::gil_scoped_release>(),
+           "[(is_send, tensor, group rank)] as one Braid group; one Work for all");
   m.def("create", &ProcessGroupBraid::create, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
         py::call_guard<py::gil_scoped_release>(),
         "The creator torch.distributed.Backend.register_backend calls: (store, rank, size, timeout) -> process group");

@@ -426,6 +426,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& 
                  [&](const at::Tensor& b) { return comm().recv(ptr(b), count(b), dt, srcRank); });
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::batchSendRecv(const std::vector<std::tuple<bool, at::Tensor, int>>& ops) {
+  std::vector<braid::PeerOp> batch;
+  std::vector<at::Tensor> outputs, keep;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copyBack;  // (user's tensor, dense buffer)
+  for (const auto& [isSend, tensor, peer] : ops) {
+    checkCpu(tensor);
+    at::Tensor buf = dense(tensor);
+    keep.push_back(buf);
+    outputs.push_back(tensor);
+    if (!isSend && !buf.is_same(tensor)) copyBack.emplace_back(tensor, buf);
+    batch.push_back({isSend ? braid::PeerOp::kSend : braid::PeerOp::kRecv, ptr(buf), count(buf), braidType(tensor), peer});
+  }
+  braid::Work w = comm().sendRecvBatch(batch);
+  std::function<void()> after;
+  if (!copyBack.empty())
+    after = [copyBack]() mutable {
+      for (auto& [t, buf] : copyBack) t.copy_(buf);
+    };
+  return WorkBraid::start(getRank(), c10d::OpType::SEND, std::move(w), std::move(outputs), std::move(keep), std::move(after));
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOptions&) {
   return WorkBraid::start(getRank(), c10d::OpType::BARRIER, comm().barrier(), {});
 }

@@ -53,11 +53,17 @@ std::string failure(braidComm_t comm, braidResult_t r) {
 
 // ------------------------------------------------------------------ all-to-all
 
-class AllToAll : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+// The parameter of the instances below: (transport, ranks).
+class TransportRanks : public ::testing::TestWithParam<std::tuple<std::string, int>> {
+ protected:
+  std::string transport() const { return std::get<0>(GetParam()); }
+  int ranks() const { return std::get<1>(GetParam()); }
+};
+
+class AllToAll : public TransportRanks {};
 
 TEST_P(AllToAll, EveryTypeCountAndPlacementIsExact) {
-  const std::string transport = std::get<0>(GetParam());
-  const int n = std::get<1>(GetParam());
+  const int n = ranks();
   auto outcome = runRanks(n, [&](int rank, braidComm_t comm) {
     const std::size_t nn = static_cast<std::size_t>(n), me = static_cast<std::size_t>(rank);
     long wrong = 0;
@@ -98,7 +104,7 @@ TEST_P(AllToAll, EveryTypeCountAndPlacementIsExact) {
     }
     if (rank == 0) std::fprintf(stderr, "rank 0: %d all-to-all cases, %ld wrong elements\n", cases, wrong);
     return wrong ? 2 : 0;
-  }, transportEnv(transport), 300);
+  }, transportEnv(transport()), 300);
   expectEveryRankSucceeded(outcome);
 }
 
@@ -115,11 +121,10 @@ std::size_t raggedCount(std::size_t s, std::size_t d, int round) {
   return (s * 7 + d * 3 + static_cast<std::size_t>(round)) % 5 == 0 ? 0 : (s * 13 + d * 29 + static_cast<std::size_t>(round)) % 211;
 }
 
-class AllToAllv : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+class AllToAllv : public TransportRanks {};
 
 TEST_P(AllToAllv, RaggedCountsAndGappedDisplacementsAreExact) {
-  const std::string transport = std::get<0>(GetParam());
-  const int n = std::get<1>(GetParam());
+  const int n = ranks();
   auto outcome = runRanks(n, [&](int rank, braidComm_t comm) {
     const std::size_t nn = static_cast<std::size_t>(n), me = static_cast<std::size_t>(rank);
     long wrong = 0;
@@ -160,7 +165,7 @@ TEST_P(AllToAllv, RaggedCountsAndGappedDisplacementsAreExact) {
         }
       }
     return wrong ? 2 : 0;
-  }, transportEnv(transport), 300);
+  }, transportEnv(transport()), 300);
   expectEveryRankSucceeded(outcome);
 }
 
@@ -300,11 +305,10 @@ TEST(AllToAllvErrors, MismatchedLargeBlocksAreNamed) {
 // Every rank posts all its sends (4 MiB each, far past what a transport buffers) before any
 // receive. Called one by one this deadlocks: each rank's first send waits for a peer that is
 // itself sending. In a group they run together and every element arrives.
-class Groups : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+class Groups : public TransportRanks {};
 
 TEST_P(Groups, SendsBeforeReceivesInAnyOrderComplete) {
-  const std::string transport = std::get<0>(GetParam());
-  const int n = std::get<1>(GetParam());
+  const int n = ranks();
   auto outcome = runRanks(n, [&](int rank, braidComm_t comm) {
     const std::size_t nn = static_cast<std::size_t>(n), me = static_cast<std::size_t>(rank);
     for (std::size_t count : {std::size_t{0}, std::size_t{13}, std::size_t{(1u << 20) + 1}}) {
@@ -345,7 +349,7 @@ TEST_P(Groups, SendsBeforeReceivesInAnyOrderComplete) {
       }
     }
     return 0;
-  }, transportEnv(transport), 120);
+  }, transportEnv(transport()), 120);
   expectEveryRankSucceeded(outcome);
 }
 

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Runs across test hosts (tools/testhosts: network + UTS + mount namespaces on one machine, each
+# with its own hostname and /dev/shm, joined by a bridge). Each case starts `braid run` on every
+# host with --nnodes/--node-rank/--master-addr, as a user does across machines:
+#   1. 2 hosts x 2 ranks: every collective, every type and op, in place and not, checked element by
+#      element by braid perf -c 1; shm inside a host and tcp across, as the header says
+#   2. 3 hosts x 1 rank: all-reduce and all-gather, checked
+#   3. all ranks of one host killed: braid run on the other host exits non-zero within 10 s, and
+#      its ranks' errors name a rank of the killed host
+# Usage: test_hosts.sh BRAID TESTHOSTS. Exit 77 (skip) with the reason where namespaces cannot be
+# made (not root, no ip/unshare/nsenter, a kernel without veth or bridges). Every test host is
+# removed at the end, also when a case fails.
+set -uo pipefail
+braid=$1
+testhosts=$2
+port=29611
+export BRAID_SECRET=braid-testhosts-$$-secret  # the same on every host
+fail=0
+passed=0
+
+cleanup() { "$testhosts" down >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+trap "exit 143" TERM INT  # (the EXIT trap then removes the hosts)
+
+if [ "$(id -u)" != 0 ]; then echo "skipped: test hosts need root (network namespaces)"; exit 77; fi
+for tool in ip unshare nsenter tc; do
+  command -v "$tool" >/dev/null || { echo "skipped: '$tool' is missing (apt-get install iproute2 util-linux)"; exit 77; }
+done
+
+# Starts `braid run` on hosts h1..hN (N = number of per-host logs given), waits at most LIMIT s for
+# all of them; returns the number that exited non-zero. Logs in $work/hK.log.
+run_on_hosts() {
+  local hosts=$1 ranks=$2 limit=$3
+  shift 3
+  local pids=() k
+  for k in $(seq 1 "$hosts"); do
+    timeout "$limit" "$testhosts" exec "h$k" "$braid" run --nnodes "$hosts" --node-rank $((k - 1)) \
+      --master-addr "$("$testhosts" addr h1)" --master-port "$port" -n "$ranks" -- "$@" >"$work/h$k.log" 2>&1 &
+    pids+=($!)
+  done
+  local bad=0 p
+  for p in "${pids[@]}"; do wait "$p" || bad=$((bad + 1)); done
+  port=$((port + 1))
+  return "$bad"
+}
+
+check() {  # NAME CONDITION...
+  local name=$1
+  shift
+  if "$@"; then
+    echo "ok   $name"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name"
+    for f in "$work"/h*.log; do echo "--- $f"; tail -n 15 "$f"; done
+    fail=$((fail + 1))
+  fi
+}
+
+work=$(mktemp -d /tmp/braid-hosts-XXXXXX)
+if ! "$testhosts" up 3 --shm-size 512M >"$work/up.log" 2>&1; then
+  echo "skipped: the test hosts could not be made here: $(tail -n 1 "$work/up.log")"
+  exit 77
+fi
+
+opts=(-b 8 -e 1M -f 16 -n 2 -w 1 -c 1)
+two_by_two() {
+  local c
+  for c in "allreduce -d all -o all" "allgather -d all" "reducescatter -d all -o all" "broadcast -d all -r 3" \
+           "reduce -o all -r 2" "alltoall -d all" "sendrecv" "barrier"; do
+    # shellcheck disable=SC2086
+    run_on_hosts 2 2 120 "$braid" perf $c "${opts[@]}" || { echo "  $c failed"; return 1; }
+    grep -q "4 ranks on 2 host(s)" "$work/h1.log" || { echo "  $c: not 4 ranks on 2 hosts"; return 1; }
+    grep -q "rank 2 on braid-h2: shm x1 tcp x2" "$work/h1.log" || { echo "  $c: transports"; return 1; }
+    grep -q "Out of bounds values : 0 OK" "$work/h1.log" || { echo "  $c: wrong elements"; return 1; }
+  done
+}
+check "2 hosts x 2 ranks: every collective exact, shm within a host and tcp across" two_by_two
+
+three_by_one() {
+  run_on_hosts 3 1 120 "$braid" perf allreduce -d all "${opts[@]}" && grep -q "Out of bounds values : 0 OK" "$work/h1.log" &&
+    run_on_hosts 3 1 120 "$braid" perf allgather "${opts[@]}" && grep -q "3 ranks on 3 host(s)" "$work/h1.log"
+}
+check "3 hosts x 1 rank: all-reduce and all-gather exact" three_by_one
+
+killed_host() {
+  # Long enough that the kill lands mid-run: 20,000 checked all-reduces.
+  local addr cmd=(perf allreduce -b 64K -e 64K -n 20000 -w 1 -c 1) k pids=()
+  addr=$("$testhosts" addr h1)
+  for k in 1 2; do
+    timeout 60 "$testhosts" exec "h$k" "$braid" run --nnodes 2 --node-rank $((k - 1)) --master-addr "$addr" \
+      --master-port "$port" -n 2 -- "$braid" "${cmd[@]}" >"$work/h$k.log" 2>&1 &
+    pids+=($!)
+  done
+  port=$((port + 1))
+  sleep 3
+  local t0 t1 status
+  t0=$(date +%s%N)
+  ip netns pids braid-h2 | xargs -r kill -9
+  wait "${pids[0]}"
+  status=$?
+  t1=$(date +%s%N)
+  wait "${pids[1]}"
+  local ms=$(((t1 - t0) / 1000000))
+  echo "  braid run on h1 exited with $status, $ms ms after the kill"
+  # An error line of a rank of h1 that names a rank of h2 (not braid perf's header).
+  local named
+  named=$(grep -E "failed on rank [01]: .*rank [23]" "$work/h1.log" | head -n 1)
+  echo "  ${named:0:200}"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ "$ms" -lt 10000 ] && [ -n "$named" ]
+}
+check "all ranks of one host killed: the other host fails within 10 s naming them" killed_host
+
+rm -rf "$work"
+echo "$passed passed, $fail failed"
+[ "$fail" = 0 ]

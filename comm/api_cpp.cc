@@ -55,12 +55,14 @@ Result<Communicator> wrap(Result<std::shared_ptr<Comm>> r) {
 }
 }  // namespace
 
-Result<Communicator> Communicator::fromEnv() { return wrap(initFromEnv()); }
-Result<Communicator> Communicator::fromUniqueId(const braidUniqueId& id, int nranks, int rank) {
-  return wrap(initFromUniqueId(id, nranks, rank));
+Result<Communicator> Communicator::fromEnv(const CommOptions& options) { return wrap(initFromEnv(options)); }
+Result<Communicator> Communicator::fromUniqueId(const braidUniqueId& id, int nranks, int rank,
+                                                const CommOptions& options) {
+  return wrap(initFromUniqueId(id, nranks, rank, options));
 }
-Result<Communicator> Communicator::fromStore(const StoreOptions& store, int nranks, int rank) {
-  return wrap(initFromStore(store.host, store.port, store.isHost, nranks, rank));
+Result<Communicator> Communicator::fromStore(const StoreOptions& store, int nranks, int rank,
+                                             const CommOptions& options) {
+  return wrap(initFromStore(store.host, store.port, store.isHost, nranks, rank, options));
 }
 
 int Communicator::rank() const { return impl_->rank(); }

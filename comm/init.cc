@@ -52,13 +52,17 @@ Result<std::string> defaultListenIp(const Config& c) {
   return ip.ok() ? *ip : std::string("127.0.0.1");
 }
 
-Result<std::shared_ptr<Comm>> initWith(InitParams p, int nranks, int rank) {
+Result<std::shared_ptr<Comm>> initWith(InitParams p, int nranks, int rank, const CommOptions& options) {
   if (nranks < 1) return Status::InvalidArgument("nranks must be at least 1 (got " + std::to_string(nranks) + ")");
   if (rank < 0 || rank >= nranks)
     return Status::InvalidArgument("rank " + std::to_string(rank) + " is outside 0.." + std::to_string(nranks - 1));
   auto cfg = Config::fromEnvironment();
   if (!cfg.ok()) return cfg.status();
   p.config = *cfg;
+  if (options.timeoutSec < 0 || options.timeoutSec != options.timeoutSec)
+    return Status::InvalidArgument("CommOptions::timeoutSec must be seconds > 0, or 0 for BRAID_TIMEOUT (got " +
+                                   std::to_string(options.timeoutSec) + ")");
+  if (options.timeoutSec > 0 && !environmentValue("BRAID_TIMEOUT")) p.config.timeoutSec = options.timeoutSec;
   p.rank = rank;
   p.nranks = nranks;
   return Comm::create(std::move(p));
@@ -129,7 +133,8 @@ Result<braidUniqueId> uniqueIdFromString(const std::string& text) {
   return id;
 }
 
-Result<std::shared_ptr<Comm>> initFromUniqueId(const braidUniqueId& id, int nranks, int rank) {
+Result<std::shared_ptr<Comm>> initFromUniqueId(const braidUniqueId& id, int nranks, int rank,
+                                               const CommOptions& options) {
   IdLayout l;
   std::memcpy(&l, id.internal, sizeof(l));
   if (std::memcmp(l.magic, kIdMagic, sizeof(kIdMagic)) != 0)
@@ -140,10 +145,11 @@ Result<std::shared_ptr<Comm>> initFromUniqueId(const braidUniqueId& id, int nran
   p.storeIp = l.ip;
   p.storePort = l.port;
   p.storeNonce = l.nonce;
-  return initWith(std::move(p), nranks, rank);
+  return initWith(std::move(p), nranks, rank, options);
 }
 
-Result<std::shared_ptr<Comm>> initFromStore(const std::string& host, int port, bool isHost, int nranks, int rank) {
+Result<std::shared_ptr<Comm>> initFromStore(const std::string& host, int port, bool isHost, int nranks, int rank,
+                                            const CommOptions& options) {
   auto ip = net::resolve(host);
   if (!ip.ok()) return ip.status();
   auto cfg = Config::fromEnvironment();
@@ -162,10 +168,10 @@ Result<std::shared_ptr<Comm>> initFromStore(const std::string& host, int port, b
     p.storeNonce = "store:" + *ip + ":" + std::to_string(port);
   }
   p.hostStore = isHost;
-  return initWith(std::move(p), nranks, rank);
+  return initWith(std::move(p), nranks, rank, options);
 }
 
-Result<std::shared_ptr<Comm>> initFromEnv() {
+Result<std::shared_ptr<Comm>> initFromEnv(const CommOptions& options) {
   auto le = readLaunchEnv();
   if (!le.ok()) return le.status();
   if (le->rank < 0 || le->worldSize < 1)
@@ -173,7 +179,7 @@ Result<std::shared_ptr<Comm>> initFromEnv() {
                                 "mpirun or srun, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT yourself");
   std::string addr = le->masterAddr.empty() ? "127.0.0.1" : le->masterAddr;
   int port = le->masterPort > 0 ? le->masterPort : 29500;
-  return initFromStore(addr, port, le->rank == 0, le->worldSize, le->rank);
+  return initFromStore(addr, port, le->rank == 0, le->worldSize, le->rank, options);
 }
 
 }  // namespace braid

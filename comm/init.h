@@ -5,6 +5,7 @@
 #include <string>
 
 #include "braid/braid.h"
+#include "braid/braid.hpp"
 #include "braid/status.hpp"
 
 namespace braid {
@@ -15,8 +16,11 @@ Status makeUniqueId(braidUniqueId* id);
 std::string uniqueIdToString(const braidUniqueId& id);
 Result<braidUniqueId> uniqueIdFromString(const std::string& text);
 
-Result<std::shared_ptr<Comm>> initFromUniqueId(const braidUniqueId& id, int nranks, int rank);
-Result<std::shared_ptr<Comm>> initFromEnv();
-Result<std::shared_ptr<Comm>> initFromStore(const std::string& host, int port, bool isHost, int nranks, int rank);
+// `options` (braid.hpp's CommOptions) adjust the environment's Config for this communicator only.
+Result<std::shared_ptr<Comm>> initFromUniqueId(const braidUniqueId& id, int nranks, int rank,
+                                               const CommOptions& options = {});
+Result<std::shared_ptr<Comm>> initFromEnv(const CommOptions& options = {});
+Result<std::shared_ptr<Comm>> initFromStore(const std::string& host, int port, bool isHost, int nranks, int rank,
+                                            const CommOptions& options = {});
 
 }  // namespace braid

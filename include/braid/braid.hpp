@@ -49,6 +49,13 @@ class Work {
   std::shared_ptr<WorkState> state_;
 };
 
+// Settings of one communicator that a program chooses in code rather than in the environment.
+struct CommOptions {
+  // Seconds any blocking step of this communicator may wait before it fails with a timeout (as
+  // BRAID_TIMEOUT, which still wins when set: the operator's override). 0: BRAID_TIMEOUT or its default.
+  double timeoutSec = 0;
+};
+
 struct StoreOptions {
   std::string host = "127.0.0.1";  // where the rendezvous store listens
   int port = 29500;
@@ -71,9 +78,11 @@ struct PeerOp {
 
 class Communicator {
  public:
-  static Result<Communicator> fromEnv();
-  static Result<Communicator> fromUniqueId(const braidUniqueId& id, int nranks, int rank);
-  static Result<Communicator> fromStore(const StoreOptions& store, int nranks, int rank);
+  static Result<Communicator> fromEnv(const CommOptions& options = {});
+  static Result<Communicator> fromUniqueId(const braidUniqueId& id, int nranks, int rank,
+                                           const CommOptions& options = {});
+  static Result<Communicator> fromStore(const StoreOptions& store, int nranks, int rank,
+                                        const CommOptions& options = {});
 
   int rank() const;
   int size() const;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "braid/braid.h"
+#include "braid/braid.hpp"
 #include "comm/c_handle.h"
 #include "tests/common/harness.h"
 
@@ -447,6 +448,36 @@ TEST(Init, UnreachableStoreFailsWithinTheTimeoutAndNamesTheAddress) {
     return 0;
   }, 30);
   EXPECT_EQ(outcome[0].exitStatus, 0);
+}
+
+// CommOptions::timeoutSec bounds one communicator's waits (the torch backend passes the process
+// group's timeout this way); BRAID_TIMEOUT, when set, still wins; a bad value is an invalid argument.
+TEST(Init, CommOptionsTimeoutBoundsTheCommunicatorAndBraidTimeoutWins) {
+  braidUniqueId id;
+  ASSERT_EQ(braidUniqueIdFromString("127.0.0.1:1/00112233445566778899aabbccddeeff", &id), braidSuccess);
+  struct Case { const char* env; double option; double lo, hi; Code code; };
+  const Case cases[] = {
+      {nullptr, 1.5, 1.4, 5.0, Code::kSystemError},  // the option alone (the default would be 300 s)
+      {"1", 60.0, 0.9, 4.5, Code::kSystemError},   // BRAID_TIMEOUT overrides the option
+      {nullptr, -1.0, 0.0, 0.5, Code::kInvalidArgument},
+  };
+  for (const Case& c : cases) {
+    auto outcome = forkRanks(1, [&](int) {
+      if (c.env) setenv("BRAID_TIMEOUT", c.env, 1);
+      else unsetenv("BRAID_TIMEOUT");
+      CommOptions options;
+      options.timeoutSec = c.option;
+      double t0 = now();
+      auto comm = Communicator::fromUniqueId(id, 2, 1, options);
+      double took = now() - t0;
+      if (comm.ok() || comm.status().code() != c.code || took < c.lo || took > c.hi) {
+        report(1, "took " + std::to_string(took) + " s: " + (comm.ok() ? "ok" : comm.status().toString()));
+        return 1;
+      }
+      return 0;
+    }, 30);
+    EXPECT_EQ(outcome[0].exitStatus, 0) << "BRAID_TIMEOUT=" << (c.env ? c.env : "(unset)") << ", option " << c.option;
+  }
 }
 
 }  // namespace

@@ -156,13 +156,9 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
     std::memcpy(&id, bytes.data(), sizeof id);
   }
   // The process group's timeout bounds every Braid call, unless BRAID_TIMEOUT says otherwise.
-  const bool ownTimeout = std::getenv("BRAID_TIMEOUT") == nullptr;
-  if (ownTimeout) {
-    const long seconds = std::max<long>(1, static_cast<long>(std::ceil(static_cast<double>(timeout.count()) / 1000.0)));
-    ::setenv("BRAID_TIMEOUT", std::to_string(seconds).c_str(), 1);
-  }
-  auto c = braid::Communicator::fromUniqueId(id, size, rank);
-  if (ownTimeout) ::unsetenv("BRAID_TIMEOUT");
+  braid::CommOptions options;
+  options.timeoutSec = std::max(0.001, static_cast<double>(timeout.count()) / 1000.0);
+  auto c = braid::Communicator::fromUniqueId(id, size, rank, options);
   TORCH_CHECK(c.ok(), "braid: rank ", rank, " could not join the communicator of ", size, " ranks: ", c.status().toString());
   comm_ = std::make_unique<braid::Communicator>(std::move(*c));
 }

@@ -20,8 +20,6 @@
 #include "topology/topology.h"
 #include "transport/registry.h"
 #include "transport/setup.h"
-#include "transport/shm/shm_transport.h"
-#include "transport/tcp/tcp_transport.h"
 
 namespace braid {
 namespace {
@@ -123,14 +121,14 @@ Status Comm::setup(InitParams& p) {
   nonce_ = *nonce;
   commTag_ = fnv1a(nonce_);
 
-  // Publish who this rank is, then learn everyone.
-  tcp_ = std::make_unique<TcpTransport>();
+  // Publish who this rank is, with every transport's address (or why it cannot run here), then
+  // learn everyone.
+  transports_ = makeTransports(config_);
   PeerInfo self;
   self.rank = rank_;
   self.host = hostName();
   self.bootId = readBootId();
   self.pid = getpid();
-  self.shmUsable = ShmTransport::probe(config_).usable;
   // Settings that shape the messages on the wire: ranks that differ would misread each other.
   self.settings = "BRAID_NSOCKS=" + std::to_string(config_.nsocks) + " BRAID_BUFFSIZE=" +
                   std::to_string(config_.buffSize) + " BRAID_ALGO=" + config_.algo +
@@ -139,10 +137,10 @@ Status Comm::setup(InitParams& p) {
   self.cmaProbe = cmaProbeAddress();
   self.cpus = topology::cpuListText(topology::allowedCpus());
   self.tuningL3 = topology::tuningL3Bytes();
-  if (nranks_ > 1) {
-    Status s = tcp_->listen(config_, p.storeIp);
-    if (!s.ok()) return s.withContext(me + " tcp listener");
-    self.tcpAddr = tcp_->address();
+  for (auto& t : transports_) {
+    auto offer = offerTransport(*t, p.storeIp, nranks_ == 1);
+    if (!offer.ok()) return offer.status().withContext(me);
+    self.transports.push_back(std::move(*offer));
   }
   Status s = store_->set("info/" + std::to_string(rank_), self.serialize(), deadline);
   if (!s.ok()) return s;
@@ -161,9 +159,11 @@ Status Comm::setup(InitParams& p) {
                                   std::to_string(rank_) + " with " + self.settings +
                                   ": set the same BRAID_* values on every rank");
 
-  // Choose a transport per peer and connect.
-  std::vector<int> shmPeers, tcpPeers;
+  // Choose a transport per peer (every rank could work out every pair's choice: selectTransport
+  // is a function of the two PeerInfos) and connect.
+  std::vector<std::vector<int>> peersOf(transports_.size());
   transportNames_.assign(static_cast<std::size_t>(nranks_), "self");
+  skipped_.assign(static_cast<std::size_t>(nranks_), "");
   int localRanks = 0;
   std::set<int> localCpus;  // every CPU some rank of this host may run on
   bool cpusKnown = true;
@@ -175,9 +175,12 @@ Status Comm::setup(InitParams& p) {
       localCpus.insert(cpus.begin(), cpus.end());
     }
     if (r == rank_) continue;
-    Selection sel = selectTransport(self, infos[static_cast<std::size_t>(r)], config_);
+    Selection sel = selectTransport(transports_, self, infos[static_cast<std::size_t>(r)]);
+    if (sel.index < 0)
+      return Status::SystemError(me + " has no transport to rank " + std::to_string(r) + ": " + sel.skipped);
     transportNames_[static_cast<std::size_t>(r)] = sel.transport;
-    (sel.transport == "shm" ? shmPeers : tcpPeers).push_back(r);
+    skipped_[static_cast<std::size_t>(r)] = sel.skipped;
+    peersOf[static_cast<std::size_t>(sel.index)].push_back(r);
     BRAID_LOG(kInfo, kInit, "peer %d: %s%s%s", r, sel.transport.c_str(), sel.skipped.empty() ? "" : " (",
               sel.skipped.empty() ? "" : (sel.skipped + ")").c_str());
   }
@@ -190,48 +193,41 @@ Status Comm::setup(InitParams& p) {
     if (info.sameHostAs(self) && info.tuningL3) cmaCacheBytes_ = std::min<std::size_t>(cmaCacheBytes_, info.tuningL3);
   SetupContext ctx{rank_, nranks_, nonce_, p.storeNonce, config_, infos, *store_, deadline};
   conns_.resize(static_cast<std::size_t>(nranks_));
-  shm_ = std::make_unique<ShmTransport>();
-  auto shmConns = shm_->connect(ctx, shmPeers);
-  if (!shmConns.ok()) {
-    store_->report({Notice::kError, rank_, shmConns.status().code(), me + ": " + shmConns.status().message()});
-    return shmConns.status().withContext(me + " shm setup");
-  }
-  auto tcpConns = tcp_->connect(ctx, tcpPeers);
-  if (!tcpConns.ok()) {
-    store_->report({Notice::kError, rank_, tcpConns.status().code(), me + ": " + tcpConns.status().message()});
-    return tcpConns.status().withContext(me + " tcp setup");
+  for (std::size_t i = 0; i < transports_.size(); ++i) {
+    auto made = transports_[i]->connect(ctx, peersOf[i]);
+    const std::string name(transports_[i]->name());
+    if (!made.ok()) {
+      store_->report({Notice::kError, rank_, made.status().code(), me + ": " + made.status().message()});
+      return made.status().withContext(me + " " + name + " setup");
+    }
+    for (auto& c : *made) conns_[static_cast<std::size_t>(c->peer())] = std::move(c);
   }
   // Oversubscribed: this host's ranks outnumber the CPUs they may run on together (bound one per
   // core by `braid run` or mpirun, or each free to use the whole machine).
   const int hostCpus = cpusKnown ? static_cast<int>(localCpus.size()) : topology::summary().pus;
   const bool oversubscribed = localRanks > hostCpus;
   waiter_ = std::make_unique<Waiter>(config_.spinUs, oversubscribed);
-  if (shm_->myDoorbell()) waiter_->setDoorbell(shm_->myDoorbell());
-  for (auto& c : *shmConns) conns_[static_cast<std::size_t>(c->peer())] = std::move(c);
-  for (auto& c : *tcpConns) {
-    auto* tc = static_cast<TcpConnection*>(c.get());
-    for (int i = 0; i < tc->numChannels(); ++i) waiter_->addSocket(tc->tcpChannel(i).fd());
-    conns_[static_cast<std::size_t>(c->peer())] = std::move(c);
+  for (auto& t : transports_) {
+    WaitSources w = t->waitSources();
+    if (w.doorbell) waiter_->setDoorbell(w.doorbell);
+    for (int fd : w.fds) waiter_->addSocket(fd);
+    if (!mailbox_) mailbox_ = t->mailbox();
   }
-  anyTcp_ = !tcpPeers.empty();
-  // Every rank must agree on the tuner's inputs: tcp anywhere makes the whole communicator "tcp".
-  auto tcpCount = store_->add("setup/tcp", anyTcp_ ? 1 : 0, deadline);
-  if (!tcpCount.ok()) return tcpCount.status();
+  // The tuner's input and the shared-memory paths' condition, from every pair's link: the same on
+  // every rank, which sees the same PeerInfos.
+  link_ = slowestLink(transports_, infos);
   // And on cross-memory attach: only if every rank can read every other, and only where no rank is
   // oversubscribed. One counter holds both: the low bits count the ranks that can attach,
   // kCmaOversubscribed counts the oversubscribed ones.
   constexpr std::int64_t kCmaOversubscribed = std::int64_t{1} << 32;
-  const bool cmaHere = config_.cma && !anyTcp_ && probeCma(infos);
+  const bool cmaHere = config_.cma && link_.sharedMemory && probeCma(infos);
   auto cmaCount = store_->add("setup/cma", (cmaHere ? 1 : 0) + (oversubscribed ? kCmaOversubscribed : 0), deadline);
   if (!cmaCount.ok()) return cmaCount.status();
   s = store_->barrier("setup/done", nranks_, deadline);
   if (!s.ok()) return s;
-  auto total = store_->add("setup/tcp", 0, deadline);
-  if (!total.ok()) return total.status();
-  anyTcp_ = *total > 0;
   auto cmaTotal = store_->add("setup/cma", 0, deadline);
   if (!cmaTotal.ok()) return cmaTotal.status();
-  cmaUsable_ = !anyTcp_ && *cmaTotal % kCmaOversubscribed == nranks_;
+  cmaUsable_ = link_.sharedMemory && *cmaTotal % kCmaOversubscribed == nranks_;
   oversubscribed_ = *cmaTotal >= kCmaOversubscribed;
   // Nobody returns before every rank has read the counters: a rank 0 that returned and died at
   // once would take the store, and those reads, with it.
@@ -239,13 +235,16 @@ Status Comm::setup(InitParams& p) {
   if (!s.ok()) return s;
   maxChannels_ = config_.nsocks;
   oneHost_ = std::all_of(infos.begin(), infos.end(), [&](const PeerInfo& i) { return i.sameHostAs(infos[0]); });
-  tuner_ = Tuner(config_, nranks_, maxChannels_, anyTcp_, oneHost_ && config_.tcpCongestion == "auto");
-  shm_->unlinkAll();  // everyone has mapped everything: nothing stays in /dev/shm
+  tuner_ = Tuner(config_, nranks_, maxChannels_, link_);
+  for (auto& t : transports_) t->setupDone();  // everyone has mapped everything: nothing stays in /dev/shm
   store_->startWatching([this](const Notice& n) { onNotice(n); });
   trace_.init(config_.traceBuffer, config_.traceDir, {rank_, nranks_, static_cast<long>(getpid()), self.host, commTag_});
-  BRAID_LOG(kInfo, kInit, "rank %d of %d ready: %zu shm peers, %zu tcp peers, %d local ranks on %d cpus%s, reduce isa %s, "
-            "cross-memory attach %s", rank_, nranks_, shmPeers.size(), tcpPeers.size(), localRanks, hostCpus,
-            oversubscribed ? " (oversubscribed: spinning less)" : "", kernels::isaName(), cmaUsable_ ? "on" : "off");
+  std::string counts;
+  for (std::size_t i = 0; i < transports_.size(); ++i)
+    counts += std::to_string(peersOf[i].size()) + " " + std::string(transports_[i]->name()) + " peers, ";
+  BRAID_LOG(kInfo, kInit, "rank %d of %d ready: %s%d local ranks on %d cpus%s, reduce isa %s, cross-memory attach %s",
+            rank_, nranks_, counts.c_str(), localRanks, hostCpus, oversubscribed ? " (oversubscribed: spinning less)" : "",
+            kernels::isaName(), cmaUsable_ ? "on" : "off");
   return Status::Ok();
 }
 
@@ -266,6 +265,7 @@ Comm::~Comm() {
 }
 
 std::string Comm::transportOf(int peer) const { return transportNames_[static_cast<std::size_t>(peer)]; }
+std::string Comm::skippedTransports(int peer) const { return skipped_[static_cast<std::size_t>(peer)]; }
 
 std::byte* Comm::scratch(std::size_t bytes) {
   if (scratch_.size() < bytes) scratch_.resize(bytes);  // zero-filled once: pages touched now, reused later
@@ -538,7 +538,7 @@ Status Comm::executeDevice([[maybe_unused]] const CollArgs& a, const DeviceCall&
 Status Comm::executeHost(const CollArgs& in, const Fingerprint& fp, std::size_t total, bool userMemory) {
   CollArgs a = in;
   if (a.kind == CollKind::kBroadcast && a.root != rank_) a.send = a.recv;  // only the root's send buffer counts
-  if (a.kind == CollKind::kAllReduce && (userMemory || stagedZeroCopy_) && config_.zeroCopy && !anyTcp_ &&
+  if (a.kind == CollKind::kAllReduce && (userMemory || stagedZeroCopy_) && config_.zeroCopy && link_.sharedMemory &&
       total >= kZeroCopyMinBytes) {
     auto done = tryZeroCopyAllReduce(a, fp, !userMemory);
     if (!done.ok()) {
@@ -909,10 +909,10 @@ void Comm::shutdown(bool abortive) {
   // Release everything now: the C handle outlives this (later calls get invalid usage), so the
   // sockets, mappings and buffers must not wait for the object to be freed.
   conns_.clear();
-  waiter_.reset();  // before shm_: it may point at a doorbell in shared memory
-  if (shm_) shm_->unlinkAll();
-  shm_.reset();
-  tcp_.reset();
+  waiter_.reset();  // before the transports: it may point at a doorbell in shared memory
+  mailbox_ = nullptr;
+  for (auto& t : transports_) t->setupDone();
+  transports_.clear();
   store_.reset();
   storeServer_.reset();
   std::vector<std::byte>().swap(scratch_);

@@ -23,12 +23,11 @@
 #include "comm/trace.h"
 #include "comm/waiter.h"
 #include "topology/topology.h"
+#include "transport/registry.h"
 #include "transport/transport.h"
 
 namespace braid {
 
-class ShmTransport;
-class TcpTransport;
 class CudaProxy;
 struct CudaIpc;
 struct MailboxSlot;
@@ -125,8 +124,10 @@ class Comm final : public EngineHost, public Workspace {
   // Whether ranks outnumber the cores on some rank's host (agreed at setup). Cross-memory attach
   // is then left to the rings (cmaFits). Tests set it, on every rank, to cover both ways anywhere.
   void setOversubscribed(bool oversubscribed) { oversubscribed_ = oversubscribed; }
-  // Per peer: "shm", "tcp" or "self", and why the others were skipped.
+  // Per peer: the transport's name ("shm", "tcp", ...; "self" for this rank), and why the ones
+  // before it in the registry were skipped ("" when none was).
   std::string transportOf(int peer) const;
+  std::string skippedTransports(int peer) const;
 
   // EngineHost / Workspace
   Connection* connection(int peer) override { return conns_[static_cast<std::size_t>(peer)].get(); }
@@ -248,12 +249,15 @@ class Comm final : public EngineHost, public Workspace {
   std::string storeNonce_;
   std::unique_ptr<StoreServer> storeServer_;
   std::unique_ptr<StoreClient> store_;
-  std::unique_ptr<ShmTransport> shm_;
-  std::unique_ptr<TcpTransport> tcp_;
+  TransportList transports_;  // every transport of the registry, used or not
   std::vector<std::unique_ptr<Connection>> conns_;  // by peer rank; null for self
-  std::vector<std::string> transportNames_;
+  std::vector<std::string> transportNames_, skipped_;  // by peer rank
   std::unique_ptr<Waiter> waiter_;
-  bool anyTcp_ = false;
+  Mailbox* mailbox_ = nullptr;  // the host's mailbox, when a transport has one (shm)
+  // The slowest link among all pairs (agreed: every rank derives it from the same PeerInfos). Its
+  // sharedMemory: every pair maps shared memory, which the mailbox, cross-memory attach and the
+  // zero-copy all-reduce need.
+  LinkClass link_;
   std::vector<int> pids_;  // by rank, to map peers' braidMemAlloc memory
   std::vector<bool> localPeer_;  // by rank: on this host (its pid can be checked)
   bool oneHost_ = false;         // every rank is on one host (agreed by all: the same PeerInfos)

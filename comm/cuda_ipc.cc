@@ -54,7 +54,7 @@
 #include "comm/cuda_util.h"
 #include "comm/log.h"
 #include "kernels/reduce_cuda.h"
-#include "transport/shm/shm_transport.h"
+#include "transport/mailbox.h"
 
 namespace braid {
 
@@ -466,13 +466,13 @@ Result<bool> Comm::cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, v
 }
 
 bool Comm::cudaIpcOffers(std::size_t bytes) const {
-  return config_.cudaIpc && oneHost_ && !anyTcp_ && shm_ && shm_->mailbox() && bytes >= config_.buffSize;
+  return config_.cudaIpc && oneHost_ && link_.sharedMemory && mailbox_ && bytes >= config_.buffSize;
 }
 
 Result<bool> Comm::cudaIpcSendRecv(const CollArgs& a, const Fingerprint& fp, void* streamArg) {
   if (!cudaIpc_) cudaIpc_ = std::make_shared<CudaIpc>();  // (made when the proxy started; see cudaIpcCollective)
   CudaIpc& ipc = *cudaIpc_;
-  ShmMailbox& box = *shm_->mailbox();
+  Mailbox& box = *mailbox_;
   bool copied = false;
   std::string why;  // why the call is staged, for the log
   if (a.isSend) {

@@ -5,8 +5,8 @@
 //   tree bcast/reduce  ceil(log2 n) alpha + 2 S / beta        (an inner node feeds two children)
 //   one-shot all-reduce  alpha + (n-1) S / beta + (n-1) S / gamma   (one round; every rank sends n-1
 //                        copies and reduces all n inputs), against the ring's reduction (n-1)/n S / gamma
-// alpha and beta are rough figures for this machine class (shm: a cache-line round trip plus the
-// engine's bookkeeping; tcp: loopback round trip), good enough to place the crossover.
+// alpha and beta come from the slowest link's class (Transport::linkClass: rough figures for this
+// machine class, good enough to place the crossovers).
 #include "comm/tuner.h"
 
 #include <algorithm>
@@ -15,8 +15,8 @@
 namespace braid {
 
 TunerChoice tune(const TunerInput& in, const Config& config) {
-  const double alpha = in.anyTcp ? 15.0 : 1.0;
-  const double beta = in.anyTcp ? 2000.0 : 6000.0;  // bytes per microsecond
+  const double alpha = in.link.latencyUs;
+  const double beta = in.link.bytesPerUs;
   const double n = in.nranks, S = static_cast<double>(in.bytes);
   const double logn = std::ceil(std::log2(std::max(2.0, n)));
   TunerChoice c{};
@@ -47,15 +47,15 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
   // Chunk: small enough that a pipeline of n steps fills quickly, big enough to amortize a pass.
   std::size_t perStep = in.bytes / static_cast<std::size_t>(std::max(1, in.nranks * c.channels));
   const std::size_t hi = std::min<std::size_t>(config.buffSize / 2, 512u << 10);
-  // Over tcp each piece is a system call on both ends: bigger pieces (2 ranks, 512 KiB all-reduce:
-  // 2.0-2.3 GB/s busbw with 256 KiB pieces, 1.7-2.0 with 32 KiB).
-  const std::size_t lo = in.anyTcp ? 256u << 10 : 32u << 10;
+  // The link's smallest worthwhile piece (over tcp each piece is a system call on both ends).
+  const std::size_t lo = in.link.minPiece;
   c.chunk = std::clamp<std::size_t>(perStep / 4, std::min(lo, hi), hi);
-  // tcp on loopback under reno: one socket, and pieces as large as the staging ring. The kernel's
-  // copies and TCP stack are the cost there, per system call and per stream; a second socket only
+  // A link where one stream does best (tcp on loopback under reno): one socket, and pieces as large
+  // as the staging ring. The kernel's copies and TCP stack are the cost there, per system call and
+  // per stream; a second socket only
   // paid while bbr held each connection's window down (docs/PERFORMANCE.md: 2 ranks, 2 MiB 358
   // against 480 us, 128 MiB 45 against 61 ms). Rings only: the double tree keeps its two channels.
-  if (in.tcpLoopback && c.algo == Algo::kRing) {
+  if (in.link.oneStreamBest && c.algo == Algo::kRing) {
     c.channels = 1;
     c.chunk = config.buffSize;
   }

@@ -7,6 +7,7 @@
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/config.h"
+#include "transport/transport.h"
 
 namespace braid {
 
@@ -19,10 +20,9 @@ struct TunerInput {
   std::size_t bytes;   // the whole array: all-reduce count, all-gather/reduce-scatter n * count
   int nranks;
   int maxChannels;
-  bool anyTcp;         // some peer is reached over tcp (the whole communicator agrees on this)
-  // Every rank is on one host and BRAID_TCP_CONGESTION is auto, so every tcp connection is loopback
-  // under reno (every rank derives it from the same PeerInfos and settings).
-  bool tcpLoopback = false;
+  // The slowest link among the communicator's pairs (every rank derives it from the same
+  // PeerInfos: transport/registry.h slowestLink).
+  LinkClass link;
 };
 
 struct TunerChoice {
@@ -39,11 +39,11 @@ TunerChoice tune(const TunerInput& in, const Config& config);
 class Tuner {
  public:
   Tuner() = default;
-  Tuner(const Config& config, int nranks, int maxChannels, bool anyTcp, bool tcpLoopback)
-      : config_(config), nranks_(nranks), maxChannels_(maxChannels), anyTcp_(anyTcp), tcpLoopback_(tcpLoopback) {}
+  Tuner(const Config& config, int nranks, int maxChannels, const LinkClass& link)
+      : config_(config), nranks_(nranks), maxChannels_(maxChannels), link_(link) {}
   const TunerChoice& choose(CollKind kind, std::size_t bytes) {
     if (!valid_ || kind != lastKind_ || bytes != lastBytes_) {
-      last_ = tune({kind, bytes, nranks_, maxChannels_, anyTcp_, anyTcp_ && tcpLoopback_}, config_);
+      last_ = tune({kind, bytes, nranks_, maxChannels_, link_}, config_);
       lastKind_ = kind;
       lastBytes_ = bytes;
       valid_ = true;
@@ -54,7 +54,7 @@ class Tuner {
  private:
   Config config_;
   int nranks_ = 1, maxChannels_ = 1;
-  bool anyTcp_ = false, tcpLoopback_ = false;
+  LinkClass link_;
   bool valid_ = false;
   CollKind lastKind_{};
   std::size_t lastBytes_ = 0;

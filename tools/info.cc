@@ -12,7 +12,6 @@
 #include "tools/tools.h"
 #include "topology/topology.h"
 #include "transport/registry.h"
-#include "transport/shm/shm_transport.h"
 
 namespace braid::tools {
 
@@ -52,9 +51,10 @@ int runInfo(int, char**) {
     std::printf("configuration error: %s\n", cfg.status().message().c_str());
     return 1;
   }
-  Availability shm = ShmTransport::probe(*cfg), ib = probeIb(*cfg);
-  std::printf("transports: shm %s, tcp usable, ib %s\n", shm.usable ? "usable" : ("unusable (" + shm.reason + ")").c_str(),
-              ib.usable ? "usable" : ("unusable (" + ib.reason + ")").c_str());
+  auto verdict = [](const Availability& a) { return a.usable ? std::string("usable") : "unusable (" + a.reason + ")"; };
+  std::string line;
+  for (auto& t : makeTransports(*cfg)) line += std::string(t->name()) + " " + verdict(t->probe()) + ", ";
+  std::printf("transports, in the order each pair tries them: %sib %s\n", line.c_str(), verdict(probeIb(*cfg)).c_str());
   std::printf("\n%-20s %-8s %-12s %s\n", "variable", "default", "value", "meaning");
   for (const ConfigRow& row : describeConfig())
     std::printf("%-20s %-8s %-12s %s\n", row.name, row.defaultValue, row.current.empty() ? "-" : row.current.c_str(),

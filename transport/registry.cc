@@ -1,58 +1,90 @@
 #include "transport/registry.h"
 
-#include <sstream>
+#include <algorithm>
 
 #include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace braid {
+
+TransportList makeTransports(const Config& config) {
+  TransportList list;
+  list.push_back(std::make_unique<ShmTransport>(config));
+  list.push_back(std::make_unique<TcpTransport>(config));
+  return list;
+}
 
 Availability probeIb(const Config& config) {
   if (config.ibDisable) return {false, "disabled by BRAID_IB_DISABLE=1"};
   return {false, "not built: the InfiniBand verbs transport is not implemented yet"};
 }
 
-Selection selectTransport(const PeerInfo& self, const PeerInfo& peer, const Config& config) {
+Result<TransportAddress> offerTransport(Transport& t, const std::string& rendezvousIp, bool alone) {
+  TransportAddress ta{std::string(t.name()), false, ""};
+  Availability here = t.probe();
+  if (!here.usable) {
+    ta.address = here.reason;
+    return ta;
+  }
+  ta.usable = true;
+  if (alone) return ta;
+  auto addr = t.localAddress(rendezvousIp);
+  if (!addr.ok()) return addr.status().withContext(ta.name + " transport");
+  ta.address = *addr;
+  return ta;
+}
+
+Selection selectTransport(const TransportList& transports, const PeerInfo& x, const PeerInfo& y) {
+  // In rank order, so that (x, y) and (y, x) ask every transport the same question.
+  const PeerInfo& a = x.rank <= y.rank ? x : y;
+  const PeerInfo& b = x.rank <= y.rank ? y : x;
   Selection s;
-  auto skip = [&](const char* name, const std::string& why) {
-    s.skipped += (s.skipped.empty() ? "" : "; ") + std::string(name) + " skipped: " + why;
-  };
-  Availability shm = ShmTransport::probe(config);
-  if (!self.sameHostAs(peer)) skip("shm", "rank " + std::to_string(peer.rank) + " is on host " + peer.host);
-  else if (!shm.usable) skip("shm", shm.reason);
-  else if (!peer.shmUsable) skip("shm", "rank " + std::to_string(peer.rank) + " cannot use shared memory");
-  else { s.transport = "shm"; return s; }
-  Availability ib = probeIb(config);
-  if (!ib.usable) skip("ib", ib.reason);
-  s.transport = "tcp";
+  for (std::size_t i = 0; i < transports.size(); ++i) {
+    const Transport& t = *transports[i];
+    const std::string name(t.name());
+    std::string why;
+    const TransportAddress* ta = a.transport(name);
+    const TransportAddress* tb = b.transport(name);
+    if (!ta || !tb) why = "rank " + std::to_string(ta ? b.rank : a.rank) + " does not offer it";
+    else if (!ta->usable) why = "unusable on rank " + std::to_string(a.rank) + ": " + ta->address;
+    else if (!tb->usable) why = "unusable on rank " + std::to_string(b.rank) + ": " + tb->address;
+    else {
+      Availability reach = t.canReach(a, b);
+      if (reach.usable) {
+        s.index = static_cast<int>(i);
+        s.transport = name;
+        return s;
+      }
+      why = reach.reason;
+    }
+    s.skipped += (s.skipped.empty() ? "" : "; ") + name + " skipped: " + why;
+  }
   return s;
 }
 
-std::string PeerInfo::serialize() const {
-  std::ostringstream o;
-  o << rank << '\n' << host << '\n' << bootId << '\n' << pid << '\n' << tcpAddr << '\n' << (shmUsable ? 1 : 0) << '\n'
-    << settings << '\n' << cmaProbe << '\n' << cpus << '\n' << tuningL3 << '\n';
-  return o.str();
+LinkClass LinkClass::slower(const LinkClass& a, const LinkClass& b) {
+  if (a.latencyUs != b.latencyUs) return a.latencyUs > b.latencyUs ? a : b;
+  LinkClass c = a;
+  c.bytesPerUs = std::min(a.bytesPerUs, b.bytesPerUs);
+  c.minPiece = std::max(a.minPiece, b.minPiece);
+  c.sameHost = a.sameHost && b.sameHost;
+  c.sharedMemory = a.sharedMemory && b.sharedMemory;
+  c.oneStreamBest = a.oneStreamBest && b.oneStreamBest;
+  return c;
 }
 
-Result<PeerInfo> PeerInfo::parse(const std::string& text) {
-  std::istringstream in(text);
-  PeerInfo p;
-  int shm = 0;
-  std::string line;
-  if (!std::getline(in, line)) return Status::Internal("bad peer info");
-  p.rank = std::atoi(line.c_str());
-  if (!std::getline(in, p.host) || !std::getline(in, p.bootId) || !std::getline(in, line))
-    return Status::Internal("bad peer info");
-  p.pid = std::atoi(line.c_str());
-  if (!std::getline(in, p.tcpAddr) || !(in >> shm)) return Status::Internal("bad peer info");
-  p.shmUsable = shm != 0;
-  in.ignore(1);
-  std::getline(in, p.settings);
-  if (!(in >> p.cmaProbe)) p.cmaProbe = 0;
-  in.ignore(1);
-  std::getline(in, p.cpus);
-  if (!(in >> p.tuningL3)) p.tuningL3 = 0;
-  return p;
+LinkClass slowestLink(const TransportList& transports, const std::vector<PeerInfo>& infos) {
+  LinkClass worst;  // one rank alone: nothing slower than its own memory
+  bool any = false;
+  for (std::size_t i = 0; i < infos.size(); ++i)
+    for (std::size_t j = i + 1; j < infos.size(); ++j) {
+      Selection s = selectTransport(transports, infos[i], infos[j]);
+      if (s.index < 0) continue;
+      LinkClass l = transports[static_cast<std::size_t>(s.index)]->linkClass(infos[i], infos[j]);
+      worst = any ? LinkClass::slower(worst, l) : l;
+      any = true;
+    }
+  return worst;
 }
 
 }  // namespace braid

@@ -1,21 +1,42 @@
-// The transports Braid knows, in priority order, and the per-peer choice between them: shm when the
-// peer is on this host and shm works on both sides, then ib when built and usable, then tcp. Each
-// skipped transport comes with a reason, logged at INFO and shown by the tools.
+// The transports Braid has, in priority order, and the choice between them for each pair of ranks:
+// the first transport that both ranks can use and that reaches between them (shm within a host;
+// tcp anywhere). A new transport is a folder plus one line in registry.cc. Every skipped transport
+// comes with its reason, kept on the communicator (`braid info`, the INFO log, `braid doctor`).
 #pragma once
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/config.h"
 #include "transport/transport.h"
 
 namespace braid {
 
+using TransportList = std::vector<std::unique_ptr<Transport>>;
+
+// One of each transport, in priority order (the order PeerInfo::transports follows).
+TransportList makeTransports(const Config& config);
+
+// What a rank publishes for `t` (PeerInfo::transports): its address when probe() says it can run
+// here, else the reason it cannot. `alone`: the rank is the communicator's only one, so nothing
+// needs to listen (the entry says usable with an empty address).
+Result<TransportAddress> offerTransport(Transport& t, const std::string& rendezvousIp, bool alone);
+
 struct Selection {
-  std::string transport;  // "shm", "ib" or "tcp"
+  int index = -1;         // into the TransportList; -1: none reaches (never for a valid list: tcp does)
+  std::string transport;  // its name
   std::string skipped;    // "shm skipped: ...; ib skipped: ..."
 };
 
-Selection selectTransport(const PeerInfo& self, const PeerInfo& peer, const Config& config);
-// Whether the ib transport can run here, and if not why (also used by `braid info`).
+// The transport between ranks a and b, from their PeerInfos alone and the same for (b, a): every
+// rank can work out every pair's choice, and both ends of a pair always agree. The reasons name
+// the ranks as a person reading either one's log needs.
+Selection selectTransport(const TransportList& transports, const PeerInfo& a, const PeerInfo& b);
+
+// The slowest link among every pair of `infos` (the tuner's input, computed alike by every rank).
+LinkClass slowestLink(const TransportList& transports, const std::vector<PeerInfo>& infos);
+
+// Whether the ib transport can run here, and if not why (`braid info`, until it exists).
 Availability probeIb(const Config& config);
 
 }  // namespace braid

@@ -52,27 +52,95 @@ class Connection {
   virtual Channel& channel(int i) = 0;
 };
 
+struct Availability {
+  bool usable = false;
+  std::string reason;  // why not, in words a person can act on
+};
+
+// What one transport of one rank published: its address (opaque bytes only that transport reads),
+// or, when it cannot run there, why not (so that a peer can say so in its own log).
+struct TransportAddress {
+  std::string name;     // "shm", "tcp", ...
+  bool usable = false;
+  std::string address;  // usable: what the transport's peers need to reach it; else the reason
+};
+
 // What one rank publishes about itself through the bootstrap before connections are made.
 struct PeerInfo {
   int rank = -1;
   std::string host;       // hostname
   std::string bootId;     // /proc/sys/kernel/random/boot_id: same host means same kernel
   int pid = 0;
-  std::string tcpAddr;    // "ip:port" of this rank's tcp listener
-  bool shmUsable = true;  // this rank can create and map shared memory
+  std::vector<TransportAddress> transports;  // one per transport of the registry, in its order
   std::string settings;   // the BRAID_* values every rank must share, e.g. "BRAID_NSOCKS=2 ..."
   std::uint64_t cmaProbe = 0;  // an address in this process that peers may read to probe process_vm_readv
   std::string cpus;       // the CPUs this rank may run on, as Linux lists them ("0-3,8"); "" if unknown
   std::uint64_t tuningL3 = 0;  // the L3 figure this rank tunes with (topology::tuningL3Bytes); 0 if unknown
 
   bool sameHostAs(const PeerInfo& o) const { return host == o.host && bootId == o.bootId; }
+  // This rank's entry for the transport `name`, or null if it published none.
+  const TransportAddress* transport(std::string_view name) const;
   std::string serialize() const;
   static Result<PeerInfo> parse(const std::string& text);
 };
 
-struct Availability {
-  bool usable = false;
-  std::string reason;  // why not, in words a person can act on
+// How the tuner weighs the link between two ranks (Transport::linkClass): rough figures for the
+// transport's class of link, good enough to place the cost model's crossovers (comm/tuner.cc).
+struct LinkClass {
+  double latencyUs = 1;              // per message (the model's alpha)
+  double bytesPerUs = 6000;          // of one channel (the model's beta)
+  std::size_t minPiece = 32u << 10;  // the smallest pipeline piece worth a message
+  bool sameHost = true;              // both ranks are on one host
+  bool sharedMemory = true;          // both ranks map memory they share (the mailbox, cross-memory attach, zero copy)
+  // One channel with pieces as large as the staging ring beats several (tcp on loopback under reno).
+  bool oneStreamBest = false;
+
+  // The slower of two links, which bounds a collective over both: the one with the larger latency;
+  // of equal ones, what both allow.
+  static LinkClass slower(const LinkClass& a, const LinkClass& b);
+};
+
+class Doorbell;
+class Mailbox;
+struct SetupContext;
+
+// What a waiter may sleep on while this transport's channels are quiet: a doorbell in memory the
+// peers share, or file descriptors that become readable.
+struct WaitSources {
+  Doorbell* doorbell = nullptr;
+  std::vector<int> fds;
+};
+
+// A way to reach peers. The communicator holds one of each kind the registry lists
+// (transport/registry.h) and, per peer, uses the first that both ends can use and that reaches
+// between them. Lifetime at communicator creation: probe(); if usable, localAddress() (published
+// in PeerInfo); connect() to the peers it was chosen for; setupDone() once every rank connected.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string_view name() const = 0;
+  // Whether it can run in this process, and if not why (also shown by `braid info`).
+  virtual Availability probe() = 0;
+  // Starts what peers need to reach this rank (a listener, ...) and returns the bytes to publish.
+  // `rendezvousIp`: the bootstrap store's address (an interface toward it is one toward the job).
+  virtual Result<std::string> localAddress(const std::string& rendezvousIp) = 0;
+  // Whether ranks `a` and `b`, both usable for this transport, reach each other over it. A pure
+  // function of their PeerInfos and the settings every rank shares, whichever of them asks: so
+  // both ends of every pair, and every other rank, see the same choice.
+  virtual Availability canReach(const PeerInfo& a, const PeerInfo& b) const = 0;
+  // The link this transport gives `a` and `b` (the same for either order).
+  virtual LinkClass linkClass(const PeerInfo& a, const PeerInfo& b) const = 0;
+  // Connections to `peers` (ranks of ctx.peers, all of which chose this transport with this rank).
+  virtual Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx,
+                                                                    const std::vector<int>& peers) = 0;
+  // After connect(): what the communicator's waiter sleeps on for these connections.
+  virtual WaitSources waitSources() const { return {}; }
+  // After connect(): a mailbox for small messages among every rank of this host, if this transport
+  // has one (shm); the communicator's one-shot paths use it when every pair shares memory.
+  virtual Mailbox* mailbox() { return nullptr; }
+  // Every rank has connected (also called at shutdown): drop what only the setup needed, such as
+  // names in /dev/shm that others could still open. Idempotent.
+  virtual void setupDone() {}
 };
 
 }  // namespace braid

@@ -1,5 +1,5 @@
 // The one-shot all-reduce and the barrier for messages of at most 4 KiB when every rank is on this
-// host: through the shared-memory mailbox (transport/shm/shm_mailbox.h) instead of a Plan and the
+// host: through the shared-memory mailbox (transport/mailbox.h) instead of a Plan and the
 // rings. Each rank writes its input once into its own slot, waits for every peer's slot of the same
 // call, and reduces the inputs in rank order 0..n-1 straight out of the slots, so every rank gets
 // the same bits (as with the ring and the plan-based one-shot). An 8-byte all-reduce then costs a
@@ -10,7 +10,7 @@
 
 #include "comm/communicator.h"
 #include "kernels/reduce.h"
-#include "transport/shm/shm_transport.h"
+#include "transport/mailbox.h"
 
 namespace braid {
 namespace {
@@ -39,7 +39,7 @@ Fingerprint unpackTag(std::uint64_t seq, const std::uint64_t tag[3]) {
 }  // namespace
 
 bool Comm::mailboxFits(const TunerChoice& t, std::size_t bytes) const {
-  return t.algo == Algo::kOneShot && bytes <= ShmMailbox::kMaxBytes && !anyTcp_ && shm_ && shm_->mailbox();
+  return t.algo == Algo::kOneShot && bytes <= Mailbox::kMaxBytes && link_.sharedMemory && mailbox_;
 }
 
 // Waits until ready() says so, the way the engine waits: spin, yield, then sleep on the doorbell;
@@ -48,7 +48,7 @@ bool Comm::mailboxFits(const TunerChoice& t, std::size_t bytes) const {
 template <typename Ready>
 Status Comm::mailboxWait(const Fingerprint& fp, Ready ready, MailboxWait why, int peer) {
   const bool posting = why == MailboxWait::kPosting;
-  ShmMailbox& box = *shm_->mailbox();
+  Mailbox& box = *mailbox_;
   Waiter& w = *waiter_;
   w.progressed();
   std::optional<Deadline> deadline;
@@ -97,7 +97,7 @@ Status Comm::ringMessageFor(const Fingerprint& fp) {
 }
 
 Status Comm::mailboxAllReduce(const CollArgs& a, const Fingerprint& fp) {
-  ShmMailbox& box = *shm_->mailbox();
+  Mailbox& box = *mailbox_;
   const std::size_t bytes = a.count * dataTypeSize(a.dtype);
   const std::uint64_t seq = fp.seq;
   // Each step tries once before it enters the wait loop: in a busy loop of small calls the slot

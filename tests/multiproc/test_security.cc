@@ -197,9 +197,10 @@ TEST(Bind, ListenersBindTheAdvertisedAddressUnlessBindAllIsSet) {
       // 2. The tcp transport's listener.
       auto cfg = Config::fromEnvironment();
       if (!cfg.ok()) return 91;
-      TcpTransport tcp;
-      if (!tcp.listen(*cfg, "127.0.0.1").ok()) return 92;
-      const std::string& addr = tcp.address();
+      TcpTransport tcp(*cfg);
+      auto listening = tcp.localAddress("127.0.0.1");
+      if (!listening.ok()) return 92;
+      const std::string& addr = *listening;
       expect("tcp listener", addr.substr(0, addr.rfind(':')), std::atoi(addr.c_str() + addr.rfind(':') + 1));
       // 3. Environment mode: rank 0 hosts the store on MASTER_ADDR:MASTER_PORT.
       int port = 0;

@@ -1,4 +1,4 @@
-// The shared-memory mailbox (transport/shm/shm_mailbox.h) on its own: three ranks' areas in this
+// The shared-memory mailbox (transport/mailbox.h) on its own: three ranks' areas in this
 // process's memory, driven by one thread in lockstep, so that every case is deterministic.
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "transport/shm/shm_mailbox.h"
+#include "transport/mailbox.h"
 
 namespace braid {
 namespace {
@@ -16,11 +16,11 @@ constexpr int kRanks = 3;
 struct Host {
   std::unique_ptr<MailboxArea[]> areas{new MailboxArea[kRanks]};
   std::unique_ptr<Doorbell[]> bells{new Doorbell[kRanks]};
-  std::vector<std::unique_ptr<ShmMailbox>> boxes;
+  std::vector<std::unique_ptr<Mailbox>> boxes;
   Host() {
-    for (int r = 0; r < kRanks; ++r) boxes.push_back(std::make_unique<ShmMailbox>(areas.get(), bells.get(), r, kRanks));
+    for (int r = 0; r < kRanks; ++r) boxes.push_back(std::make_unique<Mailbox>(areas.get(), bells.get(), r, kRanks));
   }
-  ShmMailbox& operator[](int r) { return *boxes[static_cast<std::size_t>(r)]; }
+  Mailbox& operator[](int r) { return *boxes[static_cast<std::size_t>(r)]; }
 };
 
 std::byte pattern(int rank, std::uint64_t seq, std::size_t i) {
@@ -30,7 +30,7 @@ std::byte pattern(int rank, std::uint64_t seq, std::size_t i) {
 TEST(Mailbox, EveryRankReadsEveryOthersMessageIntactOverManyCallsAndSizes) {
   Host h;
   for (std::uint64_t seq = 1; seq <= 600; ++seq) {
-    const std::size_t bytes = seq % 5 == 0 ? ShmMailbox::kMaxBytes : (seq * 37) % (ShmMailbox::kMaxBytes + 1);
+    const std::size_t bytes = seq % 5 == 0 ? Mailbox::kMaxBytes : (seq * 37) % (Mailbox::kMaxBytes + 1);
     for (int r = 0; r < kRanks; ++r) {
       ASSERT_TRUE(h[r].canPost(seq)) << "rank " << r << " seq " << seq;
       std::byte* p = h[r].payloadFor(seq);

@@ -1,6 +1,8 @@
-// Transport conformance, written once and instantiated for shm and tcp: two ranks live as two
-// threads of this process, and a single thread then drives both ends of one channel through the
-// nonblocking Channel interface, so every case is deterministic and needs no sleeps.
+// Transport conformance, written once and instantiated for every transport of the registry: two
+// ranks' connections are made by the transport itself (tests/common/transport_pair.h, no
+// communicator), and a single thread then drives both ends of one channel through the nonblocking
+// Channel interface, so every case is deterministic and needs no sleeps. A second fixture runs a
+// communicator over each transport for what needs the whole stack (a collective, an abort).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -10,6 +12,7 @@
 
 #include "braid/braid.h"
 #include "comm/c_handle.h"
+#include "tests/common/transport_pair.h"
 #include "transport/socket.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/transport.h"
@@ -20,26 +23,19 @@ namespace {
 class TransportConformance : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    setenv("BRAID_SHM_DISABLE", GetParam() == "tcp" ? "1" : "0", 1);
-    setenv("BRAID_TIMEOUT", "20", 1);
-    braidUniqueId id;
-    ASSERT_EQ(braidGetUniqueId(&id), braidSuccess);
-    braidResult_t r1 = braidInternalError;
-    std::thread t([&] { r1 = braidCommInitRank(&b_, 2, id, 1); });
-    ASSERT_EQ(braidCommInitRank(&a_, 2, id, 0), braidSuccess);
-    t.join();
-    ASSERT_EQ(r1, braidSuccess);
-    ASSERT_EQ(a_->impl->transportOf(1), GetParam());
-    tx_ = &a_->impl->connection(1)->channel(0);
-    rx_ = &b_->impl->connection(0)->channel(0);
-  }
-  void TearDown() override {
-    if (a_ && b_) {
-      std::thread t([&] { braidCommDestroy(b_); });
-      braidCommDestroy(a_);
-      t.join();
-    }
-    unsetenv("BRAID_SHM_DISABLE");
+    Config config;
+    config.timeoutSec = 20;
+    auto pair = test::TransportPair::make(GetParam(), config);
+    if (!pair.ok() && pair.status().message().find("cannot run here") != std::string::npos)
+      GTEST_SKIP() << pair.status().toString();
+    ASSERT_TRUE(pair.ok()) << pair.status().toString();
+    pair_ = std::move(*pair);
+    EXPECT_EQ(pair_->connection(0).transport(), GetParam());
+    EXPECT_EQ(pair_->connection(0).peer(), 1);
+    EXPECT_EQ(pair_->connection(1).peer(), 0);
+    EXPECT_EQ(pair_->connection(0).numChannels(), config.nsocks);
+    tx_ = &pair_->channel(0);
+    rx_ = &pair_->channel(1);
   }
   // The receiver's three ways to read: peek and consume, tryRecv, and tryRecvLarge (which the
   // engine takes for pieces past largeCopyBytes(), a figure it computes from the host's cache: so
@@ -77,7 +73,7 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
     for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 131 + static_cast<std::size_t>(seed)) & 0xff);
     return v;
   }
-  braidComm_t a_ = nullptr, b_ = nullptr;
+  std::unique_ptr<test::TransportPair> pair_;
   Channel* tx_ = nullptr;
   Channel* rx_ = nullptr;
 };
@@ -114,33 +110,6 @@ TEST_P(TransportConformance, ManyMessagesInFlightKeepTheirOrder) {
   EXPECT_EQ(pump(stream, 5000, kPeek), stream);
 }
 
-TEST_P(TransportConformance, CollectiveOverTheSameConnectionStillWorks) {
-  float x0 = 1, x1 = 2, y0 = 0, y1 = 0;
-  std::thread t([&] { EXPECT_EQ(braidAllReduce(&x1, &y1, 1, braidFloat32, braidSum, b_, nullptr), braidSuccess); });
-  EXPECT_EQ(braidAllReduce(&x0, &y0, 1, braidFloat32, braidSum, a_, nullptr), braidSuccess);
-  t.join();
-  EXPECT_EQ(y0, 3);
-  EXPECT_EQ(y1, 3);
-}
-
-TEST_P(TransportConformance, AbortWhileAReceiveIsPendingEndsItQuickly) {
-  std::vector<float> buf(1 << 16);
-  braidResult_t r = braidSuccess;
-  auto t0 = std::chrono::steady_clock::now();
-  std::thread t([&] { r = braidRecv(buf.data(), buf.size(), braidFloat32, 0, b_, nullptr); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  braidCommAbort(a_);  // the peer goes away while rank 1 waits for it
-  a_ = nullptr;
-  t.join();
-  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_NE(r, braidSuccess);
-  EXPECT_LT(took, 5.0);
-  std::string msg = braidGetLastError(b_);
-  EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
-  braidCommDestroy(b_);
-  b_ = nullptr;
-}
-
 TEST_P(TransportConformance, BytesSentBeforeThePeerClosesAreStillDelivered) {
   auto data = bytes(100000, 3);
   std::size_t sent = 0;
@@ -157,8 +126,7 @@ TEST_P(TransportConformance, BytesSentBeforeThePeerClosesAreStillDelivered) {
       recvd += *r;
     }
   }
-  braidCommAbort(a_);
-  a_ = nullptr;
+  pair_->close(0);
   // Read the rest through peek(), which stages what has arrived (and then sees the close).
   for (int spins = 0; recvd < data.size() && spins < 1000000; ++spins) {
     auto v = rx_->peek();
@@ -177,11 +145,90 @@ TEST_P(TransportConformance, BytesSentBeforeThePeerClosesAreStillDelivered) {
     }
     EXPECT_FALSE(after.ok());
   }
+}
+
+// Channels of other indices are independent streams.
+TEST_P(TransportConformance, EveryChannelIsItsOwnStream) {
+  const int n = pair_->connection(0).numChannels();
+  for (int i = 0; i < n; ++i) {
+    auto data = bytes(1000 + static_cast<std::size_t>(i), i);
+    std::size_t sent = 0;
+    while (sent < data.size()) {
+      auto k = pair_->channel(0, i).trySend(data.data() + sent, data.size() - sent);
+      ASSERT_TRUE(k.ok());
+      sent += *k;
+    }
+  }
+  for (int i = n; i-- > 0;) {  // read back in the other order
+    auto want = bytes(1000 + static_cast<std::size_t>(i), i);
+    std::vector<std::byte> got(want.size());
+    std::size_t recvd = 0;
+    for (int spins = 0; recvd < got.size() && spins < 1000000; ++spins) {
+      auto k = pair_->channel(1, i).tryRecv(got.data() + recvd, got.size() - recvd);
+      ASSERT_TRUE(k.ok());
+      recvd += *k;
+    }
+    EXPECT_EQ(got, want) << "channel " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, TransportConformance, ::testing::ValuesIn(test::TransportPair::registryNames()),
+                         [](const auto& info) { return info.param; });
+
+// A communicator over each transport (BRAID_SHM_DISABLE=1 for tcp): the whole stack on the same connections.
+class CommunicatorOverTransport : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    setenv("BRAID_SHM_DISABLE", GetParam() == "tcp" ? "1" : "0", 1);
+    setenv("BRAID_TIMEOUT", "20", 1);
+    braidUniqueId id;
+    ASSERT_EQ(braidGetUniqueId(&id), braidSuccess);
+    braidResult_t r1 = braidInternalError;
+    std::thread t([&] { r1 = braidCommInitRank(&b_, 2, id, 1); });
+    ASSERT_EQ(braidCommInitRank(&a_, 2, id, 0), braidSuccess);
+    t.join();
+    ASSERT_EQ(r1, braidSuccess);
+    ASSERT_EQ(a_->impl->transportOf(1), GetParam());
+  }
+  void TearDown() override {
+    if (a_ && b_) {
+      std::thread t([&] { braidCommDestroy(b_); });
+      braidCommDestroy(a_);
+      t.join();
+    }
+    unsetenv("BRAID_SHM_DISABLE");
+  }
+  braidComm_t a_ = nullptr, b_ = nullptr;
+};
+
+TEST_P(CommunicatorOverTransport, CollectiveOverTheSameConnectionStillWorks) {
+  float x0 = 1, x1 = 2, y0 = 0, y1 = 0;
+  std::thread t([&] { EXPECT_EQ(braidAllReduce(&x1, &y1, 1, braidFloat32, braidSum, b_, nullptr), braidSuccess); });
+  EXPECT_EQ(braidAllReduce(&x0, &y0, 1, braidFloat32, braidSum, a_, nullptr), braidSuccess);
+  t.join();
+  EXPECT_EQ(y0, 3);
+  EXPECT_EQ(y1, 3);
+}
+
+TEST_P(CommunicatorOverTransport, AbortWhileAReceiveIsPendingEndsItQuickly) {
+  std::vector<float> buf(1 << 16);
+  braidResult_t r = braidSuccess;
+  auto t0 = std::chrono::steady_clock::now();
+  std::thread t([&] { r = braidRecv(buf.data(), buf.size(), braidFloat32, 0, b_, nullptr); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  braidCommAbort(a_);  // the peer goes away while rank 1 waits for it
+  a_ = nullptr;
+  t.join();
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r, braidSuccess);
+  EXPECT_LT(took, 5.0);
+  std::string msg = braidGetLastError(b_);
+  EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
   braidCommDestroy(b_);
   b_ = nullptr;
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, TransportConformance, ::testing::Values("shm", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Transports, CommunicatorOverTransport, ::testing::Values("shm", "tcp"));
 
 // BRAID_TCP_CONGESTION on two ranks of this host: auto gives every tcp connection reno, system
 // leaves the system's default, a name the kernel does not know fails creation on the rank that sets

@@ -20,6 +20,7 @@
 #include "comm/tuner.h"
 #include "tests/common/harness.h"
 #include "topology/topology.h"
+#include "transport/registry.h"
 #include "transport/socket.h"
 
 namespace braid {
@@ -212,51 +213,154 @@ TEST(Split, PartsCoverEverythingOnce) {
     }
 }
 
+// A rank's PeerInfo as setup publishes it: its host, and the transports of the registry with
+// shm usable or not and the identity of the /dev/shm it sees.
+PeerInfo infoOf(int rank, const std::string& host, bool shm = true, const std::string& devShm = "22:1") {
+  PeerInfo p;
+  p.rank = rank;
+  p.host = host;
+  p.bootId = "boot-" + host;
+  p.transports = {{"shm", shm, shm ? devShm : "disabled by BRAID_SHM_DISABLE=1"},
+                  {"tcp", true, "10.0.0." + std::to_string(rank + 1) + ":4000"}};
+  return p;
+}
+
+// The link the tuner gets for these ranks, as a communicator would compute it.
+LinkClass linkOf(const Config& c, const std::vector<PeerInfo>& infos) { return slowestLink(makeTransports(c), infos); }
+
+// Selection per pair: the first transport of the registry both ends can use and that reaches,
+// the same whichever end asks, with a reason for every transport skipped.
+TEST(Registry, SelectionIsSymmetricAndNamesWhyATransportWasSkipped) {
+  Config c;
+  const TransportList ts = makeTransports(c);
+  ASSERT_GE(ts.size(), 2u);
+  EXPECT_EQ(ts.front()->name(), "shm");  // the priority order the docs promise
+  EXPECT_EQ(ts.back()->name(), "tcp");
+  struct Case { PeerInfo a, b; const char* want; const char* why; };
+  const Case cases[] = {
+      {infoOf(0, "a"), infoOf(1, "a"), "shm", ""},
+      {infoOf(0, "a"), infoOf(3, "b"), "tcp", "shm skipped: rank 3 is on host b, rank 0 on a"},
+      {infoOf(0, "a"), infoOf(1, "a", false), "tcp", "shm skipped: unusable on rank 1: disabled by BRAID_SHM_DISABLE=1"},
+      {infoOf(0, "a"), infoOf(1, "a", true, "23:1"), "tcp", "see different /dev/shm"},
+  };
+  for (const Case& k : cases) {
+    Selection ab = selectTransport(ts, k.a, k.b), ba = selectTransport(ts, k.b, k.a);
+    EXPECT_EQ(ab.transport, k.want) << ab.skipped;
+    EXPECT_EQ(ba.transport, ab.transport);
+    EXPECT_EQ(ba.skipped, ab.skipped);
+    EXPECT_NE(ab.skipped.find(k.why), std::string::npos) << ab.skipped;
+    if (!*k.why) {
+      EXPECT_EQ(ab.skipped, "");
+    }
+    ASSERT_GE(ab.index, 0);
+    EXPECT_EQ(ts[static_cast<std::size_t>(ab.index)]->name(), ab.transport);
+  }
+  PeerInfo old = infoOf(1, "a");
+  old.transports.pop_back();  // a rank that does not offer tcp at all (another build)
+  EXPECT_NE(selectTransport(ts, infoOf(0, "b"), old).skipped.find("tcp skipped: rank 1 does not offer it"),
+            std::string::npos);
+  EXPECT_EQ(selectTransport(ts, infoOf(0, "b"), old).index, -1);
+}
+
+// The tuner's link is the slowest pair's: one pair across hosts makes the whole communicator's.
+TEST(Registry, SlowestLinkIsTheSlowestPairs) {
+  Config c;
+  const LinkClass shm = linkOf(c, {infoOf(0, "a"), infoOf(1, "a"), infoOf(2, "a")});
+  EXPECT_TRUE(shm.sharedMemory);
+  EXPECT_TRUE(shm.sameHost);
+  const LinkClass mixed = linkOf(c, {infoOf(0, "a"), infoOf(1, "a"), infoOf(2, "b")});
+  EXPECT_FALSE(mixed.sharedMemory);
+  EXPECT_FALSE(mixed.sameHost);
+  EXPECT_GT(mixed.latencyUs, shm.latencyUs);
+  EXPECT_FALSE(mixed.oneStreamBest);
+  EXPECT_TRUE(linkOf(c, {infoOf(0, "a")}).sharedMemory);  // one rank: nothing but its own memory
+}
+
+TEST(Registry, PeerInfoRoundTripsAnyAddressBytes) {
+  PeerInfo p = infoOf(5, "host-x");
+  p.pid = 1234;
+  p.settings = "BRAID_NSOCKS=2 BRAID_ALGO=auto";
+  p.cmaProbe = 0x7fff12345678ull;
+  p.cpus = "0-3,8";
+  p.tuningL3 = 32u << 20;
+  p.transports.push_back({"blob", true, std::string("a\nb c\0\xff", 7)});
+  auto q = PeerInfo::parse(p.serialize());
+  ASSERT_TRUE(q.ok()) << q.status().toString();
+  EXPECT_EQ(q->rank, 5);
+  EXPECT_EQ(q->host, "host-x");
+  EXPECT_EQ(q->pid, 1234);
+  EXPECT_EQ(q->settings, p.settings);
+  EXPECT_EQ(q->cmaProbe, p.cmaProbe);
+  EXPECT_EQ(q->cpus, "0-3,8");
+  EXPECT_EQ(q->tuningL3, p.tuningL3);
+  ASSERT_EQ(q->transports.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(q->transports[i].name, p.transports[i].name);
+    EXPECT_EQ(q->transports[i].usable, p.transports[i].usable);
+    EXPECT_EQ(q->transports[i].address, p.transports[i].address);
+  }
+  ASSERT_NE(q->transport("shm"), nullptr);
+  EXPECT_EQ(q->transport("ib"), nullptr);
+  EXPECT_FALSE(PeerInfo::parse("1\nh\n").ok());
+  std::string bad = p.serialize();
+  bad.replace(bad.find(" 1 "), 3, " 7 ");
+  EXPECT_FALSE(PeerInfo::parse(bad).ok());
+}
+
 TEST(Tuner, OneShotForTinyTreeForSmallRingForLarge) {
   Config c;
-  auto tiny = tune({CollKind::kAllReduce, 8, 8, 2, false, false}, c);
-  auto small = tune({CollKind::kAllReduce, 64u << 10, 8, 2, false, false}, c);
-  auto large = tune({CollKind::kAllReduce, 256u << 20, 8, 2, false, false}, c);
+  const LinkClass shm = linkOf(c, {infoOf(0, "a"), infoOf(1, "a")});
+  auto tiny = tune({CollKind::kAllReduce, 8, 8, 2, shm}, c);
+  auto small = tune({CollKind::kAllReduce, 64u << 10, 8, 2, shm}, c);
+  auto large = tune({CollKind::kAllReduce, 256u << 20, 8, 2, shm}, c);
   EXPECT_EQ(tiny.algo, Algo::kOneShot);
   EXPECT_EQ(tiny.channels, 1);
-  EXPECT_EQ(tune({CollKind::kBarrier, 0, 8, 2, false, false}, c).algo, Algo::kOneShot);
+  EXPECT_EQ(tune({CollKind::kBarrier, 0, 8, 2, shm}, c).algo, Algo::kOneShot);
   EXPECT_EQ(small.algo, Algo::kTree);
   EXPECT_EQ(large.algo, Algo::kRing);
   EXPECT_EQ(large.channels, 2);
-  EXPECT_EQ(tune({CollKind::kAllGather, 8, 8, 2, false, false}, c).algo, Algo::kRing);  // no tree all-gather
+  EXPECT_EQ(tune({CollKind::kAllGather, 8, 8, 2, shm}, c).algo, Algo::kRing);  // no tree all-gather
   c.algo = "ring";
-  EXPECT_EQ(tune({CollKind::kAllReduce, 8, 8, 2, false, false}, c).algo, Algo::kRing);
+  EXPECT_EQ(tune({CollKind::kAllReduce, 8, 8, 2, shm}, c).algo, Algo::kRing);
   c.algo = "oneshot";
-  EXPECT_EQ(tune({CollKind::kAllReduce, 256u << 20, 8, 2, false, false}, c).algo, Algo::kOneShot);
-  EXPECT_EQ(tune({CollKind::kAllGather, 8, 8, 2, false, false}, c).algo, Algo::kRing);  // all-reduce only
-  Tuner memo(c, 8, 2, false, false);
+  EXPECT_EQ(tune({CollKind::kAllReduce, 256u << 20, 8, 2, shm}, c).algo, Algo::kOneShot);
+  EXPECT_EQ(tune({CollKind::kAllGather, 8, 8, 2, shm}, c).algo, Algo::kRing);  // all-reduce only
+  Tuner memo(c, 8, 2, shm);
   EXPECT_EQ(memo.choose(CollKind::kAllReduce, 8).algo, Algo::kOneShot);
   EXPECT_EQ(memo.choose(CollKind::kAllGather, 8).algo, Algo::kRing);  // a new key is not the old answer
   c.algo = "ring";
   c.chunkSize = 12345;
-  EXPECT_EQ(tune({CollKind::kAllReduce, 8, 8, 2, false, false}, c).chunk, 12288u);  // whole 64-byte units
+  EXPECT_EQ(tune({CollKind::kAllReduce, 8, 8, 2, shm}, c).chunk, 12288u);  // whole 64-byte units
 }
 
 // tcp between ranks of one host under reno: one socket and pieces the size of the staging ring
 // for the ring; the double tree keeps its two channels; anywhere else tcp keeps both sockets.
 TEST(Tuner, TcpOnLoopbackUsesOneSocketAndRingSizedPieces) {
   Config c;
-  auto across = tune({CollKind::kAllReduce, 128u << 20, 2, 2, true, false}, c);
-  auto loop = tune({CollKind::kAllReduce, 128u << 20, 2, 2, true, true}, c);
+  const LinkClass shm = linkOf(c, {infoOf(0, "a"), infoOf(1, "a")});
+  const LinkClass tcpAcross = linkOf(c, {infoOf(0, "a"), infoOf(1, "b")});
+  const LinkClass tcpLoop = linkOf(c, {infoOf(0, "a", false), infoOf(1, "a", false)});
+  EXPECT_FALSE(tcpAcross.oneStreamBest);
+  EXPECT_TRUE(tcpLoop.oneStreamBest);
+  c.tcpCongestion = "system";  // the system's congestion control on loopback: the rule does not apply
+  EXPECT_FALSE(linkOf(c, {infoOf(0, "a", false), infoOf(1, "a", false)}).oneStreamBest);
+  c.tcpCongestion = "auto";
+  auto across = tune({CollKind::kAllReduce, 128u << 20, 2, 2, tcpAcross}, c);
+  auto loop = tune({CollKind::kAllReduce, 128u << 20, 2, 2, tcpLoop}, c);
   EXPECT_EQ(across.channels, 2);
   EXPECT_EQ(across.chunk, 512u << 10);
   EXPECT_EQ(loop.algo, Algo::kRing);
   EXPECT_EQ(loop.channels, 1);
   EXPECT_EQ(loop.chunk, c.buffSize);
-  EXPECT_EQ(tune({CollKind::kAllGather, 2u << 20, 2, 2, true, true}, c).channels, 1);
-  auto tree = tune({CollKind::kAllReduce, 96u << 10, 4, 2, true, true}, c);
+  EXPECT_EQ(tune({CollKind::kAllGather, 2u << 20, 2, 2, tcpLoop}, c).channels, 1);
+  auto tree = tune({CollKind::kAllReduce, 96u << 10, 4, 2, tcpLoop}, c);
   ASSERT_EQ(tree.algo, Algo::kTree);
   EXPECT_EQ(tree.channels, 2);
   c.chunkSize = 64u << 10;  // BRAID_CHUNKSIZE still wins
-  EXPECT_EQ(tune({CollKind::kAllReduce, 128u << 20, 2, 2, true, true}, c).chunk, 64u << 10);
-  Tuner memo(c, 2, 2, true, true);
+  EXPECT_EQ(tune({CollKind::kAllReduce, 128u << 20, 2, 2, tcpLoop}, c).chunk, 64u << 10);
+  Tuner memo(c, 2, 2, tcpLoop);
   EXPECT_EQ(memo.choose(CollKind::kAllReduce, 128u << 20).channels, 1);
-  Tuner shmOnly(c, 2, 2, false, true);  // no tcp anywhere: the rule does not apply
+  Tuner shmOnly(c, 2, 2, shm);  // no tcp anywhere: the rule does not apply
   EXPECT_EQ(shmOnly.choose(CollKind::kAllReduce, 128u << 20).channels, 2);
 }
 

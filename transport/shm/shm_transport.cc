@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "comm/log.h"
 #include "transport/shm/shm_channel.h"
@@ -24,12 +26,38 @@ RingView ring(void* base, int channels, std::size_t cap, int dir, int c) {
 }
 }  // namespace
 
-Availability ShmTransport::probe(const Config& config) {
-  if (config.shmDisable) return {false, "disabled by BRAID_SHM_DISABLE=1"};
+Availability ShmTransport::probe() {
+  if (config_.shmDisable) return {false, "disabled by BRAID_SHM_DISABLE=1"};
   struct stat st{};
   if (stat("/dev/shm", &st) != 0) return {false, "/dev/shm does not exist"};
   if (access("/dev/shm", W_OK) != 0) return {false, "/dev/shm is not writable"};
   return {true, ""};
+}
+
+Result<std::string> ShmTransport::localAddress(const std::string&) {
+  struct stat st{};
+  if (stat("/dev/shm", &st) != 0) return Status::SystemError("/dev/shm: " + std::string(std::strerror(errno)));
+  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+}
+
+Availability ShmTransport::canReach(const PeerInfo& a, const PeerInfo& b) const {
+  if (!a.sameHostAs(b))
+    return {false, "rank " + std::to_string(b.rank) + " is on host " + b.host + ", rank " + std::to_string(a.rank) +
+                       " on " + a.host};
+  if (a.transport(name())->address != b.transport(name())->address)
+    return {false, "ranks " + std::to_string(a.rank) + " and " + std::to_string(b.rank) +
+                       " see different /dev/shm (separate containers or mount namespaces)"};
+  return {true, ""};
+}
+
+LinkClass ShmTransport::linkClass(const PeerInfo&, const PeerInfo&) const {
+  LinkClass l;  // a cache-line round trip plus the engine's bookkeeping; copies at memory speed
+  l.latencyUs = 1;
+  l.bytesPerUs = 6000;
+  l.minPiece = 32u << 10;
+  l.sameHost = true;
+  l.sharedMemory = true;
+  return l;
 }
 
 Result<std::vector<std::unique_ptr<Connection>>> ShmTransport::connect(const SetupContext& ctx,
@@ -39,7 +67,7 @@ Result<std::vector<std::unique_ptr<Connection>>> ShmTransport::connect(const Set
   const int channels = ctx.config.nsocks;
   const std::size_t cap = ctx.config.buffSize;
   const std::string prefix = "/braid-" + ctx.nonce;
-  // The host's segment: a doorbell per rank, then a mailbox area per rank (shm_mailbox.h).
+  // The host's segment: a doorbell per rank, then a mailbox area per rank (mailbox.h).
   const std::size_t bellBytes = static_cast<std::size_t>(ctx.nranks) * (sizeof(Doorbell) + sizeof(MailboxArea));
   const int leader = std::min(ctx.rank, *std::min_element(peers.begin(), peers.end()));
   const std::string bellName = prefix + "-db" + std::to_string(leader);
@@ -79,7 +107,7 @@ Result<std::vector<std::unique_ptr<Connection>>> ShmTransport::connect(const Set
   }
   auto* bells = static_cast<Doorbell*>(bells_->data());
   myBell_ = bells + ctx.rank;
-  mailbox_ = std::make_unique<ShmMailbox>(mailboxAreas(bells_->data(), ctx.nranks), bells, ctx.rank, ctx.nranks);
+  mailbox_ = std::make_unique<Mailbox>(mailboxAreas(bells_->data(), ctx.nranks), bells, ctx.rank, ctx.nranks);
   for (std::size_t i = 0; i < peers.size(); ++i) {
     int p = peers[i];
     if (p > ctx.rank) continue;
@@ -103,7 +131,7 @@ Result<std::vector<std::unique_ptr<Connection>>> ShmTransport::connect(const Set
   return out;
 }
 
-void ShmTransport::unlinkAll() {
+void ShmTransport::setupDone() {
   for (auto& s : created_) s->unlink();
   created_.clear();
 }

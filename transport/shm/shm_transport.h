@@ -1,6 +1,6 @@
 // Shared memory between ranks of one host. For each pair the lower rank creates one segment with a
 // ring per channel and direction; every host has one doorbell segment, created by its lowest rank,
-// holding one Doorbell and one mailbox area (shm_mailbox.h) per rank. Names carry the
+// holding one Doorbell and one mailbox area (mailbox.h) per rank. Names carry the
 // communicator's nonce; all are unlinked once every rank has mapped them (unlinkAll after the
 // setup barrier).
 #pragma once
@@ -9,25 +9,33 @@
 
 #include "transport/doorbell.h"
 #include "transport/setup.h"
-#include "transport/shm/shm_mailbox.h"
+#include "transport/mailbox.h"
 #include "transport/shm/shm_segment.h"
 
 namespace braid {
 
-class ShmTransport {
+class ShmTransport final : public Transport {
  public:
-  static Availability probe(const Config& config);
+  explicit ShmTransport(const Config& config) : config_(config) {}
+  std::string_view name() const override { return "shm"; }
+  Availability probe() override;
+  // The identity of this process's /dev/shm (device and inode): ranks that see different ones
+  // (containers, test hosts, separate mount namespaces) cannot open each other's segments.
+  Result<std::string> localAddress(const std::string& rendezvousIp) override;
+  Availability canReach(const PeerInfo& a, const PeerInfo& b) const override;
+  LinkClass linkClass(const PeerInfo& a, const PeerInfo& b) const override;
   // Connections to `peers`, all on this host and all having chosen shm with this rank.
-  Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx, const std::vector<int>& peers);
-  Doorbell* myDoorbell() const { return myBell_; }
+  Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx, const std::vector<int>& peers) override;
+  WaitSources waitSources() const override { return {myBell_, {}}; }
   // Small messages to every rank of this host (null until connect() had peers).
-  ShmMailbox* mailbox() const { return mailbox_.get(); }
-  void unlinkAll();
+  Mailbox* mailbox() override { return mailbox_.get(); }
+  void setupDone() override;  // unlinks every name this rank created
 
  private:
+  Config config_;
   std::shared_ptr<ShmSegment> bells_;
   Doorbell* myBell_ = nullptr;
-  std::unique_ptr<ShmMailbox> mailbox_;
+  std::unique_ptr<Mailbox> mailbox_;
   std::vector<std::shared_ptr<ShmSegment>> created_;
 };
 

@@ -62,7 +62,8 @@ Result<bool> chooseCongestion(const Config& config, int fd, int peer, bool sameH
 }
 }  // namespace
 
-Status TcpTransport::listen(const Config& config, const std::string& rendezvousIp) {
+Result<std::string> TcpTransport::localAddress(const std::string& rendezvousIp) {
+  const Config& config = config_;
   Result<std::string> ip = config.socketIfname.empty() ? net::localAddressToward(rendezvousIp)
                                                        : net::addressForInterfaces(config.socketIfname);
   if (!ip.ok()) return ip.status();
@@ -72,7 +73,22 @@ Status TcpTransport::listen(const Config& config, const std::string& rendezvousI
   if (!fd.ok()) return fd.status();
   listener_ = std::move(fd.value());
   address_ = *ip + ":" + std::to_string(net::localPort(listener_.get()));
-  return Status::Ok();
+  return address_;
+}
+
+LinkClass TcpTransport::linkClass(const PeerInfo& a, const PeerInfo& b) const {
+  LinkClass l;  // a loopback round trip; a socket's copies through the kernel
+  l.latencyUs = 15;
+  l.bytesPerUs = 2000;
+  // Each piece is a system call on both ends: bigger pieces (2 ranks, 512 KiB all-reduce: 2.0-2.3
+  // GB/s busbw with 256 KiB pieces, 1.7-2.0 with 32 KiB).
+  l.minPiece = 256u << 10;
+  l.sameHost = a.sameHostAs(b);
+  l.sharedMemory = false;
+  // The rule chooseCongestion applies (reno between ranks of one host), under which a second
+  // socket does not pay (docs/PERFORMANCE.md).
+  l.oneStreamBest = l.sameHost && config_.tcpCongestion == "auto";
+  return l;
 }
 
 Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const SetupContext& ctx,
@@ -83,7 +99,7 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
   int expectIncoming = 0;
   for (int p : peers) {
     if (p > ctx.rank) { expectIncoming += channels; continue; }
-    const std::string& addr = ctx.peers[static_cast<std::size_t>(p)].tcpAddr;
+    const std::string& addr = ctx.peers[static_cast<std::size_t>(p)].transport(name())->address;
     std::size_t colon = addr.rfind(':');
     std::string ip = addr.substr(0, colon);
     int port = std::atoi(addr.c_str() + colon + 1);
@@ -180,6 +196,7 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
       auto set = chooseCongestion(ctx.config, fd.get(), p, sameHost);
       if (!set.ok()) return set.status();
       tuned += *set;
+      fds_.push_back(fd.get());
       chans.push_back(std::make_unique<TcpChannel>(std::move(fd), p, ctx.config.buffSize));
     }
     out.push_back(std::make_unique<TcpConnection>(p, std::move(chans)));

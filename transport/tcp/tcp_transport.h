@@ -13,16 +13,25 @@
 
 namespace braid {
 
-class TcpTransport {
+class TcpTransport final : public Transport {
  public:
-  // Picks the interface (BRAID_SOCKET_IFNAME, else the one that routes to `rendezvousIp`) and listens.
-  Status listen(const Config& config, const std::string& rendezvousIp);
-  const std::string& address() const { return address_; }  // "ip:port"
-  Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx, const std::vector<int>& peers);
+  explicit TcpTransport(const Config& config) : config_(config) {}
+  std::string_view name() const override { return "tcp"; }
+  Availability probe() override { return {true, ""}; }
+  // Picks the interface (BRAID_SOCKET_IFNAME, else the one that routes to `rendezvousIp`), listens
+  // on it, and returns "ip:port".
+  Result<std::string> localAddress(const std::string& rendezvousIp) override;
+  Availability canReach(const PeerInfo&, const PeerInfo&) const override { return {true, ""}; }
+  // Between ranks of one host with BRAID_TCP_CONGESTION=auto, loopback under reno: one stream does best.
+  LinkClass linkClass(const PeerInfo& a, const PeerInfo& b) const override;
+  Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx, const std::vector<int>& peers) override;
+  WaitSources waitSources() const override { return {nullptr, fds_}; }
 
  private:
+  Config config_;
   net::Fd listener_;
   std::string address_;
+  std::vector<int> fds_;  // every channel's socket, for the waiter
 };
 
 }  // namespace braid

@@ -1,13 +1,13 @@
-#include "transport/shm/shm_mailbox.h"
+#include "transport/mailbox.h"
 
 #include <algorithm>
 
 namespace braid {
 
-ShmMailbox::ShmMailbox(MailboxArea* areas, Doorbell* bells, int rank, int nranks)
+Mailbox::Mailbox(MailboxArea* areas, Doorbell* bells, int rank, int nranks)
     : areas_(areas), bells_(bells), rank_(rank), nranks_(nranks), knownDone_(static_cast<std::size_t>(nranks), 0) {}
 
-bool ShmMailbox::canPost(std::uint64_t seq) {
+bool Mailbox::canPost(std::uint64_t seq) {
   const std::uint64_t previous = written_[seq & 1];
   if (previous == 0) return true;
   for (int r = 0; r < nranks_; ++r) {
@@ -20,7 +20,7 @@ bool ShmMailbox::canPost(std::uint64_t seq) {
   return true;
 }
 
-void ShmMailbox::publish(std::uint64_t seq, const std::uint64_t tag[3]) {
+void Mailbox::publish(std::uint64_t seq, const std::uint64_t tag[3]) {
   MailboxSlot& s = mine().slot[seq & 1];
   std::copy(tag, tag + 3, s.tag);
   s.seq.store(seq, std::memory_order_release);
@@ -28,7 +28,7 @@ void ShmMailbox::publish(std::uint64_t seq, const std::uint64_t tag[3]) {
   ringPeers();
 }
 
-const MailboxSlot* ShmMailbox::arrived(int peer, std::uint64_t seq) {
+const MailboxSlot* Mailbox::arrived(int peer, std::uint64_t seq) {
   const MailboxSlot& s = area(peer).slot[seq & 1];
   const std::uint64_t got = s.seq.load(std::memory_order_acquire);
   if (got < seq) return nullptr;
@@ -38,18 +38,18 @@ const MailboxSlot* ShmMailbox::arrived(int peer, std::uint64_t seq) {
   return &s;
 }
 
-void ShmMailbox::finished(std::uint64_t seq) {
+void Mailbox::finished(std::uint64_t seq) {
   mine().done.store(seq, std::memory_order_release);
   ringPeers();  // a writer may be waiting for its slot
 }
 
-int ShmMailbox::firstMissing(std::uint64_t seq) const {
+int Mailbox::firstMissing(std::uint64_t seq) const {
   for (int r = 0; r < nranks_; ++r)
     if (r != rank_ && area(r).slot[seq & 1].seq.load(std::memory_order_acquire) < seq) return r;
   return -1;
 }
 
-int ShmMailbox::firstBusyReader(std::uint64_t seq) const {
+int Mailbox::firstBusyReader(std::uint64_t seq) const {
   const std::uint64_t previous = written_[seq & 1];
   for (int r = 0; r < nranks_; ++r)
     if (r != rank_ && std::max(knownDone_[static_cast<std::size_t>(r)], area(r).done.load(std::memory_order_acquire)) < previous)
@@ -57,13 +57,13 @@ int ShmMailbox::firstBusyReader(std::uint64_t seq) const {
   return -1;
 }
 
-void ShmMailbox::answer(int to, std::uint64_t value) {
+void Mailbox::answer(int to, std::uint64_t value) {
   area(to).answer.store(value, std::memory_order_release);
   bells_[to].ring();
 }
 
 // One fence for all peers (Doorbell::ring fences for each): publish, fence, then look who sleeps.
-void ShmMailbox::ringPeers() {
+void Mailbox::ringPeers() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (int r = 0; r < nranks_; ++r) {
     Doorbell& b = bells_[r];

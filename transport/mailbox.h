@@ -38,12 +38,12 @@ struct alignas(64) MailboxArea {
   alignas(64) std::atomic<std::uint64_t> answer{0};
 };
 
-class ShmMailbox {
+class Mailbox {
  public:
   static constexpr std::size_t kMaxBytes = MailboxSlot::kPayload;
   // `areas` and `bells`: one per rank of the communicator, indexed by rank (only the ranks of this
   // host are touched, and the mailbox is only used when that is every rank).
-  ShmMailbox(MailboxArea* areas, Doorbell* bells, int rank, int nranks);
+  Mailbox(MailboxArea* areas, Doorbell* bells, int rank, int nranks);
 
   // Writer. True when the slot for `seq` may be written: every peer finished reading the message
   // that slot held before. Re-reads the peers' `done` words only when needed.

@@ -2,9 +2,10 @@
 // this same process, so that a ratio survives the machine's drift and noise where absolute numbers
 // do not.
 //
-// Two ranks live as two threads of this process (like tests/transport/test_transport.cc). The
-// transport benchmarks drive a Channel directly and spin on its nonblocking calls, so they see
-// the transport alone: no engine, no Waiter, no wire header.
+// Two ranks live as two threads of this process. The transport benchmarks get their connections
+// from the transport itself (tests/common/transport_pair.h, as the conformance tests do), drive a
+// Channel directly and spin on its nonblocking calls, so they see the transport alone: no
+// communicator, engine, Waiter or wire header.
 //  - pingPong: the benchmark thread sends M bytes, the partner echoes them back; one iteration
 //    is one round trip. Raw limits: for shm a mailbox in plain shared memory (copy in, flip a
 //    flag, copy out: the least any shared-memory transport must do); for tcp the same echo over
@@ -45,6 +46,8 @@
 
 #include "braid/braid.h"
 #include "comm/c_handle.h"
+#include "comm/config.h"
+#include "tests/common/transport_pair.h"
 #include "transport/transport.h"
 
 namespace {
@@ -252,7 +255,7 @@ class MailboxLink {
   Slot slot_[2];
 };
 
-// ---- Two Braid ranks as two threads of this process.
+// ---- Two Braid ranks as two threads of this process (for the all-reduce rows: the whole stack).
 
 class RankPair {
  public:
@@ -296,9 +299,6 @@ class RankPair {
     }
   }
   braidComm_t comm(int side) const { return side == 0 ? a_ : b_; }
-  braid::Channel& channel(int side) {
-    return side == 0 ? a_->impl->connection(1)->channel(0) : b_->impl->connection(0)->channel(0);
-  }
 
  private:
   RankPair() = default;
@@ -308,7 +308,7 @@ class RankPair {
 // Channel 0 between the two ranks, driven by spinning on the nonblocking calls.
 class ChannelLink {
  public:
-  explicit ChannelLink(RankPair& pair) : ch_{&pair.channel(0), &pair.channel(1)} {}
+  explicit ChannelLink(braid::test::TransportPair& pair) : ch_{&pair.channel(0), &pair.channel(1)} {}
   bool send(int side, const std::byte* p, std::size_t n, const std::atomic<bool>* stop) {
     Backoff b;
     while (n > 0) {
@@ -454,13 +454,19 @@ void rawPingPongBench(benchmark::State& state, bool tcp) {
 template <typename Measure, typename RawNow, typename Report>
 void channelBench(benchmark::State& state, bool tcp, const char* rawKey, Measure measure, RawNow rawNow, Report report) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
-  std::string err;
-  auto pair = RankPair::create(tcp, &err);
-  if (!pair) {
-    state.SkipWithError(err.c_str());
+  // The transport's own connections (no communicator), under the environment's BRAID_* settings.
+  auto config = braid::Config::fromEnvironment();
+  if (!config.ok()) {
+    state.SkipWithError(config.status().toString().c_str());
     return;
   }
-  ChannelLink link(*pair);
+  config->timeoutSec = 60;
+  auto pair = braid::test::TransportPair::make(tcp ? "tcp" : "shm", *config);
+  if (!pair.ok()) {
+    state.SkipWithError(pair.status().toString().c_str());
+    return;
+  }
+  ChannelLink link(**pair);
   double per = measure(link, &state, 0, bytes);
   if (per < 0) {
     state.SkipWithError("channel failed");

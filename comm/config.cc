@@ -2,6 +2,8 @@
 // Config field, so adding a knob is one line here and one in docs/ENVIRONMENT.md.
 #include "comm/config.h"
 
+#include "comm/hostlist.h"
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -208,9 +210,41 @@ Result<LaunchEnv> readLaunchEnv() {
     (void)readInt(f.localSize, &le.localWorldSize);
     break;
   }
-  if (const char* a = environmentValue("MASTER_ADDR")) le.masterAddr = a;
+  // Whether the launcher says the ranks span several hosts (then 127.0.0.1 cannot be the rendezvous).
+  int nodes = -1;
+  if (le.source == "Open MPI") {
+    le.severalHosts = le.localWorldSize > 0 && le.worldSize > 0 && le.localWorldSize < le.worldSize;
+  } else if (le.source == "Slurm") {
+    for (const char* name : {"SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"})
+      if (nodes < 0) (void)readInt(name, &nodes);
+    le.severalHosts = nodes > 1;
+  }
+  if (const char* a = environmentValue("MASTER_ADDR")) {
+    le.masterAddr = a;
+    le.masterAddrFrom = "MASTER_ADDR";
+  } else if (le.source == "Slurm") {
+    // srun sets no MASTER_ADDR: rank 0 runs on the first host of the step's (else the job's) list.
+    for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
+      const char* list = environmentValue(name);
+      if (!list) continue;
+      auto hosts = expandHostlist(list, 1);
+      if (!hosts.ok()) return hosts.status().withContext(name);
+      le.masterAddr = (*hosts)[0];
+      le.masterAddrFrom = std::string("the first host of ") + name;
+      break;
+    }
+  }
   Status s = readInt("MASTER_PORT", &le.masterPort);
   if (!s.ok()) return s;
+  if (le.masterPort < 0 && le.source == "Slurm") {
+    // One port per job, so that two jobs sharing a first host do not meet at the same one.
+    if (const char* job = environmentValue("SLURM_JOB_ID")) {
+      auto id = parseInt(job);
+      if (id.ok() && *id >= 0) le.masterPort = static_cast<int>(kSlurmPortBase + *id % kSlurmPortSpan);
+    }
+  }
+  if (le.masterPort == 0 || le.masterPort > 65535)
+    return Status::InvalidArgument("MASTER_PORT='" + std::to_string(le.masterPort) + "' is not a port (1 to 65535)");
   return le;
 }
 

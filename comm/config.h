@@ -53,9 +53,16 @@ struct LaunchEnv {
   int localRank = -1;
   int localWorldSize = -1;
   std::string masterAddr;
+  std::string masterAddrFrom;  // "MASTER_ADDR", "the first host of SLURM_STEP_NODELIST", ... ("": not set)
   int masterPort = -1;
   std::string source;  // "torchrun", "Open MPI", "Slurm" or "" when none is set
+  // The launcher says the ranks span several hosts (Open MPI: a local size below the world size;
+  // Slurm: more than one node in the step or job).
+  bool severalHosts = false;
 };
+// Under Slurm without MASTER_PORT: kSlurmPortBase + SLURM_JOB_ID % kSlurmPortSpan.
+inline constexpr int kSlurmPortBase = 20000;
+inline constexpr int kSlurmPortSpan = 10000;
 Result<LaunchEnv> readLaunchEnv();
 
 // One environment variable, or null when it is unset or empty. The only reader of the environment:

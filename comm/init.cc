@@ -177,6 +177,15 @@ Result<std::shared_ptr<Comm>> initFromEnv(const CommOptions& options) {
   if (le->rank < 0 || le->worldSize < 1)
     return Status::InvalidUsage("RANK and WORLD_SIZE are not set: start the program with `braid run -n N`, torchrun, "
                                 "mpirun or srun, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT yourself");
+  if (le->masterAddr.empty() && le->severalHosts) {
+    const std::string how = le->source == "Open MPI"
+                                ? "mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=29500 ..."
+                                : "export MASTER_ADDR=<rank 0's host> MASTER_PORT=29500 before srun";
+    return Status::InvalidUsage(le->source + " started rank " + std::to_string(le->rank) + " of " +
+                                std::to_string(le->worldSize) + " on several hosts, but MASTER_ADDR is not set, so " +
+                                "the ranks cannot find rank 0's rendezvous store (127.0.0.1 is each host's own): " +
+                                "export it to every rank, e.g. " + how);
+  }
   std::string addr = le->masterAddr.empty() ? "127.0.0.1" : le->masterAddr;
   int port = le->masterPort > 0 ? le->masterPort : 29500;
   return initFromStore(addr, port, le->rank == 0, le->worldSize, le->rank, options);

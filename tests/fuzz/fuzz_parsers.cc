@@ -1,5 +1,5 @@
 // libFuzzer target for every text and binary parser a user or a peer can feed: unique-id strings,
-// sizes with suffixes, BRAID_* and launcher variables, interface lists, peer records, CPU lists,
+// sizes with suffixes, Slurm hostlists, BRAID_* and launcher variables, interface lists, peer records, CPU lists,
 // and message headers, and the flight recorder files that `braid trace` reads. Properties, not
 // just "no crash": an id or a CPU list that parses prints back to itself.
 #include <cstdint>
@@ -9,6 +9,7 @@
 
 #include "comm/config.h"
 #include "comm/fingerprint.h"
+#include "comm/hostlist.h"
 #include "comm/init.h"
 #include "tools/trace.h"
 #include "topology/topology.h"
@@ -26,6 +27,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (!again.ok() || braid::uniqueIdToString(*again) != printed) std::abort();
   }
   (void)braid::parseSize(text);
+  if (auto hosts = braid::expandHostlist(cText, 64); hosts.ok()) {
+    if (hosts->empty() || hosts->size() > 64) std::abort();
+    for (const std::string& h : *hosts)
+      if (h.empty() || h.find_first_of("[],") != std::string::npos) std::abort();
+  }
   (void)braid::PeerInfo::parse(text);
   if (auto cpus = braid::topology::parseCpuList(text); !cpus.empty()) {
     if (braid::topology::parseCpuList(braid::topology::cpuListText(cpus)) != cpus) std::abort();

@@ -15,6 +15,7 @@
 #include "comm/communicator.h"
 #include "comm/config.h"
 #include "comm/fingerprint.h"
+#include "comm/hostlist.h"
 #include "comm/init.h"
 #include "comm/store.h"
 #include "comm/tuner.h"
@@ -91,6 +92,105 @@ TEST(Config, LaunchEnvFallsBackToOpenMpiAndSlurm) {
   setenv("RANK", "x", 1);
   EXPECT_FALSE(readLaunchEnv().ok());
   for (const char* v : {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}) unsetenv(v);
+}
+
+TEST(Hostlist, ExpandsSlurmExpressions) {
+  using V = std::vector<std::string>;
+  struct Case { const char* expr; V want; };
+  const Case cases[] = {
+      {"node1", {"node1"}},
+      {"node[01-04,07]", {"node01", "node02", "node03", "node04", "node07"}},
+      {"a,b[8-10],c", {"a", "b8", "b9", "b10", "c"}},
+      {"r[1-2]-n[3,5]", {"r1-n3", "r1-n5", "r2-n3", "r2-n5"}},
+      {"gpu[7]", {"gpu7"}},
+      {"10.0.0.[1-2]", {"10.0.0.1", "10.0.0.2"}},
+  };
+  for (const Case& c : cases) {
+    auto got = expandHostlist(c.expr);
+    ASSERT_TRUE(got.ok()) << c.expr << ": " << got.status().toString();
+    EXPECT_EQ(*got, c.want) << c.expr;
+  }
+  EXPECT_EQ(*expandHostlist("n[098-101]x"), (V{"n098x", "n099x", "n100x", "n101x"}));
+  auto first = expandHostlist("big[000000-999999],more[1-5]", 1);  // nothing past the limit is made
+  ASSERT_TRUE(first.ok()) << first.status().toString();
+  EXPECT_EQ(*first, V{"big000000"});
+  for (const char* bad : {"", ",", "a,", ",a", "a,,b", "n[", "n]", "n[]", "n[1-]", "n[-1]", "n[3-1]", "n[a]",
+                          "n[1[2]]", "n[1,,2]", "a b", "n[0-99999999]"}) {
+    auto got = expandHostlist(bad);
+    EXPECT_FALSE(got.ok()) << "'" << bad << "' expanded to " << (got.ok() ? got->size() : 0) << " hosts";
+    if (!got.ok()) {
+      EXPECT_EQ(got.status().code(), Code::kInvalidArgument);
+    }
+  }
+  // Round trip on random lists: a list printed as Slurm would (prefix[lo-hi,...]) expands back.
+  std::uint64_t seed = 12345;
+  auto next = [&](std::uint64_t m) { seed = seed * 6364136223846793005ull + 1442695040888963407ull; return (seed >> 33) % m; };
+  for (int trial = 0; trial < 500; ++trial) {
+    const std::size_t width = 1 + next(4);
+    std::string expr = "h[";
+    V want;
+    std::uint64_t v = next(5);
+    for (int r = 0, n = 1 + static_cast<int>(next(4)); r < n; ++r) {
+      const std::uint64_t lo = v, hi = lo + next(4);
+      auto pad = [&](std::uint64_t x) {
+        std::string t = std::to_string(x);
+        t.insert(0, t.size() < width ? width - t.size() : 0, '0');
+        return t;
+      };
+      if (r) expr += ',';
+      expr += pad(lo);
+      if (hi > lo) expr.append("-").append(pad(hi));
+      for (std::uint64_t x = lo; x <= hi; ++x) want.push_back(std::string("h").append(pad(x)));
+      v = hi + 2 + next(3);
+    }
+    expr += "]";
+    auto got = expandHostlist(expr);
+    ASSERT_TRUE(got.ok()) << expr;
+    EXPECT_EQ(*got, want) << expr;
+  }
+}
+
+// Slurm: rank 0's host from the step's node list (else the job's), the port from MASTER_PORT or
+// the job id; a job on several hosts with no way to find rank 0 is refused with what to export.
+TEST(Config, SlurmNodeListGivesTheRendezvousHostAndOpenMpiAcrossHostsNeedsMasterAddr) {
+  const char* all[] = {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                       "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_JOB_ID",
+                       "SLURM_NNODES", "MASTER_ADDR", "MASTER_PORT"};
+  for (const char* v : all) unsetenv(v);
+  setenv("SLURM_PROCID", "5", 1);
+  setenv("SLURM_NTASKS", "8", 1);
+  setenv("SLURM_JOB_NODELIST", "gpu[07-10]", 1);
+  setenv("SLURM_STEP_NODELIST", "gpu[08-09]", 1);
+  setenv("SLURM_JOB_ID", "123456", 1);
+  auto le = readLaunchEnv();
+  ASSERT_TRUE(le.ok()) << le.status().toString();
+  EXPECT_EQ(le->masterAddr, "gpu08");
+  EXPECT_EQ(le->masterAddrFrom, "the first host of SLURM_STEP_NODELIST");
+  EXPECT_EQ(le->masterPort, kSlurmPortBase + 123456 % kSlurmPortSpan);
+  unsetenv("SLURM_STEP_NODELIST");
+  setenv("MASTER_PORT", "31000", 1);
+  le = readLaunchEnv();
+  EXPECT_EQ(le->masterAddr, "gpu07");
+  EXPECT_EQ(le->masterPort, 31000);
+  setenv("SLURM_JOB_NODELIST", "gpu[07-", 1);
+  EXPECT_FALSE(readLaunchEnv().ok());
+  unsetenv("SLURM_JOB_NODELIST");
+  setenv("SLURM_NNODES", "2", 1);
+  auto comm = initFromEnv();
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), Code::kInvalidUsage);
+  EXPECT_NE(comm.status().message().find("export MASTER_ADDR"), std::string::npos) << comm.status().toString();
+  for (const char* v : all) unsetenv(v);
+  setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1);
+  comm = initFromEnv();
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), Code::kInvalidUsage);
+  EXPECT_NE(comm.status().message().find("mpirun -x MASTER_ADDR="), std::string::npos) << comm.status().toString();
+  setenv("MASTER_PORT", "0", 1);
+  EXPECT_FALSE(readLaunchEnv().ok());
+  for (const char* v : all) unsetenv(v);
 }
 
 TEST(Topology, CpuListsRoundTripInLinuxSyntax) {

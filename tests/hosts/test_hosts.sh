@@ -7,6 +7,10 @@
 #   2. 3 hosts x 1 rank: all-reduce and all-gather, checked
 #   3. all ranks of one host killed: braid run on the other host exits non-zero within 10 s, and
 #      its ranks' errors name a rank of the killed host
+#   4. interfaces: each host has a second interface whose route is a blackhole. By default tcp
+#      takes the one toward the rendezvous host; BRAID_SOCKET_IFNAME naming no interface fails at
+#      once naming the ones there are; naming the blackholed one fails within BRAID_TIMEOUT, saying
+#      which address could not be reached and which variable to check
 # Usage: test_hosts.sh BRAID TESTHOSTS. Exit 77 (skip) with the reason where namespaces cannot be
 # made (not root, no ip/unshare/nsenter, a kernel without veth or bridges). Every test host is
 # removed at the end, also when a case fails.
@@ -110,6 +114,33 @@ killed_host() {
   [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ "$ms" -lt 10000 ] && [ -n "$named" ]
 }
 check "all ranks of one host killed: the other host fails within 10 s naming them" killed_host
+
+interfaces() {
+  local k t0 ms
+  for k in 1 2; do "$testhosts" blackhole "h$k" bh0 || return 1; done
+  BRAID_DEBUG=INFO BRAID_DEBUG_SUBSYS=NET run_on_hosts 2 1 60 "$braid" perf allreduce -b 1K -e 1M -f 32 -c 1 ||
+    { echo "  the default interface did not work"; return 1; }
+  grep -q "listening on 10.213.0.1:" "$work/h1.log" && grep -q "listening on 10.213.0.2:" "$work/h2.log" ||
+    { echo "  tcp did not listen on eth0"; return 1; }
+  echo "  default: $(grep -o 'tcp: .*listening on [0-9.:]*' "$work/h2.log" | head -n 1)"
+  t0=$(date +%s%N)
+  BRAID_SOCKET_IFNAME=nosuch0 run_on_hosts 2 1 60 "$braid" perf allreduce -b 1K -e 1K -c 1 &&
+    { echo "  BRAID_SOCKET_IFNAME=nosuch0 did not fail"; return 1; }
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  grep -q "BRAID_SOCKET_IFNAME='nosuch0' matches no interface" "$work/h2.log" && grep -q "bh0=10.214.0.2" "$work/h2.log" &&
+    grep -q "eth0=10.213.0.2" "$work/h2.log" || { echo "  the error does not name the interfaces there are"; return 1; }
+  echo "  nosuch0: failed after $ms ms: $(grep -o "BRAID_SOCKET_IFNAME='nosuch0'.*" "$work/h2.log" | head -n 1 | cut -c1-160)"
+  [ "$ms" -lt 15000 ] || { echo "  took too long"; return 1; }
+  t0=$(date +%s%N)
+  BRAID_SOCKET_IFNAME==bh0 BRAID_TIMEOUT=5 run_on_hosts 2 1 60 "$braid" perf allreduce -b 1K -e 1K -c 1 &&
+    { echo "  BRAID_SOCKET_IFNAME==bh0 did not fail"; return 1; }
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  local named
+  named=$(grep -ho "could not connect to rank 0 at 10.214.0.1:[0-9]* (tcp).*BRAID_SOCKET_IFNAME" "$work"/h*.log | head -n 1)
+  echo "  =bh0: failed after $ms ms: ${named:0:200}"
+  [ -n "$named" ] && [ "$ms" -lt 20000 ]
+}
+check "a blackholed second interface: not taken by default; BRAID_SOCKET_IFNAME errors name it" interfaces
 
 rm -rf "$work"
 echo "$passed passed, $fail failed"

@@ -126,8 +126,9 @@ Status Comm::setup(InitParams& p) {
   transports_ = makeTransports(config_);
   PeerInfo self;
   self.rank = rank_;
-  self.host = hostName();
-  self.bootId = readBootId();
+  // BRAID_HOSTID stands for both: ranks that name the same host share it, whatever the kernel.
+  self.host = config_.hostId.empty() ? hostName() : config_.hostId;
+  self.bootId = config_.hostId.empty() ? readBootId() : "BRAID_HOSTID";
   self.pid = getpid();
   // Settings that shape the messages on the wire: ranks that differ would misread each other.
   self.settings = "BRAID_NSOCKS=" + std::to_string(config_.nsocks) + " BRAID_BUFFSIZE=" +
@@ -235,7 +236,11 @@ Status Comm::setup(InitParams& p) {
   if (!s.ok()) return s;
   maxChannels_ = config_.nsocks;
   oneHost_ = std::all_of(infos.begin(), infos.end(), [&](const PeerInfo& i) { return i.sameHostAs(infos[0]); });
-  tuner_ = Tuner(config_, nranks_, maxChannels_, link_);
+  layOutHosts(infos);
+  const HostShape shape{static_cast<int>(hosts_.size()),
+                        uniformHosts_.empty() ? 0 : static_cast<int>(uniformHosts_[0].size()),
+                        slowestLink(transports_, infos, /*withinHosts=*/true)};
+  tuner_ = Tuner(config_, nranks_, maxChannels_, link_, shape);
   for (auto& t : transports_) t->setupDone();  // everyone has mapped everything: nothing stays in /dev/shm
   store_->startWatching([this](const Notice& n) { onNotice(n); });
   trace_.init(config_.traceBuffer, config_.traceDir, {rank_, nranks_, static_cast<long>(getpid()), self.host, commTag_});
@@ -246,6 +251,26 @@ Status Comm::setup(InitParams& p) {
             rank_, nranks_, counts.c_str(), localRanks, hostCpus, oversubscribed ? " (oversubscribed: spinning less)" : "",
             kernels::isaName(), cmaUsable_ ? "on" : "off");
   return Status::Ok();
+}
+
+void Comm::layOutHosts(const std::vector<PeerInfo>& infos) {
+  hosts_.clear();
+  std::vector<int> hostOf(infos.size(), -1);
+  for (std::size_t r = 0; r < infos.size(); ++r) {
+    for (std::size_t h = 0; h < hosts_.size() && hostOf[r] < 0; ++h)
+      if (infos[static_cast<std::size_t>(hosts_[h][0])].sameHostAs(infos[r])) hostOf[r] = static_cast<int>(h);
+    if (hostOf[r] < 0) {
+      hostOf[r] = static_cast<int>(hosts_.size());
+      hosts_.emplace_back();
+    }
+    hosts_[static_cast<std::size_t>(hostOf[r])].push_back(static_cast<int>(r));
+  }
+  ringOrder_.clear();
+  for (const auto& h : hosts_) ringOrder_.insert(ringOrder_.end(), h.begin(), h.end());
+  ringPos_.assign(infos.size(), 0);
+  for (std::size_t p = 0; p < ringOrder_.size(); ++p) ringPos_[static_cast<std::size_t>(ringOrder_[p])] = static_cast<int>(p);
+  const bool uniform = std::all_of(hosts_.begin(), hosts_.end(), [&](const auto& h) { return h.size() == hosts_[0].size(); });
+  uniformHosts_ = uniform ? hosts_ : std::vector<std::vector<int>>{};
 }
 
 bool Comm::probeCma(const std::vector<PeerInfo>& infos) const {
@@ -555,9 +580,9 @@ Status Comm::executeHost(const CollArgs& in, const Fingerprint& fp, std::size_t 
   if (userMemory && cmaFits(a, total)) return cmaCollective(a, fp);
   const TunerChoice& t = tuner_.choose(a.kind, total);
   const bool viaMailbox = (a.kind == CollKind::kAllReduce || a.kind == CollKind::kBarrier) && mailboxFits(t, total);
-  BRAID_LOG(kInfo, kTune, "%s #%llu: %s%s, %d channel(s), chunk %zu (model: ring %.1f us, tree %.1f us, oneshot %.1f us)",
-            fp.describe().c_str(), static_cast<unsigned long long>(fp.seq), algoName(t.algo),
-            viaMailbox ? " (shm mailbox)" : "", t.channels, t.chunk, t.ringUs, t.treeUs, t.oneShotUs);
+  BRAID_LOG(kInfo, kTune, "%s #%llu: %s%s, %d channel(s), chunk %zu (model: ring %.1f us, tree %.1f us, oneshot %.1f us, "
+            "hier %.1f us)", fp.describe().c_str(), static_cast<unsigned long long>(fp.seq), algoName(t.algo),
+            viaMailbox ? " (shm mailbox)" : "", t.channels, t.chunk, t.ringUs, t.treeUs, t.oneShotUs, t.hierUs);
   if (viaMailbox) return mailboxAllReduce(a, fp);
   plan_.reset(fp, commTag_, rank_, nranks_, t.chunk);
   switch (a.kind) {
@@ -570,6 +595,7 @@ Status Comm::executeHost(const CollArgs& in, const Fingerprint& fp, std::size_t 
         return s;
       }
       if (t.algo == Algo::kTree) buildTreeAllReduce(a, *this, t.channels, plan_);
+      else if (t.algo == Algo::kHier && hierApplies(*this)) buildHierAllReduce(a, *this, t.channels, plan_);
       else buildRingAllReduce(a, *this, t.channels, plan_);
       break;
     case CollKind::kAllGather: buildRingAllGather(a, *this, t.channels, plan_); break;
@@ -925,6 +951,7 @@ const char* algoName(Algo a) {
     case Algo::kRing: return "ring";
     case Algo::kTree: return "tree";
     case Algo::kOneShot: return "oneshot";
+    case Algo::kHier: return "hier";
   }
   return "?";
 }

@@ -65,11 +65,17 @@ const Row kRows[] = {
        c.timeoutSec = v;
        return Status::Ok();
      }},
-    {"BRAID_ALGO", "auto", "force the algorithm: ring, tree or oneshot (auto: the tuner's cost model decides)",
+    {"BRAID_ALGO", "auto", "force the algorithm: ring, tree, oneshot or hier (all-reduce across hosts of equal size; auto: the tuner's cost model decides)",
      [](Config& c, const std::string& s) -> Status {
-       if (s != "auto" && s != "ring" && s != "tree" && s != "oneshot")
-         return Status::InvalidArgument("expected auto, ring, tree or oneshot");
+       if (s != "auto" && s != "ring" && s != "tree" && s != "oneshot" && s != "hier")
+         return Status::InvalidArgument("expected auto, ring, tree, oneshot or hier");
        c.algo = s;
+       return Status::Ok();
+     }},
+    {"BRAID_HOSTID", "", "the host identity ranks compare to find who shares a host (shm, host-aware rings, the hierarchical all-reduce); unset: host name and kernel boot id",
+     [](Config& c, const std::string& s) -> Status {
+       if (s.find_first_of(" \t\n") != std::string::npos) return Status::InvalidArgument("expected no white space");
+       c.hostId = s;
        return Status::Ok();
      }},
     {"BRAID_SHM_DISABLE", "0", "1: never use shared memory, so ranks on one host talk over tcp",

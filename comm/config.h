@@ -32,6 +32,7 @@ struct Config {
   std::string traceDir;              // BRAID_TRACE_DIR ("": the recorder is never written)
   std::string cudaWait = "auto";     // BRAID_CUDA_WAIT
   bool cudaIpc = true;               // BRAID_CUDA_IPC
+  std::string hostId;                // BRAID_HOSTID ("": host name and kernel boot id)
 
   // Reads every BRAID_* variable; an unparsable value is an invalid-argument error naming it.
   static Result<Config> fromEnvironment();

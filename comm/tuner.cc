@@ -5,6 +5,10 @@
 //   tree bcast/reduce  ceil(log2 n) alpha + 2 S / beta        (an inner node feeds two children)
 //   one-shot all-reduce  alpha + (n-1) S / beta + (n-1) S / gamma   (one round; every rank sends n-1
 //                        copies and reduces all n inputs), against the ring's reduction (n-1)/n S / gamma
+//   hier all-reduce    H hosts of L ranks: 2(L-1) alpha_l + 2 (L-1)/L S / beta_l     (within hosts)
+//                                        + 2(H-1) alpha + 2 (H-1)/H S / beta     (across: a host's L
+//                      columns share its link), against the flat ring whose every host crossing
+//                      carries 2 (n-1)/n S
 // alpha and beta come from the slowest link's class (Transport::linkClass: rough figures for this
 // machine class, good enough to place the crossovers).
 #include "comm/tuner.h"
@@ -35,11 +39,20 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
     c.oneShotUs = alpha + (n - 1) * S / beta + (n - 1) * S / gamma;
     double best = std::min(c.ringUs + (n - 1) / n * S / gamma, c.treeUs + S / gamma);
     if (c.oneShotUs < best) c.algo = Algo::kOneShot;
+    const HostShape& h = in.shape;
+    if (h.hosts > 1 && h.perHost > 1 && in.kind == CollKind::kAllReduce) {
+      const double L = h.perHost, H = h.hosts;
+      c.hierUs = 2 * (L - 1) * h.local.latencyUs + 2 * (L - 1) / L * S / h.local.bytesPerUs + 2 * (H - 1) * alpha +
+                 2 * (H - 1) / H * S / beta + (L - 1) / L * S / gamma;
+      if (c.hierUs < std::min(best, c.oneShotUs)) c.algo = Algo::kHier;
+    }
   }
   if (config.algo == "ring") c.algo = Algo::kRing;
   if (config.algo == "tree" && treeCapable) c.algo = Algo::kTree;
   if (config.algo == "oneshot" && (in.kind == CollKind::kAllReduce || in.kind == CollKind::kBarrier))
     c.algo = Algo::kOneShot;
+  if (config.algo == "hier" && c.hierUs > 0) c.algo = Algo::kHier;
+  if (config.algo == "hier" && c.algo != Algo::kHier && in.kind == CollKind::kAllReduce) c.algo = Algo::kRing;
   // Small messages on one channel (fewer headers); large ones on all of them. The double tree
   // needs two channels to use both trees.
   c.channels = in.bytes >= (256u << 10) && c.algo != Algo::kOneShot ? in.maxChannels : 1;
@@ -55,7 +68,7 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
   // per stream; a second socket only
   // paid while bbr held each connection's window down (docs/PERFORMANCE.md: 2 ranks, 2 MiB 358
   // against 480 us, 128 MiB 45 against 61 ms). Rings only: the double tree keeps its two channels.
-  if (in.link.oneStreamBest && c.algo == Algo::kRing) {
+  if (in.link.oneStreamBest && (c.algo == Algo::kRing || c.algo == Algo::kHier)) {
     c.channels = 1;
     c.chunk = config.buffSize;
   }

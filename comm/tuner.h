@@ -15,6 +15,14 @@ namespace braid {
 // braidMemAlloc memory (one small exchange); below it the exchange would cost more than it saves.
 inline constexpr std::size_t kZeroCopyMinBytes = 256u << 10;
 
+// How the ranks sit on hosts, for the hierarchical all-reduce: `hosts` hosts of `perHost` ranks
+// each (perHost 0: the hosts hold different numbers), and the slowest link within a host.
+struct HostShape {
+  int hosts = 1;
+  int perHost = 0;
+  LinkClass local;
+};
+
 struct TunerInput {
   CollKind kind;
   std::size_t bytes;   // the whole array: all-reduce count, all-gather/reduce-scatter n * count
@@ -23,13 +31,14 @@ struct TunerInput {
   // The slowest link among the communicator's pairs (every rank derives it from the same
   // PeerInfos: transport/registry.h slowestLink).
   LinkClass link;
+  HostShape shape = {};
 };
 
 struct TunerChoice {
   Algo algo;
   int channels;
   std::size_t chunk;
-  double ringUs = 0, treeUs = 0, oneShotUs = 0;  // the model's estimates, for BRAID_DEBUG=INFO
+  double ringUs = 0, treeUs = 0, oneShotUs = 0, hierUs = 0;  // the model's estimates, for BRAID_DEBUG=INFO (0: not a candidate)
 };
 
 TunerChoice tune(const TunerInput& in, const Config& config);
@@ -39,11 +48,11 @@ TunerChoice tune(const TunerInput& in, const Config& config);
 class Tuner {
  public:
   Tuner() = default;
-  Tuner(const Config& config, int nranks, int maxChannels, const LinkClass& link)
-      : config_(config), nranks_(nranks), maxChannels_(maxChannels), link_(link) {}
+  Tuner(const Config& config, int nranks, int maxChannels, const LinkClass& link, const HostShape& shape = {})
+      : config_(config), nranks_(nranks), maxChannels_(maxChannels), link_(link), shape_(shape) {}
   const TunerChoice& choose(CollKind kind, std::size_t bytes) {
     if (!valid_ || kind != lastKind_ || bytes != lastBytes_) {
-      last_ = tune({kind, bytes, nranks_, maxChannels_, link_}, config_);
+      last_ = tune({kind, bytes, nranks_, maxChannels_, link_, shape_}, config_);
       lastKind_ = kind;
       lastBytes_ = bytes;
       valid_ = true;
@@ -55,6 +64,7 @@ class Tuner {
   Config config_;
   int nranks_ = 1, maxChannels_ = 1;
   LinkClass link_;
+  HostShape shape_;
   bool valid_ = false;
   CollKind lastKind_{};
   std::size_t lastBytes_ = 0;

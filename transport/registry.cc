@@ -73,11 +73,12 @@ LinkClass LinkClass::slower(const LinkClass& a, const LinkClass& b) {
   return c;
 }
 
-LinkClass slowestLink(const TransportList& transports, const std::vector<PeerInfo>& infos) {
+LinkClass slowestLink(const TransportList& transports, const std::vector<PeerInfo>& infos, bool withinHosts) {
   LinkClass worst;  // one rank alone: nothing slower than its own memory
   bool any = false;
   for (std::size_t i = 0; i < infos.size(); ++i)
     for (std::size_t j = i + 1; j < infos.size(); ++j) {
+      if (withinHosts && !infos[i].sameHostAs(infos[j])) continue;
       Selection s = selectTransport(transports, infos[i], infos[j]);
       if (s.index < 0) continue;
       LinkClass l = transports[static_cast<std::size_t>(s.index)]->linkClass(infos[i], infos[j]);

@@ -33,8 +33,9 @@ struct Selection {
 // the ranks as a person reading either one's log needs.
 Selection selectTransport(const TransportList& transports, const PeerInfo& a, const PeerInfo& b);
 
-// The slowest link among every pair of `infos` (the tuner's input, computed alike by every rank).
-LinkClass slowestLink(const TransportList& transports, const std::vector<PeerInfo>& infos);
+// The slowest link among every pair of `infos` (the tuner's input, computed alike by every rank);
+// withinHosts: among the pairs on one host only.
+LinkClass slowestLink(const TransportList& transports, const std::vector<PeerInfo>& infos, bool withinHosts = false);
 
 // Whether the ib transport can run here, and if not why (`braid info`, until it exists).
 Availability probeIb(const Config& config);

@@ -1,5 +1,5 @@
 // Algorithms turn one collective call into a Plan (comm/engine.h). One file per family:
-// ring.cc (all-reduce, all-gather, reduce-scatter), tree.cc (double binary tree all-reduce, and the
+// ring.cc (all-reduce, all-gather, reduce-scatter), hier.cc (all-reduce across hosts), tree.cc (double binary tree all-reduce, and the
 // rooted broadcast/reduce over a binary tree or a chain, and send/recv), oneshot.cc (small all-reduce:
 // everyone sends everyone its input), direct.cc (zero-copy all-reduce on braidMemAlloc memory),
 // alltoall.cc (all-to-all and all-to-allv).
@@ -14,7 +14,7 @@
 
 namespace braid {
 
-enum class Algo { kRing, kTree, kOneShot };
+enum class Algo { kRing, kTree, kOneShot, kHier };
 const char* algoName(Algo a);
 
 // All-to-allv: per peer, how many elements go to it and from where in the send buffer, how many
@@ -47,6 +47,13 @@ class Workspace {
   virtual int rank() const = 0;
   virtual int nranks() const = 0;
   virtual std::byte* scratch(std::size_t bytes) = 0;
+  // The rings' order: the rank at each position, each host's ranks at consecutive positions (so a
+  // ring crosses each host boundary once per direction), and each rank's position.
+  virtual const std::vector<int>& ringOrder() const = 0;
+  virtual int ringPosition(int rank) const = 0;
+  // Each host's ranks in rank order, hosts in the order of their lowest rank; empty when the hosts
+  // hold different numbers of ranks (then no hierarchical algorithm applies).
+  virtual const std::vector<std::vector<int>>& hosts() const = 0;
 };
 
 // The bytes a call moves in all: count elements, times the ranks for all-gather, reduce-scatter
@@ -75,6 +82,10 @@ inline Range split(std::size_t total, std::size_t parts, std::size_t i) {
 }
 
 void buildRingAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
+// Hierarchical all-reduce (hier.cc): reduce-scatter within each host, all-reduce across hosts,
+// all-gather within each host. Applies when there are several hosts of the same size above 1.
+bool hierApplies(const Workspace& ws);
+void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
 // All-to-all and all-to-allv (comm/algorithms/alltoall.cc): every rank sends its block for each
 // peer straight to it, all at once, and copies its own; in place, the send side is copied first.
 void buildAllToAll(const CollArgs& a, Workspace& ws, int channels, Plan& plan);

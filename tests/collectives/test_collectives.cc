@@ -189,6 +189,20 @@ INSTANTIATE_TEST_SUITE_P(OneShotAndAuto, Collectives,
                                   std::get<2>(info.param);
                          });
 
+// Ranks on several (pretend) hosts: the hierarchical all-reduce forced on 2 hosts x 2 ranks and 3
+// x 2, with hosts dealt round robin (ranks 0 and 2 on one host: the rings' order is not the ranks'),
+// and the tuner's choice, which takes it for large all-reduces.
+INSTANTIATE_TEST_SUITE_P(Hosts, Collectives,
+                         ::testing::Values(std::make_tuple(std::string("hosts/2"), 4, std::string("hier")),
+                                           std::make_tuple(std::string("hosts%3"), 6, std::string("hier")),
+                                           std::make_tuple(std::string("hosts%2"), 4, std::string("ring")),
+                                           std::make_tuple(std::string("hosts/2"), 4, std::string("auto"))),
+                         [](const auto& info) {
+                           std::string t = std::get<0>(info.param);
+                           for (char& ch : t) ch = ch == '/' ? 'B' : ch == '%' ? 'R' : ch;
+                           return t + "_" + std::to_string(std::get<1>(info.param)) + "ranks_" + std::get<2>(info.param);
+                         });
+
 // With values whose sums round (not integer-valued), every rank must still get the same bits: data-parallel
 // replicas drift apart otherwise. Each rank gathers everyone's result and compares it with its own.
 class BitwiseIdentical : public ::testing::TestWithParam<std::tuple<int, std::string>> {};

@@ -62,7 +62,22 @@ void report(int rank, const std::string& message) { std::fprintf(stderr, "rank %
 
 Env transportEnv(const std::string& transport) {
   if (transport == "tcp") return {{"BRAID_SHM_DISABLE", "1"}};
+  // Pretend hosts on this machine: shm within each, tcp across.
+  if (transport.rfind("hosts/", 0) == 0) return {{"BRAID_HOSTID", "h{rank/" + transport.substr(6) + "}"}};
+  if (transport.rfind("hosts%", 0) == 0) return {{"BRAID_HOSTID", "h{rank%" + transport.substr(6) + "}"}};
   return {};
+}
+
+std::string forRank(std::string value, int rank) {
+  for (std::size_t at; (at = value.find("{rank")) != std::string::npos;) {
+    const std::size_t end = value.find('}', at);
+    if (end == std::string::npos) break;
+    const char how = value[at + 5];
+    const int k = how == '/' || how == '%' ? std::atoi(value.c_str() + at + 6) : 0;
+    const int v = k <= 0 ? rank : how == '/' ? rank / k : rank % k;
+    value.replace(at, end - at + 1, std::to_string(v));
+  }
+  return value;
 }
 
 std::vector<RankOutcome> forkRanks(int n, const std::function<int(int)>& body, double timeoutSec) {
@@ -101,7 +116,7 @@ std::vector<RankOutcome> runRanks(int n, const std::function<int(int, braidComm_
   auto outcome = forkRanks(
       n,
       [&](int rank) {
-        for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+        for (auto& [k, v] : env) setenv(k.c_str(), forRank(v, rank).c_str(), 1);
         braidUniqueId id;
         if (rank == 0) {
           if (braidGetUniqueId(&id) != braidSuccess) {

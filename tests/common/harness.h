@@ -18,7 +18,7 @@ struct RankOutcome {
 
 using Env = std::vector<std::pair<std::string, std::string>>;
 
-// Forks `n` processes; each sets `env`, joins the communicator, runs body(rank, comm) and exits with
+// Forks `n` processes; each sets `env` (values through forRank), joins the communicator, runs body(rank, comm) and exits with
 // its return value (the communicator is destroyed first unless the body returns < 0, which means
 // "already destroyed or aborted": exit with -value). Bounded by timeoutSec (then everything is killed).
 std::vector<RankOutcome> runRanks(int n, const std::function<int(int, braidComm_t)>& body, const Env& env = {},
@@ -31,8 +31,14 @@ void expectEveryRankSucceeded(const std::vector<RankOutcome>& outcome);
 // Like runRanks, but the body gets no communicator (it creates its own).
 std::vector<RankOutcome> forkRanks(int n, const std::function<int(int)>& body, double timeoutSec = 60);
 
-// The transport under test as environment: {"shm"} -> nothing, {"tcp"} -> BRAID_SHM_DISABLE=1.
+// The transport under test as environment: {"shm"} -> nothing, {"tcp"} -> BRAID_SHM_DISABLE=1;
+// pretend hosts on this machine (BRAID_HOSTID, shm within each and tcp across): "hosts/K" puts
+// ranks 0..K-1 on the first host, K..2K-1 on the second, ...; "hosts%K" deals them round robin.
 Env transportEnv(const std::string& transport);
+
+// An Env value for one rank: each "{rank}", "{rank/K}" and "{rank%K}" replaced by its figure
+// (runRanks applies it, so one Env can give every rank its own value).
+std::string forRank(std::string value, int rank);
 
 // Starts this test binary again with `variable` (NAME=VALUE) added to the environment, through
 // posix_spawn: for a child process of a test whose process has threads (a fork could inherit a lock

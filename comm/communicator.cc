@@ -188,7 +188,9 @@ Status Comm::setup(InitParams& p) {
   for (const PeerInfo& info : infos) {
     pids_.push_back(info.pid);
     localPeer_.push_back(info.sameHostAs(self));
+    hostNames_.push_back(info.host);
   }
+  myHost_ = self.host;
   cmaCacheBytes_ = self.tuningL3 ? self.tuningL3 : topology::kAssumedL3Bytes;
   for (const PeerInfo& info : infos)
     if (info.sameHostAs(self) && info.tuningL3) cmaCacheBytes_ = std::min<std::size_t>(cmaCacheBytes_, info.tuningL3);
@@ -292,6 +294,27 @@ Comm::~Comm() {
 std::string Comm::transportOf(int peer) const { return transportNames_[static_cast<std::size_t>(peer)]; }
 std::string Comm::skippedTransports(int peer) const { return skipped_[static_cast<std::size_t>(peer)]; }
 
+std::string Comm::remoteHostOf(int peer) const {
+  if (peer < 0 || static_cast<std::size_t>(peer) >= localPeer_.size() || localPeer_[static_cast<std::size_t>(peer)])
+    return "";
+  return hostNames_[static_cast<std::size_t>(peer)];
+}
+
+std::string Comm::peerName(int peer) const {
+  const std::string t = peer >= 0 && peer < nranks_ ? transportOf(peer) : "?", h = remoteHostOf(peer);
+  return "rank " + std::to_string(peer) + " (" + t + (h.empty() ? "" : ", host " + h) + ")";
+}
+
+std::string Comm::rankList(const std::vector<int>& ranks) const {
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    out += (i ? ", rank " : "rank ") + std::to_string(ranks[i]);
+    const std::string h = remoteHostOf(ranks[i]);
+    if (!h.empty() && (i + 1 == ranks.size() || remoteHostOf(ranks[i + 1]) != h)) out += " (host " + h + ")";
+  }
+  return out;
+}
+
 std::byte* Comm::scratch(std::size_t bytes) {
   if (scratch_.size() < bytes) scratch_.resize(bytes);  // zero-filled once: pages touched now, reused later
   return scratch_.data();
@@ -338,9 +361,7 @@ void Comm::onNotice(const Notice& n) {
     return;
   }
   if (n.kind == Notice::kPeerGone) {
-    std::string t = n.rank >= 0 && n.rank < nranks_ ? transportOf(n.rank) : "?";
-    fail(Status::RemoteError("rank " + std::to_string(n.rank) + " (" + t + ") exited or closed its connection"), false,
-         true);
+    fail(Status::RemoteError(peerName(n.rank) + " exited or closed its connection"), false, true);
   } else if (n.rank < 0) {
     // The store's connection broke: its host process is gone. If that was a rank of this host, name it.
     fail(Status(n.code, deadLocalRanks() + n.message), false);
@@ -399,13 +420,13 @@ Status Comm::explainTimeout(const std::string& what, const std::string& detail) 
     return Status::InvalidUsage(what + " timed out after " + std::to_string(static_cast<long>(config_.timeoutSec)) +
                                 " s: " + mismatchText(rank_, as(what), other, as(otherWhat)));
   }
-  std::string who;
-  for (int r : silent) who += (who.empty() ? "rank " : ", rank ") + std::to_string(r);
+  const std::string who = rankList(silent);
   std::string msg = what + " timed out after " + std::to_string(static_cast<long>(config_.timeoutSec)) + " s: ";
   if (!silent.empty() && silent.size() < static_cast<std::size_t>(nranks_ - 1))
     msg += who + (silent.size() == 1 ? " is" : " are") + " silent (stopped, hung, or busy outside Braid) while the " +
            "other ranks wait; ";
-  msg += detail + ". Raise BRAID_TIMEOUT if the silent rank is only slow";
+  msg += detail + ". BRAID_TIMEOUT bounds this wait: raise it if the silent rank is only slow, lower it to notice a " +
+         "lost rank or host sooner";
   return Status::Timeout(msg);
 }
 

@@ -134,6 +134,11 @@ class Comm final : public EngineHost, public Workspace {
   Waiter& waiter() override { return *waiter_; }
   bool failedFast() const override { return failed_.load(std::memory_order_relaxed); }
   double timeoutSec() const override { return config_.timeoutSec; }
+  std::string remoteHostOf(int peer) const override;
+  // "rank 2 (tcp)", or "rank 2 (tcp, host braid-h2)" for a rank on another host.
+  std::string peerName(int peer) const;
+  // "rank 2, rank 3 (host braid-h2)": ranks, each other host named once after its last rank.
+  std::string rankList(const std::vector<int>& ranks) const;
   Status explainTimeout(const std::string& what, const std::string& detail) override;
   int pidOf(int rank) const { return pids_[static_cast<std::size_t>(rank)]; }
   std::byte* scratch(std::size_t bytes) override;
@@ -257,6 +262,8 @@ class Comm final : public EngineHost, public Workspace {
   TransportList transports_;  // every transport of the registry, used or not
   std::vector<std::unique_ptr<Connection>> conns_;  // by peer rank; null for self
   std::vector<std::string> transportNames_, skipped_;  // by peer rank
+  std::vector<std::string> hostNames_;  // by rank: PeerInfo::host
+  std::string myHost_;
   std::unique_ptr<Waiter> waiter_;
   Mailbox* mailbox_ = nullptr;  // the host's mailbox, when a transport has one (shm)
   // The slowest link among all pairs (agreed: every rank derives it from the same PeerInfos). Its

@@ -146,8 +146,9 @@ struct PlanRunner {
 
   std::string where(const Op& op) {
     Connection* c = host.connection(op.peer);
+    const std::string h = host.remoteHostOf(op.peer);
     return "rank " + std::to_string(op.peer) + " (" + std::string(c ? c->transport() : "?") + ", channel " +
-           std::to_string(op.channel) + ")";
+           std::to_string(op.channel) + (h.empty() ? "" : ", host " + h) + ")";
   }
 
   // Bytes of this op's payload whose inputs are ready.
@@ -375,7 +376,12 @@ Status Engine::run(Plan& plan, EngineHost& host) {
         Status fail = host.failure();
         // The call of the message that failed (in a group, each message is a call of its own).
         const Fingerprint& mine = plan.fingerprintOf(plan.ops_[static_cast<std::size_t>(q.ops[q.head])]);
-        return (fail.ok() ? r.status() : fail).withContext(failedOn(mine, plan.rank_));
+        Status why = fail.ok() ? r.status() : fail;
+        // The transport's own error names the rank; across hosts, say which host that is.
+        if (fail.ok() && !host.remoteHostOf(q.peer).empty())
+          why = Status(why.code(), why.message() + " (rank " + std::to_string(q.peer) + " is on host " +
+                                       host.remoteHostOf(q.peer) + ")");
+        return why.withContext(failedOn(mine, plan.rank_));
       }
       moved |= *r;
       all &= q.head == q.ops.size();

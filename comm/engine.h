@@ -125,6 +125,8 @@ class EngineHost {
   virtual Status failure() = 0;
   virtual bool failedFast() const = 0;  // a relaxed load, checked on every pass
   virtual double timeoutSec() const = 0;
+  // The host `peer` is on, when that is not this rank's ("" on this host): errors name it.
+  virtual std::string remoteHostOf(int peer) const = 0;
   // The deadline passed; `detail` says what this rank waited for. The host may ask the other ranks
   // who else is waiting, to name the rank that is silent.
   virtual Status explainTimeout(const std::string& what, const std::string& detail) = 0;

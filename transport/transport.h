@@ -100,7 +100,7 @@ struct LinkClass {
   static LinkClass slower(const LinkClass& a, const LinkClass& b);
 };
 
-class Doorbell;
+struct Doorbell;
 class Mailbox;
 struct SetupContext;
 

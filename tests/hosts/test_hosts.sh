@@ -7,7 +7,9 @@
 #   2. 3 hosts x 1 rank: all-reduce and all-gather, checked
 #   3. all ranks of one host killed: braid run on the other host exits non-zero within 10 s, and
 #      its ranks' errors name a rank of the killed host
-#   4. interfaces: each host has a second interface whose route is a blackhole. By default tcp
+#   4. a host that vanishes (its link set down, nothing closed): the survivors fail within
+#      BRAID_TIMEOUT naming the silent ranks and their host, and the knob
+#   5. interfaces: each host has a second interface whose route is a blackhole. By default tcp
 #      takes the one toward the rendezvous host; BRAID_SOCKET_IFNAME naming no interface fails at
 #      once naming the ones there are; naming the blackholed one fails within BRAID_TIMEOUT, saying
 #      which address could not be reached and which variable to check
@@ -114,6 +116,34 @@ killed_host() {
   [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ "$ms" -lt 10000 ] && [ -n "$named" ]
 }
 check "all ranks of one host killed: the other host fails within 10 s naming them" killed_host
+
+vanished_host() {
+  local addr cmd=(perf allreduce -b 64K -e 64K -n 200000 -w 1 -c 0) k pids=()
+  addr=$("$testhosts" addr h1)
+  for k in 1 2; do
+    BRAID_TIMEOUT=6 timeout 60 "$testhosts" exec "h$k" "$braid" run --nnodes 2 --node-rank $((k - 1)) \
+      --master-addr "$addr" --master-port "$port" -n 2 -- "$braid" "${cmd[@]}" >"$work/h$k.log" 2>&1 &
+    pids+=($!)
+  done
+  port=$((port + 1))
+  sleep 3
+  local t0 t1 status
+  t0=$(date +%s%N)
+  ip -n braid-h2 link set eth0 down
+  wait "${pids[0]}"
+  status=$?
+  t1=$(date +%s%N)
+  ip netns pids braid-h2 | xargs -r kill -9
+  wait "${pids[1]}"
+  ip -n braid-h2 link set eth0 up
+  local ms=$(((t1 - t0) / 1000000))
+  echo "  braid run on h1 exited with $status, $ms ms after h2's link went down (BRAID_TIMEOUT=6)"
+  local named
+  named=$(grep -E "failed on rank [01]|timed out" "$work/h1.log" | grep -E "rank [23].*host braid-h2" | grep "BRAID_TIMEOUT" | head -n 1)
+  echo "  ${named:0:300}"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ "$ms" -lt 16000 ] && [ -n "$named" ]
+}
+check "a host that vanishes: the other fails within BRAID_TIMEOUT naming its ranks and host" vanished_host
 
 interfaces() {
   local k t0 ms

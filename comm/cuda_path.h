@@ -27,7 +27,7 @@ Memory memoryOf(const void* p);
 Result<Memory> classify(const Comm& comm, const CollArgs& a);
 
 // The device the calling thread has made current with a CUDA context, or -1 when it has none
-// (nothing chosen yet: the communicator then decides at its first device call, see ARCHITECTURE.md).
+// (nothing chosen yet: the communicator then decides at its first device call, see docs/architecture/cuda.md).
 int chosenDevice();
 
 // The C API: host buffers run to completion as before (a non-NULL stream is first waited for);

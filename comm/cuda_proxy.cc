@@ -1,6 +1,6 @@
 // The CUDA proxy (see cuda_proxy.h for the protocol).
 //
-// Holding the caller's stream, two ways (BRAID_CUDA_WAIT; docs/ARCHITECTURE.md, "CUDA buffers"):
+// Holding the caller's stream, two ways (BRAID_CUDA_WAIT; docs/architecture/cuda.md):
 // - value (default when the driver has it): cuStreamWaitValue32 on a word of mapped pinned memory
 //   that the proxy sets when the call is done; "ready" is an event recorded just before the wait.
 //   The stream waits in the GPU's front end; no host thread of CUDA's is involved. This is the

@@ -514,7 +514,7 @@ TEST(Store, SetGetAddBarrierAcrossClients) {
   (*server)->waitUntilAllLeft(Deadline::after(5));
 }
 
-// A client written by hand against the wire format (docs/ARCHITECTURE.md): frames are
+// A client written by hand against the wire format (docs/architecture/bootstrap.md): frames are
 // u32 length, u8 type, payload; strings are u32 length + bytes.
 std::string frameOf(char type, const std::string& payload) {
   std::uint32_t len = static_cast<std::uint32_t>(payload.size() + 1);

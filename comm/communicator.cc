@@ -190,7 +190,6 @@ Status Comm::setup(InitParams& p) {
     localPeer_.push_back(info.sameHostAs(self));
     hostNames_.push_back(info.host);
   }
-  myHost_ = self.host;
   cmaCacheBytes_ = self.tuningL3 ? self.tuningL3 : topology::kAssumedL3Bytes;
   for (const PeerInfo& info : infos)
     if (info.sameHostAs(self) && info.tuningL3) cmaCacheBytes_ = std::min<std::size_t>(cmaCacheBytes_, info.tuningL3);

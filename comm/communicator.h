@@ -263,7 +263,6 @@ class Comm final : public EngineHost, public Workspace {
   std::vector<std::unique_ptr<Connection>> conns_;  // by peer rank; null for self
   std::vector<std::string> transportNames_, skipped_;  // by peer rank
   std::vector<std::string> hostNames_;  // by rank: PeerInfo::host
-  std::string myHost_;
   std::unique_ptr<Waiter> waiter_;
   Mailbox* mailbox_ = nullptr;  // the host's mailbox, when a transport has one (shm)
   // The slowest link among all pairs (agreed: every rank derives it from the same PeerInfos). Its

@@ -8,8 +8,8 @@
 #include "braid/braid.h"
 #include "comm/c_handle.h"
 #include "comm/communicator.h"
-#include "comm/cuda_path.h"
-#include "comm/init.h"
+#include "comm/cuda/cuda_path.h"
+#include "comm/bootstrap/init.h"
 #include "comm/memory.h"
 
 

@@ -3,8 +3,8 @@
 
 #include "braid/braid.hpp"
 #include "comm/communicator.h"
-#include "comm/cuda_path.h"
-#include "comm/init.h"
+#include "comm/cuda/cuda_path.h"
+#include "comm/bootstrap/init.h"
 #include "comm/memory.h"
 
 namespace braid {

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "braid_build_config.h"
-#include "comm/log.h"
+#include "comm/base/log.h"
 #include "comm/tuner.h"
 #include "kernels/reduce.h"
 #include "topology/topology.h"
@@ -66,6 +66,22 @@ void WorkState::whenDone(std::function<void(const Status&)> f) {
     }
   }
   f(status);
+}
+
+namespace {
+Result<std::shared_ptr<Comm>> created(Result<InitParams> p) {
+  if (!p.ok()) return p.status();
+  return Comm::create(std::move(*p));
+}
+}  // namespace
+
+Result<std::shared_ptr<Comm>> initFromUniqueId(const braidUniqueId& id, int nranks, int rank, const CommOptions& options) {
+  return created(paramsFromUniqueId(id, nranks, rank, options));
+}
+Result<std::shared_ptr<Comm>> initFromEnv(const CommOptions& options) { return created(paramsFromEnv(options)); }
+Result<std::shared_ptr<Comm>> initFromStore(const std::string& host, int port, bool isHost, int nranks, int rank,
+                                            const CommOptions& options) {
+  return created(paramsFromStore(host, port, isHost, nranks, rank, options));
 }
 
 Result<std::shared_ptr<Comm>> Comm::create(InitParams params) {

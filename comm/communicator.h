@@ -15,10 +15,11 @@
 #include <vector>
 
 #include "comm/algorithms/algorithms.h"
-#include "comm/config.h"
+#include "comm/bootstrap/init.h"
+#include "comm/base/config.h"
 #include "comm/engine.h"
 #include "comm/memory.h"
-#include "comm/store.h"
+#include "comm/bootstrap/store.h"
 #include "comm/tuner.h"
 #include "comm/trace.h"
 #include "comm/waiter.h"
@@ -42,15 +43,6 @@ Status cmaCopy(int pid, std::uint64_t remote, void* local, std::size_t n, CmaDir
 // among `nranks` ranks whose host tunes with an L3 of `l3Bytes`; SIZE_MAX: never (Comm::cmaFits).
 std::size_t cmaMinBytes(CollKind kind, int nranks, std::size_t l3Bytes);
 
-struct InitParams {
-  int rank = -1;
-  int nranks = -1;
-  std::string storeIp;
-  int storePort = -1;
-  std::string storeNonce;  // admits this communicator's ranks to the store
-  bool hostStore = false;  // this rank runs the store (env mode, rank 0)
-  Config config;
-};
 
 // Shared state of one asynchronous operation.
 struct WorkState {
@@ -78,9 +70,9 @@ class Comm final : public EngineHost, public Workspace {
   // its sends and receives as one plan (no order of posting them deadlocks), then its collectives
   // in call order.
   Status runGroup(const std::vector<CollArgs>& calls);
-  // One call on CUDA device buffers, run by the CUDA proxy (comm/cuda_proxy.cc) on its thread, as
+  // One call on CUDA device buffers, run by the CUDA proxy (comm/cuda/cuda_proxy.cc) on its thread, as
   // the user made it (`dev`). A collective other than send/recv whose ranks all sit on one host
-  // reads the ranks' device buffers directly (comm/cuda_ipc.cc) on the proxy's `stream` (the
+  // reads the ranks' device buffers directly (comm/cuda/cuda_ipc.cc) on the proxy's `stream` (the
   // caller's stream is held meanwhile). Otherwise the call is staged: `staged` copies the buffers
   // through pinned host memory in pieces and calls runHost for each piece (the same collective on
   // part of the data, in pinned memory), which runs the host algorithms under the call's
@@ -146,7 +138,7 @@ class Comm final : public EngineHost, public Workspace {
   int ringPosition(int rank) const override { return ringPos_[static_cast<std::size_t>(rank)]; }
   const std::vector<std::vector<int>>& hosts() const override { return uniformHosts_; }
 
-  // CUDA (defined in comm/cuda_path.cc): the device a context was current on at creation (-1: none
+  // CUDA (defined in comm/cuda/cuda_path.cc): the device a context was current on at creation (-1: none
   // chosen), the staging proxy (made on the first call with device buffers when `create`; null in
   // builds without CUDA), and its shutdown (destroy drains it, abort fails what is queued).
   void noteCudaDevice();
@@ -172,15 +164,15 @@ class Comm final : public EngineHost, public Workspace {
   // from cross-memory attach; its all-reduces try the zero-copy path softly, see tryZeroCopyAllReduce).
   Status executeHost(const CollArgs& a, const Fingerprint& fp, std::size_t total, bool userMemory);
   Status executeDevice(const CollArgs& a, const DeviceCall& d, const Fingerprint& fp, std::size_t total);
-  // comm/cuda_ipc.cc (CUDA builds): all-reduce, all-gather, reduce-scatter, broadcast and reduce
+  // comm/cuda/cuda_ipc.cc (CUDA builds): all-reduce, all-gather, reduce-scatter, broadcast and reduce
   // through CUDA IPC; true if done, false if some rank's buffers cannot be shared (then staged).
   Result<bool> cudaIpcCollective(const CollArgs& a, const Fingerprint& fp, void* stream);
-  // comm/cuda_ipc.cc: one side of a send/recv through CUDA IPC (the receiver copies straight from the
+  // comm/cuda/cuda_ipc.cc: one side of a send/recv through CUDA IPC (the receiver copies straight from the
   // sender's buffer); true if done, false if the pair found it cannot (then staged).
   Result<bool> cudaIpcSendRecv(const CollArgs& a, const Fingerprint& fp, void* stream);
-  // comm/cuda_ipc.cc: unmaps the peers' memory (stopCudaProxy, before destroy's farewell).
+  // comm/cuda/cuda_ipc.cc: unmaps the peers' memory (stopCudaProxy, before destroy's farewell).
   void releaseCudaIpc();
-  // comm/cuda_ipc.cc, for the CUDA proxy (a friend). prepareCudaIpc: the IPC scratch, allocated on `device` when
+  // comm/cuda/cuda_ipc.cc, for the CUDA proxy (a friend). prepareCudaIpc: the IPC scratch, allocated on `device` when
   // the proxy starts, before any stream is held. cudaIpcTakes: whether `a` will go through CUDA IPC
   // (unless some rank's buffers cannot be shared), so needs no pinned staging memory; callable from
   // any thread. trimCudaIpc: closes peers' mappings beyond the cache's size; only while no stream is
@@ -190,7 +182,7 @@ class Comm final : public EngineHost, public Workspace {
   bool cudaIpcApplies(CollKind k) const {
     return config_.cudaIpc && oneHost_ && k != CollKind::kSendRecv && k != CollKind::kBarrier;
   }
-  // comm/cuda_ipc.cc: whether a send/recv of `bytes` on device buffers is offered through CUDA IPC:
+  // comm/cuda/cuda_ipc.cc: whether a send/recv of `bytes` on device buffers is offered through CUDA IPC:
   // between ranks that all talk over shm (the answer travels in the shm mailbox), from BRAID_BUFFSIZE
   // up, where a send waits for its receive anyway (a smaller one may complete before it, through the
   // ring, and stays staged). Both ends decide alike: all of it is agreed at creation.
@@ -240,7 +232,7 @@ class Comm final : public EngineHost, public Workspace {
   enum class MailboxWait { kPosting, kArrival, kAnswer };
   template <typename Ready>
   Status mailboxWait(const Fingerprint& fp, Ready ready, MailboxWait why, int peer = -1);
-  // comm/cuda_ipc.cc's wait for `peer`'s answer (the template lives in mailbox.cc).
+  // comm/cuda/cuda_ipc.cc's wait for `peer`'s answer (the template lives in mailbox.cc).
   Status waitForAnswer(const Fingerprint& fp, int peer, const std::function<bool()>& ready);
   Status ringMessageFor(const Fingerprint& fp);
   std::vector<const MailboxSlot*> mailboxIn_;  // per peer: its slot of the current call
@@ -293,7 +285,7 @@ class Comm final : public EngineHost, public Workspace {
   Status forEachWaitingHeader(const std::function<Status(int, const WireHeader&)>& f);
   std::atomic<std::uint64_t> zeroCopyCalls_{0};  // also written by the CUDA proxy (staged pieces), read by tests
   std::atomic<std::uint64_t> cudaIpcCalls_{0};  // written by the CUDA proxy, read by tests
-  std::shared_ptr<CudaIpc> cudaIpc_;  // comm/cuda_ipc.cc: what the ranks agreed and the mapped buffers
+  std::shared_ptr<CudaIpc> cudaIpc_;  // comm/cuda/cuda_ipc.cc: what the ranks agreed and the mapped buffers
   std::map<int, std::uint64_t> sendSeq_, recvSeq_;
   Plan plan_;
   FlightRecorder trace_;  // touched only under execMu_
@@ -333,5 +325,12 @@ class Comm final : public EngineHost, public Workspace {
   std::shared_ptr<CudaProxy> cudaProxy_;
   std::atomic<bool> haveCudaProxy_{false};  // cudaProxy_ is set: host calls skip cudaMu_ without one
 };
+
+// A communicator from each of the bootstrap's three forms (comm/bootstrap/init.h).
+Result<std::shared_ptr<Comm>> initFromUniqueId(const braidUniqueId& id, int nranks, int rank,
+                                               const CommOptions& options = {});
+Result<std::shared_ptr<Comm>> initFromEnv(const CommOptions& options = {});
+Result<std::shared_ptr<Comm>> initFromStore(const std::string& host, int port, bool isHost, int nranks, int rank,
+                                            const CommOptions& options = {});
 
 }  // namespace braid

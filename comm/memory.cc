@@ -12,7 +12,7 @@
 #include <mutex>
 #include <string>
 
-#include "transport/socket.h"
+#include "comm/base/socket.h"
 
 namespace braid::mem {
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "comm/algorithms/algorithms.h"
-#include "comm/config.h"
+#include "comm/base/config.h"
 #include "transport/transport.h"
 
 namespace braid {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "transport/doorbell.h"
-#include "transport/socket.h"
+#include "comm/base/socket.h"
 
 namespace braid {
 

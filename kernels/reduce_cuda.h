@@ -21,7 +21,7 @@ Status reduce(void* dst, const void* a, const void* b, std::size_t count, DataTy
 
 // r[i] = srcs[0][i] (op) srcs[1][i] (op) ... (op) srcs[nsrc-1][i], folded in source order, divided by
 // `divisor` when it is above 1 (kAvg's last step, as divide() does it), and written to each of the
-// ndst destinations: the device collectives that read every rank's buffer at once (comm/cuda_ipc.cc).
+// ndst destinations: the device collectives that read every rank's buffer at once (comm/cuda/cuda_ipc.cc).
 // The accumulator is the element type, except fp16 and bf16, which fold (and divide) in float and
 // round once per launch (so results may differ from a chain of reduce() calls in the last bit).
 // Up to kMaxFoldSources sources run as one launch, where every element is read from all sources

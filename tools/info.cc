@@ -6,7 +6,7 @@
 
 #include "braid_build_config.h"
 #include "comm/communicator.h"
-#include "comm/config.h"
+#include "comm/base/config.h"
 #include "comm/engine.h"
 #include "kernels/reduce.h"
 #include "tools/tools.h"

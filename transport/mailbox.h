@@ -33,7 +33,7 @@ static_assert(sizeof(MailboxSlot) == 65 * 64);
 struct alignas(64) MailboxArea {
   alignas(64) std::atomic<std::uint64_t> done{0};  // the last sequence number this rank finished reading
   MailboxSlot slot[2];
-  // A peer's answer to this rank's latest point-to-point offer (CUDA IPC send/recv, comm/cuda_ipc.cc).
+  // A peer's answer to this rank's latest point-to-point offer (CUDA IPC send/recv, comm/cuda/cuda_ipc.cc).
   // A rank has at most one offer out at a time, so one word serves every peer.
   alignas(64) std::atomic<std::uint64_t> answer{0};
 };

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/config.h"
+#include "comm/base/config.h"
 #include "transport/transport.h"
 
 namespace braid {

@@ -27,7 +27,7 @@
 
 #include "comm/communicator.h"
 #include "topology/topology.h"
-#include "transport/socket.h"
+#include "comm/base/socket.h"
 
 namespace braid {
 namespace {

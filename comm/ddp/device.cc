@@ -6,7 +6,7 @@
 #if BRAID_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "comm/cuda_util.h"
+#include "comm/cuda/cuda_util.h"
 #include "kernels/reduce_cuda.h"
 #endif
 

@@ -4,8 +4,8 @@
 
 #include <thread>
 
-#include "comm/deadline.h"
-#include "comm/store.h"
+#include "comm/base/deadline.h"
+#include "comm/bootstrap/store.h"
 #include "transport/registry.h"
 #include "transport/setup.h"
 

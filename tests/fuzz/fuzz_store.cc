@@ -10,10 +10,10 @@
 #include <cstdlib>
 #include <memory>
 
-#include "comm/auth.h"
-#include "comm/store.h"
-#include "comm/wire_codec.h"
-#include "transport/socket.h"
+#include "comm/base/auth.h"
+#include "comm/bootstrap/store.h"
+#include "comm/bootstrap/wire_codec.h"
+#include "comm/base/socket.h"
 
 namespace {
 

@@ -25,11 +25,11 @@
 #include <vector>
 
 #include "braid/braid.h"
-#include "comm/auth.h"
-#include "comm/config.h"
-#include "comm/init.h"
+#include "comm/base/auth.h"
+#include "comm/base/config.h"
+#include "comm/bootstrap/init.h"
 #include "tests/common/harness.h"
-#include "transport/socket.h"
+#include "comm/base/socket.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace braid {

@@ -13,7 +13,7 @@
 #include "braid/braid.h"
 #include "comm/c_handle.h"
 #include "tests/common/transport_pair.h"
-#include "transport/socket.h"
+#include "comm/base/socket.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/transport.h"
 

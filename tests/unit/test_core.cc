@@ -11,18 +11,18 @@
 
 #include "braid/braid.h"
 #include "comm/algorithms/algorithms.h"
-#include "comm/auth.h"
+#include "comm/base/auth.h"
 #include "comm/communicator.h"
-#include "comm/config.h"
+#include "comm/base/config.h"
 #include "comm/fingerprint.h"
-#include "comm/hostlist.h"
-#include "comm/init.h"
-#include "comm/store.h"
+#include "comm/base/hostlist.h"
+#include "comm/bootstrap/init.h"
+#include "comm/bootstrap/store.h"
 #include "comm/tuner.h"
 #include "tests/common/harness.h"
 #include "topology/topology.h"
 #include "transport/registry.h"
-#include "transport/socket.h"
+#include "comm/base/socket.h"
 
 namespace braid {
 namespace {

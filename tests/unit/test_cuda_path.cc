@@ -1,4 +1,4 @@
-// The host side of the CUDA dispatch (comm/cuda_path.h), which every build runs: in a process that
+// The host side of the CUDA dispatch (comm/cuda/cuda_path.h), which every build runs: in a process that
 // has not loaded the CUDA driver, every pointer is host memory, no device counts as chosen, and the
 // answer stays cheap when asked again (the missing driver is cached by the loader's load counter).
 #include <gtest/gtest.h>
@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "braid/braid.h"
-#include "comm/config.h"
-#include "comm/cuda_path.h"
+#include "comm/base/config.h"
+#include "comm/cuda/cuda_path.h"
 
 namespace braid {
 namespace {

@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "transport/socket.h"
+#include "comm/base/socket.h"
 
 namespace braid {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/socket.h"
+#include "comm/base/socket.h"
 #include "transport/transport.h"
 
 namespace braid {

@@ -9,8 +9,8 @@
 
 #include <cerrno>
 
-#include "comm/auth.h"
-#include "comm/log.h"
+#include "comm/base/auth.h"
+#include "comm/base/log.h"
 
 namespace braid {
 namespace {

@@ -51,8 +51,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/cuda_util.h"
-#include "comm/log.h"
+#include "comm/cuda/cuda_util.h"
+#include "comm/base/log.h"
 #include "kernels/reduce_cuda.h"
 #include "transport/mailbox.h"
 

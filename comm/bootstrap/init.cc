@@ -1,13 +1,13 @@
-#include "comm/init.h"
+#include "comm/bootstrap/init.h"
 
 #include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 
-#include "comm/communicator.h"
-#include "comm/log.h"
-#include "transport/socket.h"
+#include "comm/base/log.h"
+#include "comm/base/socket.h"
+#include "comm/bootstrap/store.h"
 
 namespace braid {
 namespace {
@@ -52,7 +52,7 @@ Result<std::string> defaultListenIp(const Config& c) {
   return ip.ok() ? *ip : std::string("127.0.0.1");
 }
 
-Result<std::shared_ptr<Comm>> initWith(InitParams p, int nranks, int rank, const CommOptions& options) {
+Result<InitParams> paramsWith(InitParams p, int nranks, int rank, const CommOptions& options) {
   if (nranks < 1) return Status::InvalidArgument("nranks must be at least 1 (got " + std::to_string(nranks) + ")");
   if (rank < 0 || rank >= nranks)
     return Status::InvalidArgument("rank " + std::to_string(rank) + " is outside 0.." + std::to_string(nranks - 1));
@@ -65,7 +65,7 @@ Result<std::shared_ptr<Comm>> initWith(InitParams p, int nranks, int rank, const
   if (options.timeoutSec > 0 && !environmentValue("BRAID_TIMEOUT")) p.config.timeoutSec = options.timeoutSec;
   p.rank = rank;
   p.nranks = nranks;
-  return Comm::create(std::move(p));
+  return p;
 }
 
 }  // namespace
@@ -133,7 +133,7 @@ Result<braidUniqueId> uniqueIdFromString(const std::string& text) {
   return id;
 }
 
-Result<std::shared_ptr<Comm>> initFromUniqueId(const braidUniqueId& id, int nranks, int rank,
+Result<InitParams> paramsFromUniqueId(const braidUniqueId& id, int nranks, int rank,
                                                const CommOptions& options) {
   IdLayout l;
   std::memcpy(&l, id.internal, sizeof(l));
@@ -145,10 +145,10 @@ Result<std::shared_ptr<Comm>> initFromUniqueId(const braidUniqueId& id, int nran
   p.storeIp = l.ip;
   p.storePort = l.port;
   p.storeNonce = l.nonce;
-  return initWith(std::move(p), nranks, rank, options);
+  return paramsWith(std::move(p), nranks, rank, options);
 }
 
-Result<std::shared_ptr<Comm>> initFromStore(const std::string& host, int port, bool isHost, int nranks, int rank,
+Result<InitParams> paramsFromStore(const std::string& host, int port, bool isHost, int nranks, int rank,
                                             const CommOptions& options) {
   auto ip = net::resolve(host);
   if (!ip.ok()) return ip.status();
@@ -168,10 +168,10 @@ Result<std::shared_ptr<Comm>> initFromStore(const std::string& host, int port, b
     p.storeNonce = "store:" + *ip + ":" + std::to_string(port);
   }
   p.hostStore = isHost;
-  return initWith(std::move(p), nranks, rank, options);
+  return paramsWith(std::move(p), nranks, rank, options);
 }
 
-Result<std::shared_ptr<Comm>> initFromEnv(const CommOptions& options) {
+Result<InitParams> paramsFromEnv(const CommOptions& options) {
   auto le = readLaunchEnv();
   if (!le.ok()) return le.status();
   if (le->rank < 0 || le->worldSize < 1)
@@ -188,7 +188,7 @@ Result<std::shared_ptr<Comm>> initFromEnv(const CommOptions& options) {
   }
   std::string addr = le->masterAddr.empty() ? "127.0.0.1" : le->masterAddr;
   int port = le->masterPort > 0 ? le->masterPort : 29500;
-  return initFromStore(addr, port, le->rank == 0, le->worldSize, le->rank, options);
+  return paramsFromStore(addr, port, le->rank == 0, le->worldSize, le->rank, options);
 }
 
 }  // namespace braid

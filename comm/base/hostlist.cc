@@ -1,4 +1,4 @@
-#include "comm/hostlist.h"
+#include "comm/base/hostlist.h"
 
 namespace braid {
 namespace {

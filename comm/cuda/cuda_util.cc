@@ -1,4 +1,4 @@
-#include "comm/cuda_util.h"
+#include "comm/cuda/cuda_util.h"
 
 #include <chrono>
 #include <thread>

@@ -2,7 +2,7 @@
 // CUDA driver, found with dlopen(RTLD_NOLOAD): only a process that has already loaded libcuda can
 // hold device pointers, so a host-only program never starts CUDA because of Braid, and a build
 // without CUDA still recognizes device pointers and refuses them instead of reading them.
-#include "comm/cuda_path.h"
+#include "comm/cuda/cuda_path.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -18,12 +18,12 @@
 
 #include "braid_build_config.h"
 #include "comm/communicator.h"
-#include "comm/log.h"
+#include "comm/base/log.h"
 #if BRAID_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "comm/cuda_proxy.h"
-#include "comm/cuda_util.h"
+#include "comm/cuda/cuda_proxy.h"
+#include "comm/cuda/cuda_util.h"
 #endif
 
 namespace braid {

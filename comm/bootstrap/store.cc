@@ -1,4 +1,4 @@
-#include "comm/store.h"
+#include "comm/bootstrap/store.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -9,9 +9,9 @@
 #include <mutex>
 #include <vector>
 
-#include "comm/auth.h"
-#include "comm/log.h"
-#include "comm/wire_codec.h"
+#include "comm/base/auth.h"
+#include "comm/base/log.h"
+#include "comm/bootstrap/wire_codec.h"
 
 namespace braid {
 namespace {

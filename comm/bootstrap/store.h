@@ -14,8 +14,9 @@
 #include <vector>
 
 #include "braid/status.hpp"
-#include "comm/deadline.h"
-#include "transport/socket.h"
+#include "comm/base/deadline.h"
+#include "comm/base/exchange.h"
+#include "comm/base/socket.h"
 
 namespace braid {
 
@@ -33,7 +34,7 @@ struct Notice {
 class StoreServer {
  public:
   // Listens on ip:port (port 0 picks one). Only clients that prove they know `secret` (HMAC-SHA-256
-  // over a fresh challenge, comm/auth.h) are admitted; the secret never crosses the wire.
+  // over a fresh challenge, comm/base/auth.h) are admitted; the secret never crosses the wire.
   static Result<std::unique_ptr<StoreServer>> start(const std::string& ip, int port, const std::string& secret);
   ~StoreServer();
   int port() const { return port_; }
@@ -63,15 +64,15 @@ class StoreServer {
   std::thread thread_;
 };
 
-class StoreClient {
+class StoreClient final : public Exchange {
  public:
   // Connects (retrying until the deadline) and introduces itself as `rank` of `nranks`.
   static Result<std::unique_ptr<StoreClient>> connect(const std::string& ip, int port, const std::string& secret,
                                                       int rank, int nranks, const Deadline& d);
   ~StoreClient();
 
-  Status set(const std::string& key, const std::string& value, const Deadline& d);
-  Result<std::string> get(const std::string& key, const Deadline& d);        // waits for the key
+  Status set(const std::string& key, const std::string& value, const Deadline& d) override;
+  Result<std::string> get(const std::string& key, const Deadline& d) override;        // waits for the key
   Result<std::int64_t> add(const std::string& key, std::int64_t delta, const Deadline& d);
   Status waitAtLeast(const std::string& key, std::int64_t n, const Deadline& d);
   // Every rank adds itself to `name` and waits for all nranks.

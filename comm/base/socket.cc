@@ -1,4 +1,4 @@
-#include "transport/socket.h"
+#include "comm/base/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 // Where a call goes once the API has it: host buffers run as they always did (blocking on the
 // calling thread, or on the communicator's worker for braid::Work); CUDA device buffers are staged
-// through pinned host memory by the communicator's CUDA proxy (comm/cuda_proxy.h), ordered with the
+// through pinned host memory by the communicator's CUDA proxy (comm/cuda/cuda_proxy.h), ordered with the
 // caller's stream. Compiled in every build: without CUDA, device buffers and streams are refused.
 #pragma once
 #include <memory>

@@ -1,6 +1,6 @@
 // The CUDA proxy of one communicator: a thread that runs the calls with device buffers, in call
 // order, ordered with the callers' streams: through CUDA IPC when every rank is on this host
-// (comm/cuda_ipc.cc), else staged through pinned host memory and the host collectives.
+// (comm/cuda/cuda_ipc.cc), else staged through pinned host memory and the host collectives.
 //
 // For each call, enqueue() (on the caller's thread) puts two things on the caller's stream and queues
 // the call: a "ready" signal (the stream has finished everything before the call) and a hold (the

@@ -9,7 +9,7 @@
 //   runtime API, but CUDA's documentation forbids a host function to wait on work "not mandated to
 //   run earlier" (our proxy's copies are exactly that), and it holds one of CUDA's callback threads
 //   for the whole collective. Kept as the fallback and as a second opinion for the GPU tests.
-#include "comm/cuda_proxy.h"
+#include "comm/cuda/cuda_proxy.h"
 
 #include <cuda_runtime.h>
 #include <sys/prctl.h>
@@ -20,8 +20,8 @@
 #include <utility>
 
 #include "comm/communicator.h"
-#include "comm/cuda_util.h"
-#include "comm/log.h"
+#include "comm/cuda/cuda_util.h"
+#include "comm/base/log.h"
 #include "comm/memory.h"
 #include "kernels/reduce_cuda.h"
 

@@ -178,6 +178,27 @@ def collectives_body(rank, world, port):
         req.wait()
         req2.wait()
         expect_equal(buf, torch.full((1000,), float(left) + 0.5), "isend/irecv ring")
+        # Every rank isends 4 MiB before it irecvs (each send larger than Braid's channel buffers):
+        # posted one by one they would wait on each other until the timeout; held back until the
+        # first wait, they go to Braid as one group. Then isend followed by a blocking recv, and
+        # a receive that is only polled with is_completed().
+        big4 = torch.full((1 << 20,), float(rank) + 0.25)
+        got4 = torch.zeros(1 << 20)
+        reqs = [dist.isend(big4, dst=right), dist.irecv(got4, src=left)]
+        reqs[1].wait()
+        reqs[0].wait()
+        expect_equal(got4, torch.full((1 << 20,), float(left) + 0.25), "isend before irecv, 4 MiB")
+        req = dist.isend(big4 * 2, dst=right)
+        dist.recv(got4, src=left)
+        req.wait()
+        expect_equal(got4, torch.full((1 << 20,), (float(left) + 0.25) * 2), "isend then recv, 4 MiB")
+        req = dist.isend(big4, dst=right)
+        req2 = dist.irecv(got4, src=left)
+        deadline = time.time() + 30
+        while not req2.is_completed():
+            assert time.time() < deadline, "an irecv polled with is_completed() never completed"
+        req.wait()
+        expect_equal(got4, torch.full((1 << 20,), float(left) + 0.25), "irecv polled with is_completed()")
         # batch_isend_irecv: every rank sends 4 MiB to both neighbours before it receives (issued
         # one by one, as torch 1.13 does for backends other than NCCL, this waits until the
         # timeout); one receive lands in a non-contiguous view.

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -99,23 +100,57 @@ class WorkBraid : public c10d::Work {
  public:
   static c10::intrusive_ptr<c10d::Work> start(int rank, c10d::OpType type, braid::Work work, std::vector<at::Tensor> outputs,
                                               std::vector<at::Tensor> keep = {}, std::function<void()> after = {}) {
+    auto w = deferred(rank, type, std::move(outputs), std::move(keep), std::move(after), {});
+    attach(w, std::move(work));
+    return w;
+  }
+  // A Work whose Braid call is made later (attach): until then wait(), isCompleted() and
+  // getFuture() first call `flush`, which makes it (the pending sends and receives, see send()).
+  static c10::intrusive_ptr<WorkBraid> deferred(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
+                                                std::vector<at::Tensor> keep, std::function<void()> after,
+                                                std::function<void()> flush) {
     auto w = c10::make_intrusive<WorkBraid>(rank, type, std::move(outputs));
     w->keep_ = std::move(keep);
     w->after_ = std::move(after);
-    w->work_ = std::move(work);
-    c10::intrusive_ptr<WorkBraid> self = w;
-    w->work_.onDone([self](const braid::Status& s) { self->complete(s); });
+    w->flush_ = std::move(flush);
     return w;
+  }
+  static void attach(const c10::intrusive_ptr<WorkBraid>& self, braid::Work work) {
+    {
+      std::lock_guard<std::mutex> g(self->flushMu_);
+      self->flush_ = nullptr;
+    }
+    self->work_ = std::move(work);
+    self->work_.onDone([self](const braid::Status& s) { self->complete(s); });
   }
 
   WorkBraid(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
       : c10d::Work(rank, type), outputs_(std::move(outputs)),
         future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    kick();
+    return future_;
+  }
+  bool isCompleted() override {
+    kick();
+    return c10d::Work::isCompleted();
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    kick();
+    return c10d::Work::wait(timeout);
+  }
   std::vector<at::Tensor> result() override { return outputs_; }
 
  private:
+  void kick() {
+    std::function<void()> flush;
+    {
+      std::lock_guard<std::mutex> g(flushMu_);
+      flush = flush_;
+    }
+    if (flush) flush();
+  }
   void complete(const braid::Status& s) {
     std::exception_ptr error;
     if (s.ok() && after_) {
@@ -136,10 +171,44 @@ class WorkBraid : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;
   std::function<void()> after_;
+  std::mutex flushMu_;
+  std::function<void()> flush_;  // set until attach
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
 }  // namespace
+
+// isend and irecv (and the blocking send and recv, which torch makes of them) are held back until
+// their Work is waited on or polled, or another call is made on this group, and then all that
+// are pending go to Braid together as one group (Communicator::sendRecvBatch): so two ranks that
+// both isend before they irecv, or isend and then recv, do not wait on each other whatever the
+// sizes, where one call at a time would (a send past the channels' buffering waits for its
+// receive). Order between two ranks is kept: Braid matches a pair's messages in order.
+struct ProcessGroupBraid::PendingP2p {
+  struct Entry {
+    braid::PeerOp op;
+    c10::intrusive_ptr<WorkBraid> work;
+  };
+  std::mutex mu;
+  braid::Communicator* comm = nullptr;
+  std::vector<Entry> entries;
+
+  void flush() {
+    std::vector<Entry> batch;
+    braid::Communicator* c = nullptr;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      batch.swap(entries);
+      c = comm;
+    }
+    if (batch.empty() || !c) return;
+    std::vector<braid::PeerOp> ops;
+    ops.reserve(batch.size());
+    for (const Entry& e : batch) ops.push_back(e.op);
+    braid::Work w = c->sendRecvBatch(ops);
+    for (Entry& e : batch) WorkBraid::attach(e.work, w);
+  }
+};
 
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout)
@@ -159,8 +228,17 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   braid::CommOptions options;
   options.timeoutSec = std::max(0.001, static_cast<double>(timeout.count()) / 1000.0);
   auto c = braid::Communicator::fromUniqueId(id, size, rank, options);
+  pending_ = std::make_shared<PendingP2p>();
   TORCH_CHECK(c.ok(), "braid: rank ", rank, " could not join the communicator of ", size, " ranks: ", c.status().toString());
   comm_ = std::make_unique<braid::Communicator>(std::move(*c));
+  pending_->comm = comm_.get();
+}
+
+ProcessGroupBraid::~ProcessGroupBraid() {
+  if (!pending_) return;
+  pending_->flush();  // nothing is left unsent; Works still held elsewhere keep their results
+  std::lock_guard<std::mutex> g(pending_->mu);
+  pending_->comm = nullptr;
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupBraid::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
@@ -169,7 +247,28 @@ c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupBraid::create(const c10::intr
                                                 std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
 }
 
-braid::Communicator& ProcessGroupBraid::comm() { return *comm_; }
+braid::Communicator& ProcessGroupBraid::comm() {
+  pending_->flush();  // calls run in the order they were made
+  return *comm_;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::deferPeerOp(braid::PeerOp op, c10d::OpType type, at::Tensor user,
+                                                              at::Tensor buf) {
+  // Checked here, so that a bad one is refused alone instead of failing the batch it would join.
+  const char* what = type == c10d::OpType::SEND ? "send to" : "recv from";
+  TORCH_CHECK(op.peer >= 0 && op.peer < getSize(), "braid: ", what, " rank ", op.peer, " on rank ", getRank(),
+              ": the peer is outside 0..", getSize() - 1, " (this group's ranks)");
+  TORCH_CHECK(op.peer != getRank(), "braid: ", what, " rank ", op.peer, ": that is this rank itself");
+  std::function<void()> after;  // a receive into a non-contiguous tensor lands in `buf` first
+  if (type == c10d::OpType::RECV && !buf.is_same(user)) after = [user, buf]() mutable { user.copy_(buf); };
+  std::weak_ptr<PendingP2p> weak = pending_;
+  auto w = WorkBraid::deferred(getRank(), type, {user}, {buf}, std::move(after), [weak] {
+    if (auto p = weak.lock()) p->flush();
+  });
+  std::lock_guard<std::mutex> g(pending_->mu);
+  pending_->entries.push_back({op, w});
+  return w;
+}
 
 namespace {
 // A call whose result is one tensor: Braid writes `buf` (the tensor, or a dense copy written back
@@ -409,17 +508,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& 
               "got tag ", tag);
   at::Tensor& t = single(tensors, "send");
   at::Tensor src = dense(t);
-  braid::Work w = comm().send(ptr(src), count(src), braidType(t), dstRank);
-  return WorkBraid::start(getRank(), c10d::OpType::SEND, std::move(w), {t}, {src});
+  return deferPeerOp({braid::PeerOp::kSend, ptr(src), count(src), braidType(t), dstRank}, c10d::OpType::SEND, t, src);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   TORCH_CHECK(tag == 0, "braid: send/recv tags are not supported yet (messages between two ranks are matched in order); ",
               "got tag ", tag);
   at::Tensor& t = single(tensors, "recv");
-  const braid::DataType dt = braidType(t);
-  return inPlace(getRank(), c10d::OpType::RECV, t,
-                 [&](const at::Tensor& b) { return comm().recv(ptr(b), count(b), dt, srcRank); });
+  at::Tensor buf = dense(t);
+  return deferPeerOp({braid::PeerOp::kRecv, ptr(buf), count(buf), braidType(t), srcRank}, c10d::OpType::RECV, t, buf);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::batchSendRecv(const std::vector<std::tuple<bool, at::Tensor, int>>& ops) {

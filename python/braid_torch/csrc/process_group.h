@@ -21,9 +21,10 @@ namespace braid::torch_backend {
 class ProcessGroupBraid : public c10d::ProcessGroup {
  public:
   // Rendezvous through the store torch hands the backend: rank 0 makes a Braid unique id and
-  // publishes it there; every rank then joins the communicator. `timeout` bounds every call (it
-  // becomes BRAID_TIMEOUT unless that is set).
+  // publishes it there; every rank then joins the communicator. `timeout` bounds every call (the
+  // communicator's CommOptions::timeoutSec; BRAID_TIMEOUT, when set, wins).
   ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout);
+  ~ProcessGroupBraid() override;
 
   const std::string getBackendName() const override { return "braid"; }
 
@@ -65,7 +66,12 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
                                                        const std::chrono::duration<float>& timeout);
 
  private:
+  // The communicator, after handing Braid the pending sends and receives (PendingP2p).
   braid::Communicator& comm();
+  // Queues one send or receive (buf: the dense memory Braid uses; user: the tensor it belongs to).
+  c10::intrusive_ptr<c10d::Work> deferPeerOp(braid::PeerOp op, c10d::OpType type, at::Tensor user, at::Tensor buf);
+  struct PendingP2p;
+  std::shared_ptr<PendingP2p> pending_;
   std::unique_ptr<braid::Communicator> comm_;
   std::chrono::milliseconds timeout_;
 };

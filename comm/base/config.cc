@@ -242,11 +242,24 @@ Result<LaunchEnv> readLaunchEnv() {
   }
   Status s = readInt("MASTER_PORT", &le.masterPort);
   if (!s.ok()) return s;
+  // Under torchrun the elastic agent's own store holds MASTER_PORT (its workers reach it as
+  // clients, TORCHELASTIC_USE_AGENT_STORE=True): Braid's rank 0 hosts its store on the next port.
+  const char* agentStore = environmentValue("TORCHELASTIC_USE_AGENT_STORE");
+  if (le.source == "torchrun" && agentStore && std::string(agentStore) == "True" && le.masterPort > 0) {
+    if (le.masterPort >= 65535)
+      return Status::InvalidArgument("MASTER_PORT=65535 under torchrun: Braid's store takes MASTER_PORT + 1 (torchrun's "
+                                     "agent holds MASTER_PORT); pick a lower --master_port");
+    le.masterPort += 1;
+    le.masterPortFrom = "MASTER_PORT + 1 (torchrun's agent holds MASTER_PORT)";
+  }
   if (le.masterPort < 0 && le.source == "Slurm") {
     // One port per job, so that two jobs sharing a first host do not meet at the same one.
     if (const char* job = environmentValue("SLURM_JOB_ID")) {
       auto id = parseInt(job);
-      if (id.ok() && *id >= 0) le.masterPort = static_cast<int>(kSlurmPortBase + *id % kSlurmPortSpan);
+      if (id.ok() && *id >= 0) {
+        le.masterPort = static_cast<int>(kSlurmPortBase + *id % kSlurmPortSpan);
+        le.masterPortFrom = "SLURM_JOB_ID";
+      }
     }
   }
   if (le.masterPort == 0 || le.masterPort > 65535)

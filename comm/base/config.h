@@ -56,6 +56,7 @@ struct LaunchEnv {
   std::string masterAddr;
   std::string masterAddrFrom;  // "MASTER_ADDR", "the first host of SLURM_STEP_NODELIST", ... ("": not set)
   int masterPort = -1;
+  std::string masterPortFrom;  // "" (MASTER_PORT itself or the default), or where the port came from
   std::string source;  // "torchrun", "Open MPI", "Slurm" or "" when none is set
   // The launcher says the ranks span several hosts (Open MPI: a local size below the world size;
   // Slurm: more than one node in the step or job).

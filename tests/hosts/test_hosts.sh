@@ -4,12 +4,14 @@
 # host with --nnodes/--node-rank/--master-addr, as a user does across machines:
 #   1. 2 hosts x 2 ranks: every collective, every type and op, in place and not, checked element by
 #      element by braid perf -c 1; shm inside a host and tcp across, as the header says
-#   2. 3 hosts x 1 rank: all-reduce and all-gather, checked
+#   2. 3 hosts x 1 rank: all-reduce and all-gather, checked; 3 hosts x 2 ranks: all-reduce (the
+#      tuner's hierarchical one, and forced), all-gather and reduce-scatter, checked
 #   3. all ranks of one host killed: braid run on the other host exits non-zero within 10 s, and
 #      its ranks' errors name a rank of the killed host
-#   4. a host that vanishes (its link set down, nothing closed): the survivors fail within
+#   4. torchrun across 2 hosts starting a Braid program (where torch is installed)
+#   5. a host that vanishes (its link set down, nothing closed): the survivors fail within
 #      BRAID_TIMEOUT naming the silent ranks and their host, and the knob
-#   5. interfaces: each host has a second interface whose route is a blackhole. By default tcp
+#   6. interfaces: each host has a second interface whose route is a blackhole. By default tcp
 #      takes the one toward the rendezvous host; BRAID_SOCKET_IFNAME naming no interface fails at
 #      once naming the ones there are; naming the blackholed one fails within BRAID_TIMEOUT, saying
 #      which address could not be reached and which variable to check
@@ -89,6 +91,21 @@ three_by_one() {
 }
 check "3 hosts x 1 rank: all-reduce and all-gather exact" three_by_one
 
+# 3 hosts x 2 ranks: all-reduce by the tuner (hierarchical from 16 KiB here) and forced hier, all-
+# gather and reduce-scatter on the host-ordered rings, every element checked.
+three_by_two() {
+  local c
+  for c in "allreduce -d all -o all" "allgather -d all" "reducescatter -o all"; do
+    # shellcheck disable=SC2086
+    run_on_hosts 3 2 180 "$braid" perf $c "${opts[@]}" || { echo "  $c failed"; return 1; }
+    grep -q "6 ranks on 3 host(s)" "$work/h1.log" && grep -q "Out of bounds values : 0 OK" "$work/h1.log" ||
+      { echo "  $c: not exact on 6 ranks"; return 1; }
+  done
+  BRAID_ALGO=hier run_on_hosts 3 2 180 "$braid" perf allreduce -d all -o avg "${opts[@]}" &&
+    grep -q "Out of bounds values : 0 OK" "$work/h1.log" || { echo "  forced hier failed"; return 1; }
+}
+check "3 hosts x 2 ranks: all-reduce (hier), all-gather and reduce-scatter exact" three_by_two
+
 killed_host() {
   # Long enough that the kill lands mid-run: 20,000 checked all-reduces.
   local addr cmd=(perf allreduce -b 64K -e 64K -n 20000 -w 1 -c 1) k pids=()
@@ -144,6 +161,27 @@ vanished_host() {
   [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ "$ms" -lt 16000 ] && [ -n "$named" ]
 }
 check "a host that vanishes: the other fails within BRAID_TIMEOUT naming its ranks and host" vanished_host
+
+# torchrun across hosts (its static rendezvous: --nnodes, --node_rank, --master_addr), starting a
+# Braid program on each (--no_python): Braid finds its ranks from torchrun's variables.
+torchrun_across() {
+  local k pids=() torchrun=/usr/bin/torchrun
+  for k in 1 2; do
+    timeout 120 "$testhosts" exec "h$k" "$torchrun" --nnodes 2 --node_rank $((k - 1)) --nproc_per_node 2 \
+      --master_addr "$("$testhosts" addr h1)" --master_port "$port" --redirects 1 --tee 1 --no_python \
+      "$braid" perf allreduce -d all "${opts[@]}" >"$work/h$k.log" 2>&1 &
+    pids+=($!)
+  done
+  port=$((port + 2))
+  local bad=0 p
+  for p in "${pids[@]}"; do wait "$p" || bad=1; done
+  [ "$bad" = 0 ] && grep -q "4 ranks on 2 host(s)" "$work/h1.log" && grep -q "Out of bounds values : 0 OK" "$work/h1.log"
+}
+if [ -x /usr/bin/torchrun ] && /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  check "torchrun across 2 hosts x 2 ranks: a Braid program exact" torchrun_across
+else
+  echo "skip torchrun across hosts: /usr/bin/torchrun with torch is not installed here"
+fi
 
 interfaces() {
   local k t0 ms

@@ -193,6 +193,24 @@ TEST(Config, SlurmNodeListGivesTheRendezvousHostAndOpenMpiAcrossHostsNeedsMaster
   for (const char* v : all) unsetenv(v);
 }
 
+// torchrun's elastic agent holds MASTER_PORT with its own store: Braid's goes on the next port.
+TEST(Config, UnderTorchrunTheStoreTakesTheNextPort) {
+  const char* all[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"};
+  for (const char* v : all) unsetenv(v);
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("MASTER_PORT", "29777", 1);
+  EXPECT_EQ(readLaunchEnv()->masterPort, 29777);
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  auto le = readLaunchEnv();
+  ASSERT_TRUE(le.ok());
+  EXPECT_EQ(le->masterPort, 29778);
+  EXPECT_NE(le->masterPortFrom.find("torchrun"), std::string::npos);
+  setenv("MASTER_PORT", "65535", 1);
+  EXPECT_FALSE(readLaunchEnv().ok());
+  for (const char* v : all) unsetenv(v);
+}
+
 TEST(Topology, CpuListsRoundTripInLinuxSyntax) {
   using braid::topology::cpuListText;
   using braid::topology::parseCpuList;

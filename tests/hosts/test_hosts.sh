@@ -35,20 +35,25 @@ for tool in ip unshare nsenter tc; do
   command -v "$tool" >/dev/null || { echo "skipped: '$tool' is missing (apt-get install iproute2 util-linux)"; exit 77; }
 done
 
-# Starts `braid run` on hosts h1..hN (N = number of per-host logs given), waits at most LIMIT s for
-# all of them; returns the number that exited non-zero. Logs in $work/hK.log.
-run_on_hosts() {
-  local hosts=$1 ranks=$2 limit=$3
+# Starts `braid run` on hosts h1..hN in the background, each bounded by LIMIT s, as across
+# machines (--nnodes, --node-rank, --master-addr h1); their PIDs in `pids`, logs in $work/hK.log.
+start_on_hosts() {
+  local hosts=$1 ranks=$2 limit=$3 k
   shift 3
-  local pids=() k
+  pids=()
   for k in $(seq 1 "$hosts"); do
     timeout "$limit" "$testhosts" exec "h$k" "$braid" run --nnodes "$hosts" --node-rank $((k - 1)) \
       --master-addr "$("$testhosts" addr h1)" --master-port "$port" -n "$ranks" -- "$@" >"$work/h$k.log" 2>&1 &
     pids+=($!)
   done
+  port=$((port + 1))
+}
+
+# start_on_hosts, then waits for all of them; returns the number that exited non-zero.
+run_on_hosts() {
+  start_on_hosts "$@"
   local bad=0 p
   for p in "${pids[@]}"; do wait "$p" || bad=$((bad + 1)); done
-  port=$((port + 1))
   return "$bad"
 }
 
@@ -108,14 +113,7 @@ check "3 hosts x 2 ranks: all-reduce (hier), all-gather and reduce-scatter exact
 
 killed_host() {
   # Long enough that the kill lands mid-run: 20,000 checked all-reduces.
-  local addr cmd=(perf allreduce -b 64K -e 64K -n 20000 -w 1 -c 1) k pids=()
-  addr=$("$testhosts" addr h1)
-  for k in 1 2; do
-    timeout 60 "$testhosts" exec "h$k" "$braid" run --nnodes 2 --node-rank $((k - 1)) --master-addr "$addr" \
-      --master-port "$port" -n 2 -- "$braid" "${cmd[@]}" >"$work/h$k.log" 2>&1 &
-    pids+=($!)
-  done
-  port=$((port + 1))
+  start_on_hosts 2 2 60 "$braid" perf allreduce -b 64K -e 64K -n 20000 -w 1 -c 1
   sleep 3
   local t0 t1 status
   t0=$(date +%s%N)
@@ -135,14 +133,7 @@ killed_host() {
 check "all ranks of one host killed: the other host fails within 10 s naming them" killed_host
 
 vanished_host() {
-  local addr cmd=(perf allreduce -b 64K -e 64K -n 200000 -w 1 -c 0) k pids=()
-  addr=$("$testhosts" addr h1)
-  for k in 1 2; do
-    BRAID_TIMEOUT=6 timeout 60 "$testhosts" exec "h$k" "$braid" run --nnodes 2 --node-rank $((k - 1)) \
-      --master-addr "$addr" --master-port "$port" -n 2 -- "$braid" "${cmd[@]}" >"$work/h$k.log" 2>&1 &
-    pids+=($!)
-  done
-  port=$((port + 1))
+  BRAID_TIMEOUT=6 start_on_hosts 2 2 60 "$braid" perf allreduce -b 64K -e 64K -n 200000 -w 1 -c 0
   sleep 3
   local t0 t1 status
   t0=$(date +%s%N)

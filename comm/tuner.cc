@@ -65,9 +65,9 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
   c.chunk = std::clamp<std::size_t>(perStep / 4, std::min(lo, hi), hi);
   // A link where one stream does best (tcp on loopback under reno): one socket, and pieces as large
   // as the staging ring. The kernel's copies and TCP stack are the cost there, per system call and
-  // per stream; a second socket only
-  // paid while bbr held each connection's window down (docs/PERFORMANCE.md: 2 ranks, 2 MiB 358
-  // against 480 us, 128 MiB 45 against 61 ms). Rings only: the double tree keeps its two channels.
+  // per stream; a second socket only paid while bbr held each connection's window down
+  // (docs/PERFORMANCE.md: 2 ranks, 2 MiB 358 against 480 us, 128 MiB 45 against 61 ms). Rings
+  // only: the double tree keeps its two channels.
   if (in.link.oneStreamBest && (c.algo == Algo::kRing || c.algo == Algo::kHier)) {
     c.channels = 1;
     c.chunk = config.buffSize;

@@ -53,8 +53,11 @@ int runInfo(int, char**) {
   }
   auto verdict = [](const Availability& a) { return a.usable ? std::string("usable") : "unusable (" + a.reason + ")"; };
   std::string line;
-  for (auto& t : makeTransports(*cfg)) line += std::string(t->name()) + " " + verdict(t->probe()) + ", ";
-  std::printf("transports, in the order each pair tries them: %sib %s\n", line.c_str(), verdict(probeIb(*cfg)).c_str());
+  for (auto& t : makeTransports(*cfg)) line += (line.empty() ? "" : ", ") + std::string(t->name()) + " " + verdict(t->probe());
+#if !BRAID_HAVE_IBVERBS
+  line += ", ib unusable (not built: the libibverbs-dev headers were missing when this build was configured)";
+#endif
+  std::printf("transports, in the order each pair tries them: %s\n", line.c_str());
   std::printf("\n%-20s %-8s %-12s %s\n", "variable", "default", "value", "meaning");
   for (const ConfigRow& row : describeConfig())
     std::printf("%-20s %-8s %-12s %s\n", row.name, row.defaultValue, row.current.empty() ? "-" : row.current.c_str(),

@@ -46,6 +46,25 @@ std::string cpuListText(const std::vector<int>& cpus) {
   return out;
 }
 
+std::vector<int> numaNodesOf(const std::vector<int>& cpus) {
+  std::vector<int> out;
+  for (int node = 0; node < 4096; ++node) {
+    std::ifstream f("/sys/devices/system/node/node" + std::to_string(node) + "/cpulist");
+    if (!f) {
+      if (node > 0) break;  // nodes are numbered from 0 without gaps on every kernel that has them
+      continue;
+    }
+    std::string text;
+    std::getline(f, text);
+    for (int c : parseCpuList(text))
+      if (std::find(cpus.begin(), cpus.end(), c) != cpus.end()) {
+        out.push_back(node);
+        break;
+      }
+  }
+  return out;
+}
+
 std::vector<int> parseCpuList(const std::string& text) {
   constexpr int kMaxCpus = 1 << 16;  // far above any kernel's NR_CPUS
   std::vector<bool> in(kMaxCpus);

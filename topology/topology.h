@@ -53,6 +53,10 @@ std::vector<int> allowedCpus();
 // other. Without hwloc every allowed CPU counts as a core. Discovered on each call.
 std::vector<std::vector<int>> allowedCores();
 
+// The NUMA nodes the logical CPUs `cpus` belong to (from /sys/devices/system/node), ascending;
+// empty when the system does not say.
+std::vector<int> numaNodesOf(const std::vector<int>& cpus);
+
 // Linux's CPU list text ("0-3,8,10-11"), as taskset -c and /sys write it, and back. parseCpuList
 // returns an empty list for text it cannot read.
 std::string cpuListText(const std::vector<int>& cpus);

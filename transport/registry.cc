@@ -2,21 +2,23 @@
 
 #include <algorithm>
 
+#include "braid_build_config.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
+#if BRAID_HAVE_IBVERBS
+#include "transport/ib/ib_transport.h"
+#endif
 
 namespace braid {
 
 TransportList makeTransports(const Config& config) {
   TransportList list;
   list.push_back(std::make_unique<ShmTransport>(config));
+#if BRAID_HAVE_IBVERBS
+  list.push_back(std::make_unique<IbTransport>(config));
+#endif
   list.push_back(std::make_unique<TcpTransport>(config));
   return list;
-}
-
-Availability probeIb(const Config& config) {
-  if (config.ibDisable) return {false, "disabled by BRAID_IB_DISABLE=1"};
-  return {false, "not built: the InfiniBand verbs transport is not implemented yet"};
 }
 
 Result<TransportAddress> offerTransport(Transport& t, const std::string& rendezvousIp, bool alone) {

@@ -1,6 +1,6 @@
 // The transports Braid has, in priority order, and the choice between them for each pair of ranks:
 // the first transport that both ranks can use and that reaches between them (shm within a host;
-// tcp anywhere). A new transport is a folder plus one line in registry.cc. Every skipped transport
+// ib where both ends have a port; tcp anywhere). A new transport is a folder plus one line in registry.cc. Every skipped transport
 // comes with its reason, kept on the communicator (`braid info`, the INFO log, `braid doctor`).
 #pragma once
 #include <memory>
@@ -36,8 +36,5 @@ Selection selectTransport(const TransportList& transports, const PeerInfo& a, co
 // The slowest link among every pair of `infos` (the tuner's input, computed alike by every rank);
 // withinHosts: among the pairs on one host only.
 LinkClass slowestLink(const TransportList& transports, const std::vector<PeerInfo>& infos, bool withinHosts = false);
-
-// Whether the ib transport can run here, and if not why (`braid info`, until it exists).
-Availability probeIb(const Config& config);
 
 }  // namespace braid

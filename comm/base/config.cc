@@ -82,6 +82,16 @@ const Row kRows[] = {
      [](Config& c, const std::string& s) { return parseBool(s, &c.shmDisable); }},
     {"BRAID_IB_DISABLE", "0", "1: never use InfiniBand verbs",
      [](Config& c, const std::string& s) { return parseBool(s, &c.ibDisable); }},
+    {"BRAID_IBVERBS_LIB", "libibverbs.so.1", "the verbs library the ib transport loads at run time (a name the dynamic loader finds, or a path)",
+     [](Config& c, const std::string& s) -> Status { c.ibverbsLib = s; return Status::Ok(); }},
+    {"BRAID_IB_HCA", "", "InfiniBand devices and ports to use, NCCL's syntax: mlx5_0:1,mlx5_1 (prefixes, :port optional), ^ before the list excludes, = before it matches names exactly; unset: every device with an ACTIVE port",
+     [](Config& c, const std::string& s) -> Status { c.ibHca = s; return Status::Ok(); }},
+    {"BRAID_IB_GID_INDEX", "-1", "GID table index for RoCE ports (-1: chosen per port, preferring RoCE v2 with an IPv4 address)",
+     BRAID_ASSIGN_INT(ibGidIndex, -1, 255)},
+    {"BRAID_IB_TIMEOUT", "16", "ib transport timeout exponent, 1 to 31: a try waits 4.096 us x 2^N for an acknowledgement (16: 268 ms; a dead peer is reported after BRAID_IB_RETRY_CNT+1 tries)",
+     BRAID_ASSIGN_INT(ibTimeout, 1, 31)},
+    {"BRAID_IB_RETRY_CNT", "7", "ib retries after a try gets no acknowledgement, 0 to 7",
+     BRAID_ASSIGN_INT(ibRetryCnt, 0, 7)},
     {"BRAID_SOCKET_IFNAME", "", "interfaces for tcp: prefixes (eth,ib), ^ before the list excludes (^docker,lo), = before it matches exactly (=eth0)",
      [](Config& c, const std::string& s) -> Status { c.socketIfname = s; return Status::Ok(); }},
     {"BRAID_SOCKET_BIND_ALL", "0", "1: listeners (store, tcp) bind to every address (0.0.0.0), not only the chosen interface's",
@@ -94,9 +104,9 @@ const Row kRows[] = {
        c.tcpCongestion = s;
        return Status::Ok();
      }},
-    {"BRAID_NSOCKS", "2", "channels per peer (tcp sockets, shm rings), 2 to 16; the double binary tree needs 2",
+    {"BRAID_NSOCKS", "2", "channels per peer (tcp sockets, shm rings, ib queue pairs), 2 to 16; the double binary tree needs 2",
      BRAID_ASSIGN_INT(nsocks, 2, 16)},
-    {"BRAID_BUFFSIZE", "1M", "staging buffer per channel and direction (shm ring, tcp receive buffer); power of two",
+    {"BRAID_BUFFSIZE", "1M", "staging buffer per channel and direction (shm ring, tcp receive buffer, ib inbox and outbox); power of two",
      [](Config& c, const std::string& s) -> Status {
        auto v = parseSize(s);
        if (!v.ok()) return v.status();

@@ -17,6 +17,11 @@ struct Config {
   std::string algo = "auto";         // BRAID_ALGO
   bool shmDisable = false;           // BRAID_SHM_DISABLE
   bool ibDisable = false;            // BRAID_IB_DISABLE
+  std::string ibverbsLib = "libibverbs.so.1";  // BRAID_IBVERBS_LIB
+  std::string ibHca;                 // BRAID_IB_HCA ("": every device)
+  int ibGidIndex = -1;               // BRAID_IB_GID_INDEX (-1: chosen per port)
+  int ibTimeout = 16;                // BRAID_IB_TIMEOUT (4.096 us x 2^N per try)
+  int ibRetryCnt = 7;                // BRAID_IB_RETRY_CNT
   std::string socketIfname;          // BRAID_SOCKET_IFNAME
   bool socketBindAll = false;        // BRAID_SOCKET_BIND_ALL
   std::string tcpCongestion = "auto";  // BRAID_TCP_CONGESTION

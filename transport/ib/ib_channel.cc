@@ -1,0 +1,374 @@
+#include "transport/ib/ib_channel.h"
+
+#include <arpa/inet.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+namespace braid {
+namespace {
+
+constexpr int kRecvDepth = 128;      // receives posted per QP
+constexpr int kSqDepth = 128;        // send work requests in flight per QP
+constexpr int kRepostBatch = 16;
+constexpr std::uint32_t kCreditImm = 0xffffffffu;
+constexpr std::uint64_t kCreditWr = 1ull << 63;
+constexpr std::uint32_t kWantInline = 64;
+constexpr std::uint64_t kCheck = 0x9e3779b97f4a7c15ull;
+
+void* pageAlloc(std::size_t n) {
+  void* p = std::aligned_alloc(4096, (n + 4095) & ~std::size_t{4095});
+  if (p) std::memset(p, 0, n);
+  return p;
+}
+
+std::string memlockText() {
+  rlimit r{};
+  ::getrlimit(RLIMIT_MEMLOCK, &r);
+  if (r.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return std::to_string(r.rlim_cur >> 10) + " KiB";
+}
+
+}  // namespace
+
+// Written by the peer in one inline RDMA write; `check` tells a whole write from a torn one.
+struct IbChannel::Credit {
+  volatile std::uint64_t head;    // bytes of this side's stream the peer has read
+  volatile std::uint64_t posted;  // receives the peer has posted in all
+  volatile std::uint64_t check;
+  static std::uint64_t sum(std::uint64_t h, std::uint64_t p) { return (h * kCheck) ^ (p + kCheck); }
+};
+
+IbDevice::~IbDevice() {
+  if (pd) verbs->deallocPd(pd);
+  if (channel) verbs->destroyCompChannel(channel);
+  if (ctx) verbs->closeDevice(ctx);
+}
+
+void IbDevice::drainEvents() {
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  for (int i = 0; i < 1 << 16 && verbs->getCqEvent(channel, &cq, &context) == 0; ++i) verbs->ackCqEvents(cq, 1);
+}
+
+IbChannel::IbChannel(std::shared_ptr<IbDevice> dev, int peer, std::size_t cap)
+    : dev_(std::move(dev)), peer_(peer), cap_(cap) {}
+
+Result<std::unique_ptr<IbChannel>> IbChannel::create(std::shared_ptr<IbDevice> dev, int peer, std::size_t cap) {
+  std::unique_ptr<IbChannel> c(new IbChannel(std::move(dev), peer, cap));
+  Status s = c->setup();
+  if (!s.ok()) return s;
+  return c;
+}
+
+Status IbChannel::setup() {
+  const Verbs& v = *dev_->verbs;
+  const std::string where = "ib (" + dev_->port.name() + ") toward rank " + std::to_string(peer_);
+  cq_ = v.createCq(dev_->ctx, kRecvDepth + kSqDepth + 16, this, dev_->channel, 0);
+  if (!cq_) return Status::SystemError(where + ": ibv_create_cq failed: " + std::strerror(errno));
+  ibv_qp_init_attr a{};
+  a.send_cq = cq_;
+  a.recv_cq = cq_;
+  a.qp_type = IBV_QPT_RC;
+  a.cap.max_send_wr = kSqDepth;
+  a.cap.max_recv_wr = kRecvDepth;
+  a.cap.max_send_sge = 1;
+  a.cap.max_recv_sge = 1;
+  a.cap.max_inline_data = kWantInline;
+  qp_ = v.createQp(dev_->pd, &a);
+  if (!qp_) {  // a device without inline sends
+    a.cap.max_inline_data = 0;
+    qp_ = v.createQp(dev_->pd, &a);
+  }
+  if (!qp_) return Status::SystemError(where + ": ibv_create_qp failed: " + std::strerror(errno));
+  maxInline_ = a.cap.max_inline_data;
+  inbox_ = static_cast<std::byte*>(pageAlloc(cap_));
+  outbox_ = static_cast<std::byte*>(pageAlloc(cap_));
+  ctl_ = static_cast<Credit*>(pageAlloc(2 * sizeof(Credit)));  // [0]: the peer's credits; [1]: ours, to send
+  if (!inbox_ || !outbox_ || !ctl_) return Status::SystemError(where + ": out of memory for the rings");
+  const int remote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  inboxMr_ = v.regMr(dev_->pd, inbox_, cap_, remote);
+  outboxMr_ = inboxMr_ ? v.regMr(dev_->pd, outbox_, cap_, IBV_ACCESS_LOCAL_WRITE) : nullptr;
+  ctlMr_ = outboxMr_ ? v.regMr(dev_->pd, ctl_, 2 * sizeof(Credit), remote) : nullptr;
+  if (!ctlMr_) {
+    const int err = errno;
+    return Status::SystemError(where + ": cannot register " + std::to_string((2 * cap_) >> 10) + " KiB of rings (" +
+                               std::strerror(err) + "; ulimit -l is " + memlockText() +
+                               "): raise the memlock limit (ulimit -l unlimited; docker --ulimit memlock=-1; "
+                               "systemd LimitMEMLOCK=infinity), or lower BRAID_BUFFSIZE");
+  }
+  // The peer starts with kRecvDepth receives posted, as this side does.
+  ctl_->head = 0;
+  ctl_->posted = kRecvDepth;
+  ctl_->check = Credit::sum(0, kRecvDepth);
+  peerPosted_ = kRecvDepth;
+  ibv_qp_attr init{};
+  init.qp_state = IBV_QPS_INIT;
+  init.pkey_index = 0;
+  init.port_num = static_cast<std::uint8_t>(dev_->port.port);
+  init.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  if (int e = v.modifyQp(qp_, &init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+    return Status::SystemError(where + ": ibv_modify_qp to INIT failed: " + std::strerror(e));
+  std::vector<ibv_recv_wr> wrs(kRecvDepth);
+  for (int i = 0; i < kRecvDepth; ++i) wrs[static_cast<std::size_t>(i)].next = i + 1 < kRecvDepth ? &wrs[static_cast<std::size_t>(i) + 1] : nullptr;
+  ibv_recv_wr* bad = nullptr;
+  if (int e = qp_->context->ops.post_recv(qp_, wrs.data(), &bad))
+    return Status::SystemError(where + ": ibv_post_recv failed: " + std::strerror(e));
+  posted_ = kRecvDepth;
+  return Status::Ok();
+}
+
+IbChannel::~IbChannel() {
+  const Verbs& v = *dev_->verbs;
+  if (qp_) v.destroyQp(qp_);
+  if (ctlMr_) v.deregMr(ctlMr_);
+  if (outboxMr_) v.deregMr(outboxMr_);
+  if (inboxMr_) v.deregMr(inboxMr_);
+  if (cq_) {
+    dev_->drainEvents();
+    v.destroyCq(cq_);
+  }
+  std::free(inbox_);
+  std::free(outbox_);
+  std::free(ctl_);
+}
+
+IbEndpoint IbChannel::endpoint() const {
+  IbEndpoint e;
+  e.qpn = qp_->qp_num;
+  e.psn = 0;
+  e.inbox = reinterpret_cast<std::uint64_t>(inbox_);
+  e.inboxKey = inboxMr_->rkey;
+  e.ctl = reinterpret_cast<std::uint64_t>(ctl_);
+  e.ctlKey = ctlMr_->rkey;
+  return e;
+}
+
+Status IbChannel::connect(const IbEndpoint& remote, const IbRemotePort& port, const Config& config) {
+  remote_ = remote;
+  const Verbs& v = *dev_->verbs;
+  const IbPort& me = dev_->port;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = static_cast<ibv_mtu>(std::min<int>(me.attr.active_mtu, port.mtu));  // the smaller of both ends
+  a.dest_qp_num = remote.qpn;
+  a.rq_psn = remote.psn;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;  // 0.64 ms
+  a.ah_attr.port_num = static_cast<std::uint8_t>(me.port);
+  if (me.ethernet()) {
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = port.gid;
+    a.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(me.gidIndex);
+    a.ah_attr.grh.hop_limit = 64;
+  } else {
+    a.ah_attr.dlid = port.lid;
+  }
+  const std::string where = "ib (" + me.name() + ") toward rank " + std::to_string(peer_);
+  if (int e = v.modifyQp(qp_, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    return Status::SystemError(where + ": ibv_modify_qp to RTR failed: " + std::strerror(e));
+  ibv_qp_attr r{};
+  r.qp_state = IBV_QPS_RTS;
+  r.sq_psn = 0;
+  r.timeout = static_cast<std::uint8_t>(config.ibTimeout);
+  r.retry_cnt = static_cast<std::uint8_t>(config.ibRetryCnt);
+  r.rnr_retry = 7;  // receives are accounted for: an RNR NAK is only ever transient
+  r.max_rd_atomic = 1;
+  if (int e = v.modifyQp(qp_, &r, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                      IBV_QP_MAX_QP_RD_ATOMIC))
+    return Status::SystemError(where + ": ibv_modify_qp to RTS failed: " + std::strerror(e));
+  return Status::Ok();
+}
+
+Status IbChannel::fail(const ibv_wc& wc) {
+  const Verbs& v = *dev_->verbs;
+  const std::string words = v.wcStatusStr(wc.status);
+  const std::string name = wcStatusName(wc.status);
+  const std::string who = "rank " + std::to_string(peer_);
+  const std::string via = "ib (" + dev_->port.name() + ")";
+  switch (wc.status) {
+    case IBV_WC_RETRY_EXC_ERR:
+      return Status::RemoteError(who + " unreachable over " + via + ": " + words + " (" + name +
+                                 "); it exited, or the fabric between the hosts is down: check the fabric, or "
+                                 "BRAID_IB_TIMEOUT and BRAID_IB_RETRY_CNT");
+    case IBV_WC_REM_ACCESS_ERR:
+    case IBV_WC_REM_INV_REQ_ERR:
+    case IBV_WC_REM_OP_ERR:
+      return Status::RemoteError(who + " refused a write over " + via + ": " + words + " (" + name +
+                                 "); it ended its communicator, or the two ends disagree on their rings "
+                                 "(BRAID_BUFFSIZE must match)");
+    default:
+      return Status::RemoteError(via + " failed toward " + who + ": " + words + " (" + name + ", vendor error " +
+                                 std::to_string(wc.vendor_err) + ")");
+  }
+}
+
+bool IbChannel::readCredit() {
+  const std::uint64_t h = ctl_->head, p = ctl_->posted, c = ctl_->check;
+  if (c != Credit::sum(h, p)) return false;  // a write in progress: read it next time
+  peerHead_ = std::max(peerHead_, h);
+  peerPosted_ = std::max(peerPosted_, p);
+  return true;
+}
+
+void IbChannel::poll() {
+  if (!error_.ok()) return;
+  ibv_wc wcs[32];
+  int n = cq_->context->ops.poll_cq(cq_, 32, wcs);
+  if (n == 0 && !armed_) {
+    // Nothing: arm the CQ so that a waiter sleeping on the channel wakes at the next completion,
+    // then look once more (a completion may have come in between).
+    cq_->context->ops.req_notify_cq(cq_, 0);
+    armed_ = true;
+    n = cq_->context->ops.poll_cq(cq_, 32, wcs);
+  }
+  if (n > 0 && armed_) {
+    armed_ = false;
+    dev_->drainEvents();
+  }
+  for (int i = 0; i < n; ++i) {
+    const ibv_wc& wc = wcs[i];
+    if (wc.status != IBV_WC_SUCCESS) {
+      if (error_.ok()) error_ = fail(wc);
+      return;
+    }
+    if (wc.opcode & IBV_WC_RECV) {
+      ++processed_;
+      const std::uint32_t imm = ntohl(wc.imm_data);
+      if (imm != kCreditImm) tail_ += imm;
+    } else {
+      --sqOutstanding_;
+      if (!(wc.wr_id & kCreditWr)) acked_ = std::max(acked_, wc.wr_id);
+    }
+  }
+  // Give back what was completed, a batch at a time.
+  const std::uint64_t free = processed_ + kRecvDepth - posted_;
+  if (free >= kRepostBatch) {
+    ibv_recv_wr wrs[kRecvDepth];
+    for (std::uint64_t i = 0; i < free; ++i) {
+      wrs[i] = ibv_recv_wr{};
+      wrs[i].next = i + 1 < free ? &wrs[i + 1] : nullptr;
+    }
+    ibv_recv_wr* bad = nullptr;
+    if (int e = qp_->context->ops.post_recv(qp_, wrs, &bad)) {
+      error_ = Status::SystemError("ib (" + dev_->port.name() + ") toward rank " + std::to_string(peer_) +
+                                   ": ibv_post_recv failed: " + std::strerror(e));
+      return;
+    }
+    posted_ += free;
+  }
+  maybeCredit();
+}
+
+void IbChannel::maybeCredit() {
+  if (head_ - creditedHead_ >= cap_ / 4 || posted_ - creditedPosted_ >= kRecvDepth / 4) sendCredit();
+}
+
+Status IbChannel::post(ibv_send_wr& wr) {
+  ibv_send_wr* bad = nullptr;
+  if (int e = qp_->context->ops.post_send(qp_, &wr, &bad))
+    return Status::SystemError("ib (" + dev_->port.name() + ") toward rank " + std::to_string(peer_) +
+                               ": ibv_post_send failed: " + std::strerror(e));
+  ++sqOutstanding_;
+  if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) ++immSent_;
+  return Status::Ok();
+}
+
+void IbChannel::sendCredit() {
+  if (sqOutstanding_ >= kSqDepth || !error_.ok()) return;  // the next poll tries again
+  // Inline, the bytes are taken at the post; otherwise from ctl_[1], which a later credit may
+  // overwrite while the NIC reads it: the check word makes the peer ignore such a mix.
+  Credit local;
+  Credit& c = maxInline_ >= sizeof(Credit) ? local : ctl_[1];
+  c.head = head_;
+  c.posted = posted_;
+  c.check = Credit::sum(head_, posted_);
+  ibv_sge sge{reinterpret_cast<std::uint64_t>(&c), sizeof(Credit), ctlMr_->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = kCreditWr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  // With an immediate (a completion that wakes the peer) when one of its receives is to spare;
+  // the data path keeps the last one for this.
+  const bool wake = immSent_ < peerPosted_;
+  wr.opcode = wake ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+  wr.imm_data = htonl(kCreditImm);
+  wr.send_flags = IBV_SEND_SIGNALED | (maxInline_ >= sizeof(Credit) ? IBV_SEND_INLINE : 0);
+  wr.wr.rdma.remote_addr = remote_.ctl;
+  wr.wr.rdma.rkey = remote_.ctlKey;
+  Status s = post(wr);
+  if (!s.ok()) {
+    error_ = s;
+    return;
+  }
+  creditedHead_ = head_;
+  creditedPosted_ = posted_;
+}
+
+Result<std::size_t> IbChannel::trySend(const void* data, std::size_t n) {
+  poll();
+  if (!error_.ok()) return error_;
+  if (n == 0) return std::size_t{0};
+  readCredit();
+  // A receive of the peer for each write, keeping one for a credit.
+  if (immSent_ + 1 >= peerPosted_ || sqOutstanding_ >= kSqDepth - 1) return std::size_t{0};
+  const std::size_t inFlight = static_cast<std::size_t>(sent_ - std::min(peerHead_, acked_));
+  const std::size_t at = static_cast<std::size_t>(sent_ % cap_);
+  std::size_t k = std::min({n, cap_ - inFlight, cap_ - at});
+  if (k == 0) return std::size_t{0};
+  ibv_sge sge{};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.imm_data = htonl(static_cast<std::uint32_t>(k));
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = remote_.inbox + at;
+  wr.wr.rdma.rkey = remote_.inboxKey;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  if (k <= maxInline_) {
+    sge = {reinterpret_cast<std::uint64_t>(data), static_cast<std::uint32_t>(k), 0};
+    wr.send_flags |= IBV_SEND_INLINE;
+  } else {
+    std::memcpy(outbox_ + at, data, k);
+    sge = {reinterpret_cast<std::uint64_t>(outbox_ + at), static_cast<std::uint32_t>(k), outboxMr_->lkey};
+  }
+  wr.wr_id = sent_ + k;
+  Status s = post(wr);
+  if (!s.ok()) return error_ = s;
+  sent_ += k;
+  return k;
+}
+
+Result<std::span<const std::byte>> IbChannel::peek() {
+  poll();
+  if (!error_.ok()) return error_;
+  const std::size_t at = static_cast<std::size_t>(head_ % cap_);
+  const std::size_t k = std::min(static_cast<std::size_t>(tail_ - head_), cap_ - at);
+  return std::span<const std::byte>(inbox_ + at, k);
+}
+
+void IbChannel::consume(std::size_t n) {
+  head_ += n;
+  maybeCredit();
+}
+
+Result<std::size_t> IbChannel::tryRecv(void* dst, std::size_t n) {
+  std::size_t got = 0;
+  while (got < n) {
+    auto s = peek();
+    if (!s.ok()) return s.status();
+    if (s->empty()) break;
+    std::size_t k = std::min(n - got, s->size());
+    std::memcpy(static_cast<std::byte*>(dst) + got, s->data(), k);
+    consume(k);
+    got += k;
+  }
+  return got;
+}
+
+}  // namespace braid

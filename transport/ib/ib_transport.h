@@ -1,0 +1,47 @@
+// InfiniBand verbs (and RoCE) between ranks: RC queue pairs, one per channel (ib_channel.h).
+// libibverbs is loaded at run time (ib_verbs.h); the port each rank uses is chosen by ib_port.h.
+// Whatever stops it (BRAID_IB_DISABLE, no library, no device, no ACTIVE port, a memlock limit
+// below one connection's rings) is the probe's reason, kept and shown by `braid info`, and the
+// pair falls back to the next transport (tcp) on both ends.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "transport/ib/ib_channel.h"
+#include "transport/setup.h"
+
+namespace braid {
+
+class IbTransport final : public Transport {
+ public:
+  explicit IbTransport(const Config& config) : config_(config) {}
+  std::string_view name() const override { return "ib"; }
+  Availability probe() override;
+  // "DEVICE PORT LID GID GID_INDEX GID_TYPE LINK_LAYER MTU": the port and how to address it.
+  Result<std::string> localAddress(const std::string& rendezvousIp) override;
+  Availability canReach(const PeerInfo& a, const PeerInfo& b) const override;
+  LinkClass linkClass(const PeerInfo& a, const PeerInfo& b) const override;
+  Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx, const std::vector<int>& peers) override;
+  WaitSources waitSources() const override;
+
+ private:
+  Config config_;
+  bool probed_ = false;
+  Availability availability_;
+  std::shared_ptr<const Verbs> verbs_;
+  std::vector<IbPort> ports_;
+  std::shared_ptr<IbDevice> device_;
+};
+
+// A published ib address, parsed (tests and `braid doctor` read it too).
+struct IbAddress {
+  std::string device;
+  int port = 0;
+  IbRemotePort remote;
+  int gidIndex = 0;
+  int gidType = 0;
+  static Result<IbAddress> parse(const std::string& text);
+  std::string text() const;
+};
+
+}  // namespace braid

@@ -175,6 +175,17 @@ INSTANTIATE_TEST_SUITE_P(Tcp, Collectives,
                                   std::get<2>(info.param);
                          });
 
+// ib between ranks of one host (shm off) over the verbs emulation (tests/fakeibv); every pair is
+// checked to use it. Across test hosts: tests/hosts.
+INSTANTIATE_TEST_SUITE_P(Ib, Collectives,
+                         ::testing::Values(std::make_tuple(std::string("ib"), 2, std::string("ring")),
+                                           std::make_tuple(std::string("ib"), 3, std::string("tree")),
+                                           std::make_tuple(std::string("ib"), 4, std::string("auto"))),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks_" +
+                                  std::get<2>(info.param);
+                         });
+
 // One-shot all-reduce forced at every size (the other collectives keep the tuner's choice), and the
 // tuner's own mix of algorithms by size ("auto").
 INSTANTIATE_TEST_SUITE_P(OneShotAndAuto, Collectives,

@@ -7,6 +7,10 @@
 #include <unistd.h>
 
 #include <chrono>
+
+#include "comm/base/config.h"
+#include "comm/c_handle.h"
+#include "comm/communicator.h"
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -60,8 +64,14 @@ std::vector<RankOutcome> waitAll(const std::vector<pid_t>& pids, double timeoutS
 
 void report(int rank, const std::string& message) { std::fprintf(stderr, "rank %d: %s\n", rank, message.c_str()); }
 
+std::string fakeIbverbsLib() { return BRAID_FAKEIBV_LIB; }
+
 Env transportEnv(const std::string& transport) {
   if (transport == "tcp") return {{"BRAID_SHM_DISABLE", "1"}};
+  // ib between ranks of this host, over the verbs emulation (tests/fakeibv); runRanks checks
+  // that every pair got it rather than falling back to tcp.
+  if (transport == "ib")
+    return {{"BRAID_SHM_DISABLE", "1"}, {"BRAID_IBVERBS_LIB", fakeIbverbsLib()}, {"TEST_EXPECT_TRANSPORT", "ib"}};
   // Pretend hosts on this machine: shm within each, tcp across.
   if (transport.rfind("hosts/", 0) == 0) return {{"BRAID_HOSTID", "h{rank/" + transport.substr(6) + "}"}};
   if (transport.rfind("hosts%", 0) == 0) return {{"BRAID_HOSTID", "h{rank%" + transport.substr(6) + "}"}};
@@ -133,6 +143,12 @@ std::vector<RankOutcome> runRanks(int n, const std::function<int(int, braidComm_
           report(rank, std::string("braidCommInitRank failed: ") + braidGetLastError(nullptr));
           return 93;
         }
+        if (const char* want = environmentValue("TEST_EXPECT_TRANSPORT"))
+          for (int p = 0; p < n; ++p)
+            if (p != rank && comm->impl->transportOf(p) != want) {
+              report(rank, "uses " + comm->impl->transportOf(p) + " to rank " + std::to_string(p) + ", not " + want);
+              return 95;
+            }
         int rc = body(rank, comm);
         if (rc < 0) return -rc;
         braidResult_t d = braidCommDestroy(comm);

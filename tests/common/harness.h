@@ -34,7 +34,11 @@ std::vector<RankOutcome> forkRanks(int n, const std::function<int(int)>& body, d
 // The transport under test as environment: {"shm"} -> nothing, {"tcp"} -> BRAID_SHM_DISABLE=1;
 // pretend hosts on this machine (BRAID_HOSTID, shm within each and tcp across): "hosts/K" puts
 // ranks 0..K-1 on the first host, K..2K-1 on the second, ...; "hosts%K" deals them round robin.
+// "ib": ib between ranks of this host (shm off) over the verbs emulation, every pair checked to use it.
 Env transportEnv(const std::string& transport);
+
+// The verbs emulation's library (tests/fakeibv), for BRAID_IBVERBS_LIB.
+std::string fakeIbverbsLib();
 
 // An Env value for one rank: each "{rank}", "{rank/K}" and "{rank%K}" replaced by its figure
 // (runRanks applies it, so one Env can give every rank its own value).

@@ -12,6 +12,7 @@
 
 #include "braid/braid.h"
 #include "comm/c_handle.h"
+#include "tests/common/harness.h"
 #include "tests/common/transport_pair.h"
 #include "comm/base/socket.h"
 #include "transport/tcp/tcp_channel.h"
@@ -25,6 +26,7 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     Config config;
     config.timeoutSec = 20;
+    config.ibverbsLib = test::fakeIbverbsLib();  // ib over the verbs emulation (tests/fakeibv)
     auto pair = test::TransportPair::make(GetParam(), config);
     if (!pair.ok() && pair.status().message().find("cannot run here") != std::string::npos)
       GTEST_SKIP() << pair.status().toString();
@@ -179,8 +181,10 @@ INSTANTIATE_TEST_SUITE_P(Transports, TransportConformance, ::testing::ValuesIn(t
 class CommunicatorOverTransport : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    setenv("BRAID_SHM_DISABLE", GetParam() == "tcp" ? "1" : "0", 1);
+    setenv("BRAID_SHM_DISABLE", GetParam() == "shm" ? "0" : "1", 1);
     setenv("BRAID_TIMEOUT", "20", 1);
+    setenv("BRAID_IBVERBS_LIB", test::fakeIbverbsLib().c_str(), 1);
+    setenv("BRAID_IB_DISABLE", GetParam() == "ib" ? "0" : "1", 1);
     braidUniqueId id;
     ASSERT_EQ(braidGetUniqueId(&id), braidSuccess);
     braidResult_t r1 = braidInternalError;
@@ -197,6 +201,8 @@ class CommunicatorOverTransport : public ::testing::TestWithParam<std::string> {
       t.join();
     }
     unsetenv("BRAID_SHM_DISABLE");
+    unsetenv("BRAID_IBVERBS_LIB");
+    unsetenv("BRAID_IB_DISABLE");
   }
   braidComm_t a_ = nullptr, b_ = nullptr;
 };
@@ -228,7 +234,7 @@ TEST_P(CommunicatorOverTransport, AbortWhileAReceiveIsPendingEndsItQuickly) {
   b_ = nullptr;
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, CommunicatorOverTransport, ::testing::Values("shm", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Transports, CommunicatorOverTransport, ::testing::Values("shm", "ib", "tcp"));
 
 // BRAID_TCP_CONGESTION on two ranks of this host: auto gives every tcp connection reno, system
 // leaves the system's default, a name the kernel does not know fails creation on the rank that sets

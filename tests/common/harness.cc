@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,6 +68,17 @@ std::vector<RankOutcome> waitAll(const std::vector<pid_t>& pids, double timeoutS
 void report(int rank, const std::string& message) { std::fprintf(stderr, "rank %d: %s\n", rank, message.c_str()); }
 
 std::string fakeIbverbsLib() { return BRAID_FAKEIBV_LIB; }
+
+bool lowerMemlock(std::uint64_t bytes) {
+  rlimit r{bytes, bytes};
+  if (setrlimit(RLIMIT_MEMLOCK, &r) != 0) return false;
+  // Without CAP_IPC_LOCK, as an unprivileged user runs: the limit then binds registrations.
+  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct d[2]{};
+  if (syscall(SYS_capget, &h, d) != 0) return false;
+  d[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+  return syscall(SYS_capset, &h, d) == 0;
+}
 
 Env transportEnv(const std::string& transport) {
   if (transport == "tcp") return {{"BRAID_SHM_DISABLE", "1"}};
@@ -138,6 +152,8 @@ std::vector<RankOutcome> runRanks(int n, const std::function<int(int, braidComm_
         } else if (!readAll(readEnds[static_cast<std::size_t>(rank)], &id, sizeof(id))) {
           return 92;
         }
+        if (const char* memlock = environmentValue("TEST_MEMLOCK_BYTES"))
+          if (!lowerMemlock(std::strtoull(memlock, nullptr, 10))) return 96;
         braidComm_t comm = nullptr;
         if (braidCommInitRank(&comm, n, id, rank) != braidSuccess) {
           report(rank, std::string("braidCommInitRank failed: ") + braidGetLastError(nullptr));

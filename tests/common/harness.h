@@ -2,6 +2,7 @@
 // way users run Braid. Rank 0 creates a unique id and hands it to the others through pipes.
 #pragma once
 #include <sys/types.h>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -39,6 +40,11 @@ Env transportEnv(const std::string& transport);
 
 // The verbs emulation's library (tests/fakeibv), for BRAID_IBVERBS_LIB.
 std::string fakeIbverbsLib();
+
+// Sets this process's memlock limit to `bytes` and drops CAP_IPC_LOCK from its effective set, so
+// that the limit binds memory registration as for an unprivileged user. runRanks does it before
+// the communicator when the Env has TEST_MEMLOCK_BYTES.
+bool lowerMemlock(std::uint64_t bytes);
 
 // An Env value for one rank: each "{rank}", "{rank/K}" and "{rank%K}" replaced by its figure
 // (runRanks applies it, so one Env can give every rank its own value).

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 
 #include "tests/fakeibv/objects.h"
 
@@ -140,8 +141,20 @@ std::vector<Device*> makeDevices() {
 
 }  // namespace
 
+// Looked up again when FAKEIBV_DEVICES changed, as libibverbs rescans sysfs on each
+// ibv_get_device_list (a forked child with other settings sees its own devices). Devices of an
+// earlier list stay allocated: contexts opened on them may still be in use.
 const std::vector<Device*>& devices() {
-  static const std::vector<Device*> all = makeDevices();
+  static std::mutex mu;
+  static std::vector<Device*> all;
+  static std::string seen = "\x01never";
+  std::lock_guard<std::mutex> g(mu);
+  const char* env = std::getenv("FAKEIBV_DEVICES");
+  const std::string now = env ? env : "\x01unset";
+  if (now != seen) {
+    all = makeDevices();
+    seen = now;
+  }
   return all;
 }
 

@@ -196,9 +196,13 @@ Step execute(Qp* q, SendWr& w) {
   if (rdma) {
     const unsigned need = read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
     const MrSlot* r = findMr(w.rkey, pid);
-    if (!r || r->pd != p->pd || !(r->access & need) || !(p->access & need) || w.remoteAddr < r->addr ||
+    int after = p->accessAfter.load();
+    const bool injected = after > 0 && (after == 1 ? p->accessAfter.compare_exchange_strong(after, -1)
+                                                   : (p->accessAfter.compare_exchange_strong(after, after - 1), false));
+    if (injected || p->accessAfter.load() < 0 || !r || r->pd != p->pd || !(r->access & need) || !(p->access & need) || w.remoteAddr < r->addr ||
         w.remoteAddr + total > r->addr + r->length) {
       p->state.store(IBV_QPS_ERR);  // the responder's QP fails too
+      counts().accessErrors++;
       return {Outcome::kError, IBV_WC_REM_ACCESS_ERR};
     }
     char* base = reinterpret_cast<char*>(r->base + (w.remoteAddr - r->addr));
@@ -299,6 +303,7 @@ void progress(Qp* q) {
       break;
     }
     if (s.outcome == Outcome::kRnr) {
+      counts().rnrNaks++;
       w.waiting = false;  // the peer answered
       ++w.rnrTries;
       if (q->attr.rnr_retry != 7 && w.rnrTries > q->attr.rnr_retry) {
@@ -310,6 +315,7 @@ void progress(Qp* q) {
     }
     // No response.
     if (!w.waiting) {
+      counts().noResponse++;
       w.waiting = true;
       const auto budget = noResponseBudget(q->attr);
       w.giveUpAt = budget == Clock::duration::max() ? Clock::time_point::max() : now + budget;

@@ -111,6 +111,9 @@ struct Qp {
 // Live objects of this process, for leak checks (fakeibv_live).
 struct Counts {
   std::atomic<int> ctx{0}, pd{0}, mr{0}, cq{0}, qp{0}, srq{0}, channel{0}, ah{0}, fd{0};
+  // What the NIC met as a requester (fakeibv_stats): RNR NAKs, requests that got no response
+  // (each counted once), remote access errors.
+  std::atomic<int> rnrNaks{0}, noResponse{0}, accessErrors{0};
 };
 Counts& counts();
 

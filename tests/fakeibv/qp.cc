@@ -22,7 +22,9 @@ T fail(int err, T value) {
   return value;
 }
 
-// FAKEIBV_FAULT=rnr:N (comma-separated faults): this process's next N arrivals find no receive.
+// FAKEIBV_FAULT (comma-separated faults), read when a QP is made, for what arrives at it:
+//   rnr:N     the next N arrivals that need a receive find none (an RNR NAK each)
+//   access:N  the Nth RDMA write or read to arrive, and every later one, fails its key check
 int faultValue(const char* name) {
   const char* f = std::getenv("FAKEIBV_FAULT");
   if (!f) return 0;
@@ -65,6 +67,7 @@ ibv_qp* createQp(ibv_pd* pd, ibv_qp_init_attr_ex* a) {
   s.srq = q->srq ? q->srq->id : 0;
   s.pd = reinterpret_cast<Pd*>(pd)->key;
   s.rnrInject.store(faultValue("rnr"));
+  s.accessAfter.store(faultValue("access"));
   initMutex(&s.rq.mu);
   s.rq.cap = cap;
   s.magic = kMagic;
@@ -355,6 +358,14 @@ FIBV_EXPORT int fakeibv_live(char* out, std::size_t n) {
   Counts& c = counts();
   return std::snprintf(out, n, "ctx=%d pd=%d mr=%d cq=%d qp=%d srq=%d channel=%d ah=%d fd=%d", c.ctx.load(), c.pd.load(),
                        c.mr.load(), c.cq.load(), c.qp.load(), c.srq.load(), c.channel.load(), c.ah.load(), c.fd.load());
+}
+
+// Not a verbs call either: what the emulated NIC of this process met ("rnr_naks=2 ..."), so that
+// tests can tell that an injected fault happened.
+FIBV_EXPORT int fakeibv_stats(char* out, std::size_t n) {
+  Counts& c = counts();
+  return std::snprintf(out, n, "rnr_naks=%d no_response=%d access_errors=%d", c.rnrNaks.load(), c.noResponse.load(),
+                       c.accessErrors.load());
 }
 
 // FAKEIBV_REPORT=FILE: at exit, append "PID live ..." to FILE, so a test can check that a program

@@ -82,6 +82,7 @@ struct SharedQp {
   std::uint8_t minRnrTimer;
   std::uint8_t port;
   std::atomic<int> rnrInject;  // FAKEIBV_FAULT=rnr:N of the owner: the next N arrivals see no receive
+  std::atomic<int> accessAfter;  // FAKEIBV_FAULT=access:N: the Nth RDMA on is refused (0: never; -1: refusing)
   std::uint32_t access;  // qp_access_flags
   std::uint32_t cq;      // receive CQ id
   std::uint32_t srq;     // SRQ id, 0 when none

@@ -240,7 +240,7 @@ TEST_P(Failures, StoppedRankTimesOutAfterBraidTimeoutAndIsNamed) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, Failures, ::testing::Values("shm", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Transports, Failures, ::testing::Values("shm", "ib", "tcp"));
 
 // Every API function with bad input returns invalid argument and leaves the communicator usable.
 TEST(Misuse, BadArgumentsAreRejectedAndTheCommunicatorStaysUsable) {

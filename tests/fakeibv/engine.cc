@@ -26,12 +26,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::mutex registryMu;
-std::vector<Qp*> qps;
-std::map<std::uint32_t, Cq*> cqs;
+// The NIC thread may still run while the process exits: what it touches is never destroyed (a
+// condition variable destroyed under a waiter blocks exit).
+std::mutex& registryMu = *new std::mutex;
+std::vector<Qp*>& qps = *new std::vector<Qp*>;
+std::map<std::uint32_t, Cq*>& cqs = *new std::map<std::uint32_t, Cq*>;
 
-std::mutex nicMu;
-std::condition_variable nicCv;
+std::mutex& nicMu = *new std::mutex;
+std::condition_variable& nicCv = *new std::condition_variable;
 std::atomic<int> waitingQps{0};  // QPs with queued requests that could not finish yet
 bool nicStarted = false;
 
@@ -339,7 +341,7 @@ void account(Qp* q, bool& counted) {
   }
 }
 
-std::map<Qp*, bool> counted;  // guarded by registryMu
+std::map<Qp*, bool>& counted = *new std::map<Qp*, bool>;  // guarded by registryMu
 
 void progressAll() {
   std::lock_guard<std::mutex> g(registryMu);
@@ -353,8 +355,8 @@ void progressAll() {
 }
 
 int writerFor(std::uint32_t channel, int ownerPid) {
-  static std::mutex mu;
-  static std::map<std::uint32_t, int> fds;
+  static std::mutex& mu = *new std::mutex;
+  static std::map<std::uint32_t, int>& fds = *new std::map<std::uint32_t, int>;
   std::lock_guard<std::mutex> g(mu);
   auto it = fds.find(channel);
   if (it != fds.end()) return it->second;

@@ -15,12 +15,16 @@
 #      takes the one toward the rendezvous host; BRAID_SOCKET_IFNAME naming no interface fails at
 #      once naming the ones there are; naming the blackholed one fails within BRAID_TIMEOUT, saying
 #      which address could not be reached and which variable to check
-# Usage: test_hosts.sh BRAID TESTHOSTS. Exit 77 (skip) with the reason where namespaces cannot be
+#   7. ib across hosts over the verbs emulation (tests/fakeibv, which works across test hosts):
+#      2 hosts x 2 ranks, the collectives exact with shm inside a host and ib across; then a host
+#      without an ib device: the pairs across agree on tcp, on every rank, and stay exact
+# Usage: test_hosts.sh BRAID TESTHOSTS [FAKEIBV_LIB]. Exit 77 (skip) with the reason where namespaces cannot be
 # made (not root, no ip/unshare/nsenter, a kernel without veth or bridges). Every test host is
 # removed at the end, also when a case fails.
 set -uo pipefail
 braid=$1
 testhosts=$2
+fakeibv=${3:-}
 port=29611
 export BRAID_SECRET=braid-testhosts-$$-secret  # the same on every host
 fail=0
@@ -37,12 +41,15 @@ done
 
 # Starts `braid run` on hosts h1..hN in the background, each bounded by LIMIT s, as across
 # machines (--nnodes, --node-rank, --master-addr h1); their PIDs in `pids`, logs in $work/hK.log.
+# HOST_ENV_hK (NAME=VALUE ...) adds to host K's environment only.
 start_on_hosts() {
-  local hosts=$1 ranks=$2 limit=$3 k
+  local hosts=$1 ranks=$2 limit=$3 k extra
   shift 3
   pids=()
   for k in $(seq 1 "$hosts"); do
-    timeout "$limit" "$testhosts" exec "h$k" "$braid" run --nnodes "$hosts" --node-rank $((k - 1)) \
+    extra=HOST_ENV_h$k
+    # shellcheck disable=SC2086
+    timeout "$limit" env ${!extra:-} "$testhosts" exec "h$k" "$braid" run --nnodes "$hosts" --node-rank $((k - 1)) \
       --master-addr "$("$testhosts" addr h1)" --master-port "$port" -n "$ranks" -- "$@" >"$work/h$k.log" 2>&1 &
     pids+=($!)
   done
@@ -201,6 +208,32 @@ interfaces() {
   [ -n "$named" ] && [ "$ms" -lt 20000 ]
 }
 check "a blackholed second interface: not taken by default; BRAID_SOCKET_IFNAME errors name it" interfaces
+
+ib_across() {
+  local c
+  for c in "allreduce -d all -o all" "allgather -d all" "broadcast -d all -r 1" "alltoall" "sendrecv"; do
+    # shellcheck disable=SC2086
+    BRAID_IBVERBS_LIB=$fakeibv run_on_hosts 2 2 120 "$braid" perf $c "${opts[@]}" || { echo "  $c failed"; return 1; }
+    grep -q "rank 2 on braid-h2: ib x2 shm x1" "$work/h1.log" || { echo "  $c: transports"; return 1; }
+    grep -q "Out of bounds values : 0 OK" "$work/h1.log" || { echo "  $c: wrong elements"; return 1; }
+  done
+  # h2 has no ib device: every pair across uses tcp, and every rank says why.
+  BRAID_IBVERBS_LIB=$fakeibv BRAID_DEBUG=INFO BRAID_DEBUG_SUBSYS=INIT HOST_ENV_h2="FAKEIBV_DEVICES=" \
+    run_on_hosts 2 2 120 "$braid" perf allreduce -d all "${opts[@]}" || { echo "  the mixed job failed"; return 1; }
+  grep -q "rank 2 on braid-h2: shm x1 tcp x2" "$work/h1.log" && grep -q "Out of bounds values : 0 OK" "$work/h1.log" ||
+    { echo "  mixed: not tcp across, or not exact"; return 1; }
+  local k why
+  for k in 1 2; do
+    why=$(grep -o "ib skipped: unusable on rank [0-9]*: no InfiniBand device found" "$work/h$k.log" | head -n 1)
+    [ -n "$why" ] || { echo "  h$k's ranks do not say why ib was skipped"; return 1; }
+  done
+  echo "  mixed: $why"
+}
+if [ -n "$fakeibv" ] && [ -e "$fakeibv" ]; then
+  check "ib across 2 hosts x 2 ranks (verbs emulation): exact, shm inside and ib across; a host without ib gets tcp" ib_across
+else
+  echo "skip ib across hosts: the verbs emulation was not given (test_hosts.sh BRAID TESTHOSTS FAKEIBV_LIB)"
+fi
 
 rm -rf "$work"
 echo "$passed passed, $fail failed"

@@ -451,8 +451,11 @@ void rawPingPongBench(benchmark::State& state, bool tcp) {
 
 // One Braid channel benchmark: `measure` times the channel, `report` sets the counters beside the raw
 // limit stored under `rawKey` by the raw benchmark (or measured now with `rawNow` if it did not run).
+// `transport`: the registry's name ("" for shm or tcp by `tcp`); a transport without a raw row
+// here (ib: its limit is perftest's, bench/ib_compare) passes a null rawKey.
 template <typename Measure, typename RawNow, typename Report>
-void channelBench(benchmark::State& state, bool tcp, const char* rawKey, Measure measure, RawNow rawNow, Report report) {
+void channelBench(benchmark::State& state, bool tcp, const char* rawKey, Measure measure, RawNow rawNow, Report report,
+                  const char* transport = nullptr) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   // The transport's own connections (no communicator), under the environment's BRAID_* settings.
   auto config = braid::Config::fromEnvironment();
@@ -461,7 +464,7 @@ void channelBench(benchmark::State& state, bool tcp, const char* rawKey, Measure
     return;
   }
   config->timeoutSec = 60;
-  auto pair = braid::test::TransportPair::make(tcp ? "tcp" : "shm", *config);
+  auto pair = braid::test::TransportPair::make(transport ? transport : tcp ? "tcp" : "shm", *config);
   if (!pair.ok()) {
     state.SkipWithError(pair.status().toString().c_str());
     return;
@@ -472,8 +475,8 @@ void channelBench(benchmark::State& state, bool tcp, const char* rawKey, Measure
     state.SkipWithError("channel failed");
     return;
   }
-  double raw = lookupRaw(rawKey, bytes);
-  report(state, bytes, per, raw > 0 ? raw : rawNow(tcp, bytes));
+  double raw = rawKey ? lookupRaw(rawKey, bytes) : 0;
+  report(state, bytes, per, raw > 0 || !rawKey ? raw : rawNow(tcp, bytes));
 }
 
 void pingPongBench(benchmark::State& state, bool tcp) {
@@ -562,6 +565,16 @@ void streamBench(benchmark::State& state, bool tcp) {
   channelBench(state, tcp, tcp ? "stream_tcp" : "stream_shm", stream<ChannelLink>, rawStream, reportStream);
 }
 
+// ib's rows: over whatever BRAID_IBVERBS_LIB loads (on these machines the verbs emulation, whose
+// limit perftest measures: bench/ib_compare puts the two side by side).
+void pingPongIbBench(benchmark::State& state) {
+  channelBench(state, false, nullptr, pingPong<ChannelLink>, rawRoundTrip,
+               [](benchmark::State& s, std::size_t, double per, double raw) { reportLatency(s, per, raw); }, "ib");
+}
+void streamIbBench(benchmark::State& state) {
+  channelBench(state, false, nullptr, stream<ChannelLink>, rawStream, reportStream, "ib");
+}
+
 // ---- (c) per-collective overhead of the engine
 
 void allReduce1Rank(benchmark::State& state) {
@@ -639,6 +652,8 @@ BENCHMARK_CAPTURE(rawStreamBench, memcpy, false)->Name("stream/raw_memcpy")->App
 BENCHMARK_CAPTURE(streamBench, shm, false)->Name("stream/shm")->Apply(streamSizes);
 BENCHMARK_CAPTURE(rawStreamBench, tcp_socket, true)->Name("stream/raw_tcp_socket")->Apply(streamSizes);
 BENCHMARK_CAPTURE(streamBench, tcp, true)->Name("stream/tcp")->Apply(streamSizes);
+BENCHMARK(pingPongIbBench)->Name("pingpong/ib")->Apply(latencySizes);
+BENCHMARK(streamIbBench)->Name("stream/ib")->Apply(streamSizes);
 BENCHMARK(allReduce1Rank)->Name("allreduce_8B/1rank")->UseRealTime();
 BENCHMARK_CAPTURE(allReduce2Ranks, shm, false)->Name("allreduce_8B/2ranks_shm")->UseRealTime();
 BENCHMARK_CAPTURE(allReduce2Ranks, tcp, true)->Name("allreduce_8B/2ranks_tcp")->UseRealTime();

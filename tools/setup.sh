@@ -8,7 +8,8 @@ shift || true
 
 packages=(meson ninja-build g++ pkg-config python3 libhwloc-dev libibverbs-dev googletest libgtest-dev libbenchmark-dev
           clang libclang-rt-14-dev  # clang: the libFuzzer targets (tools/fuzz)
-          python3-torch libtorch-dev pybind11-dev)  # the PyTorch backend (python/braid_torch)
+          python3-torch libtorch-dev pybind11-dev  # the PyTorch backend (python/braid_torch)
+          ibverbs-utils perftest)  # real verbs programs run over the emulation (tests/fakeibv/conformance.sh)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -118,7 +118,7 @@ void writeSysfs(Device& d) {
 
 std::vector<Device*> makeDevices() {
   std::vector<Device*> out;
-  const char* env = std::getenv("FAKEIBV_DEVICES");
+  const char* env = setting("FAKEIBV_DEVICES");
   std::string spec = env ? env : "fib0";
   if (spec.empty()) return out;
   for (const std::string& ds : split(spec, ';')) {
@@ -149,7 +149,7 @@ const std::vector<Device*>& devices() {
   static std::vector<Device*> all;
   static std::string seen = "\x01never";
   std::lock_guard<std::mutex> g(mu);
-  const char* env = std::getenv("FAKEIBV_DEVICES");
+  const char* env = setting("FAKEIBV_DEVICES");
   const std::string now = env ? env : "\x01unset";
   if (now != seen) {
     all = makeDevices();

@@ -26,7 +26,7 @@ T fail(int err, T value) {
 //   rnr:N     the next N arrivals that need a receive find none (an RNR NAK each)
 //   access:N  the Nth RDMA write or read to arrive, and every later one, fails its key check
 int faultValue(const char* name) {
-  const char* f = std::getenv("FAKEIBV_FAULT");
+  const char* f = setting("FAKEIBV_FAULT");
   if (!f) return 0;
   std::string s = f, key = std::string(name) + ":";
   std::size_t k = s.find(key);
@@ -371,7 +371,7 @@ FIBV_EXPORT int fakeibv_stats(char* out, std::size_t n) {
 // FAKEIBV_REPORT=FILE: at exit, append "PID live ..." to FILE, so a test can check that a program
 // it ran released everything.
 __attribute__((destructor)) static void reportAtExit() {
-  const char* path = std::getenv("FAKEIBV_REPORT");
+  const char* path = setting("FAKEIBV_REPORT");
   if (!path || !*path) return;
   char buf[256];
   fakeibv_live(buf, sizeof(buf));

@@ -14,9 +14,11 @@
 
 namespace fakeibv {
 
+const char* setting(const char* name) { return std::getenv(name); }
+
 const std::string& dir() {
   static const std::string d = [] {
-    const char* e = std::getenv("FAKEIBV_DIR");
+    const char* e = setting("FAKEIBV_DIR");
     std::string p = e && *e ? e : "/tmp/fakeibv-" + std::to_string(getuid());
     ::mkdir(p.c_str(), 0700);
     return p;

@@ -26,6 +26,9 @@ constexpr std::uint32_t kMagic = 0x46494256;  // "FIBV"
 constexpr int kMaxSge = 4;
 constexpr std::uint32_t kMrSlots = 1u << 16;
 
+// The emulation's own variables (FAKEIBV_*), read here only; null when unset.
+const char* setting(const char* name);
+
 const std::string& dir();
 // Maps the file `name` under dir() (created with `bytes` when `create`, exclusively); null if absent.
 void* mapShared(const std::string& name, std::size_t bytes, bool create);

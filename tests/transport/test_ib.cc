@@ -219,7 +219,7 @@ TEST_F(IbFaults, APortGoingDownIsRetryExceeded) {
   ASSERT_TRUE(verbs.ok());
   PortSearch ports = findPorts(**verbs, config());
   ASSERT_FALSE(ports.ports.empty()) << ports.whyNone;
-  const char* dirEnv = std::getenv("FAKEIBV_DIR");
+  const char* dirEnv = environmentValue("FAKEIBV_DIR");
   const std::string down = (dirEnv ? std::string(dirEnv) : "/tmp/fakeibv-" + std::to_string(getuid())) + "/down." +
                            std::to_string(ports.ports[0].attr.lid);
   { FILE* f = std::fopen(down.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }

@@ -12,10 +12,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <random>
 
+#include "comm/base/capability.h"
 #include "tests/fakeibv/objects.h"
 
 #undef ibv_get_device_list
@@ -47,15 +47,6 @@ std::uint32_t randomKey() {
   static std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(getpid()));
   std::lock_guard<std::mutex> g(registry);
   return rng() | 1u;
-}
-
-// CAP_IPC_LOCK (bit 14) in this process's effective capabilities.
-bool hasIpcLock() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("CapEff:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> 14) & 1;
-  return false;
 }
 
 Context* ctxOf(ibv_context* c) {
@@ -264,7 +255,7 @@ FIBV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, std::size_t length,
   // so does the emulation (tests drop the capability with setpriv to see a low `ulimit -l`).
   rlimit lim{};
   ::getrlimit(RLIMIT_MEMLOCK, &lim);
-  static const bool ipcLock = hasIpcLock();
+  static const bool ipcLock = braid::hasCapability(braid::kCapIpcLock);
   {
     std::lock_guard<std::mutex> g(registry);
     if (!ipcLock && lim.rlim_cur != RLIM_INFINITY && registeredBytes + length > lim.rlim_cur)

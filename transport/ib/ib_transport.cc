@@ -6,23 +6,14 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <sstream>
 
+#include "comm/base/capability.h"
 #include "comm/base/log.h"
 
 namespace braid {
 namespace {
-
-// CAP_IPC_LOCK (bit 14 of the effective set): the kernel lets such a process pin past RLIMIT_MEMLOCK.
-bool hasIpcLock() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("CapEff:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> 14) & 1;
-  return false;
-}
 
 std::string hex(const std::uint8_t* p, std::size_t n) {
   std::string s;
@@ -97,7 +88,7 @@ Availability IbTransport::probe() {
   const std::size_t need = static_cast<std::size_t>(config_.nsocks) * (2 * config_.buffSize + 4096);
   rlimit lim{};
   ::getrlimit(RLIMIT_MEMLOCK, &lim);
-  if (!hasIpcLock() && lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < need)
+  if (!hasCapability(kCapIpcLock) && lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < need)
     return availability_ = {false, "the memlock limit (ulimit -l) is " + std::to_string(lim.rlim_cur >> 10) +
                                        " KiB, below the " + std::to_string(need >> 10) +
                                        " KiB one ib connection registers (BRAID_NSOCKS x 2 x BRAID_BUFFSIZE): raise it "

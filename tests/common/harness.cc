@@ -81,7 +81,8 @@ bool lowerMemlock(std::uint64_t bytes) {
 }
 
 Env transportEnv(const std::string& transport) {
-  if (transport == "tcp") return {{"BRAID_SHM_DISABLE", "1"}};
+  // (ib off too: where a verbs library is found, tcp would otherwise lose the pairs to ib)
+  if (transport == "tcp") return {{"BRAID_SHM_DISABLE", "1"}, {"BRAID_IB_DISABLE", "1"}};
   // ib between ranks of this host, over the verbs emulation (tests/fakeibv); runRanks checks
   // that every pair got it rather than falling back to tcp.
   if (transport == "ib")

@@ -32,7 +32,8 @@ void expectEveryRankSucceeded(const std::vector<RankOutcome>& outcome);
 // Like runRanks, but the body gets no communicator (it creates its own).
 std::vector<RankOutcome> forkRanks(int n, const std::function<int(int)>& body, double timeoutSec = 60);
 
-// The transport under test as environment: {"shm"} -> nothing, {"tcp"} -> BRAID_SHM_DISABLE=1;
+// The transport under test as environment: {"shm"} -> nothing, {"tcp"} -> BRAID_SHM_DISABLE=1 and
+// BRAID_IB_DISABLE=1;
 // pretend hosts on this machine (BRAID_HOSTID, shm within each and tcp across): "hosts/K" puts
 // ranks 0..K-1 on the first host, K..2K-1 on the second, ...; "hosts%K" deals them round robin.
 // "ib": ib between ranks of this host (shm off) over the verbs emulation, every pair checked to use it.

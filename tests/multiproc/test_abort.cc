@@ -41,6 +41,7 @@ class Abort : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Abort, PendingCallsEndQuicklyNothingLeaksAndANewCommunicatorWorks) {
   setenv("BRAID_SHM_DISABLE", GetParam() == "tcp" ? "1" : "0", 1);
+  setenv("BRAID_IB_DISABLE", "1", 1);
   setenv("BRAID_TIMEOUT", "30", 1);
   // Warm up once so that lazily created process-wide state (hwloc, logging) is not counted as a leak.
   {
@@ -104,6 +105,7 @@ TEST_P(Abort, PendingCallsEndQuicklyNothingLeaksAndANewCommunicatorWorks) {
   braidCommDestroy(c);
   td.join();
   unsetenv("BRAID_SHM_DISABLE");
+  unsetenv("BRAID_IB_DISABLE");
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Abort, ::testing::Values("shm", "tcp"));

@@ -312,6 +312,7 @@ double stagedJob(const std::function<void(const std::vector<pid_t>&, int, const 
 TEST(Security, TenThousandBadConnectionsToTheTcpListenersNeitherTakeASlotNorDelayTheJob) {
   setenv("BRAID_TIMEOUT", "60", 1);
   setenv("BRAID_SHM_DISABLE", "1", 1);
+  setenv("BRAID_IB_DISABLE", "1", 1);  // the tcp listeners are under test
   auto waitForListeners = [](const std::vector<pid_t>& pids, int storePort) {
     std::vector<std::pair<std::string, int>> ports;
     for (int i = 0; i < 20000 && (ports = rankListeners(pids, storePort)).size() < 3; ++i)
@@ -349,6 +350,7 @@ TEST(Security, TenThousandBadConnectionsToTheTcpListenersNeitherTakeASlotNorDela
   std::fprintf(stderr, "4-rank tcp job (rank 3 joining): %.3f s alone, %.3f s with %d bad connections to the ranks' "
                "tcp listeners (%d refused once the listeners had closed)\n", baseline, attacked, connected, refused);
   unsetenv("BRAID_SHM_DISABLE");
+  unsetenv("BRAID_IB_DISABLE");
 }
 
 }  // namespace

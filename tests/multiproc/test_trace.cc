@@ -115,7 +115,7 @@ TEST(Trace, StoppedRankIsNamedAsTheOneThatNeverEntered) {
 
 TEST(Trace, KilledRankWroteNoTrace) {
   const std::string dir = makeTempDir();
-  Env env = {{"BRAID_TIMEOUT", "30"}, {"BRAID_TRACE_DIR", dir}, {"BRAID_SHM_DISABLE", "1"}};
+  Env env = {{"BRAID_TIMEOUT", "30"}, {"BRAID_TRACE_DIR", dir}, {"BRAID_SHM_DISABLE", "1"}, {"BRAID_IB_DISABLE", "1"}};
   const int victim = 1;
   auto outcome = runRanks(3, [&](int rank, braidComm_t comm) {
     std::vector<float> a(4096, 1.0f), b(4096);

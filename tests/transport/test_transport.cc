@@ -244,10 +244,12 @@ class TcpCongestion : public ::testing::Test {
  protected:
   void SetUp() override {
     setenv("BRAID_SHM_DISABLE", "1", 1);
+    setenv("BRAID_IB_DISABLE", "1", 1);
     setenv("BRAID_TIMEOUT", "20", 1);
   }
   void TearDown() override {
     unsetenv("BRAID_SHM_DISABLE");
+    unsetenv("BRAID_IB_DISABLE");
     unsetenv("BRAID_TCP_CONGESTION");
   }
   // Creates two ranks under `value`; on success returns what each of rank 0's sockets to rank 1

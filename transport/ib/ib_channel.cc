@@ -52,7 +52,11 @@ IbDevice::~IbDevice() {
 void IbDevice::drainEvents() {
   ibv_cq* cq = nullptr;
   void* context = nullptr;
-  for (int i = 0; i < 1 << 16 && verbs->getCqEvent(channel, &cq, &context) == 0; ++i) verbs->ackCqEvents(cq, 1);
+  for (int i = 0; i < 1 << 16 && verbs->getCqEvent(channel, &cq, &context) == 0; ++i) {
+    verbs->ackCqEvents(cq, 1);
+    // The event used up that CQ's arming: its channel arms it again when a poll finds nothing.
+    if (context) static_cast<IbChannel*>(context)->disarm();
+  }
 }
 
 IbChannel::IbChannel(std::shared_ptr<IbDevice> dev, int peer, std::size_t cap)

@@ -58,6 +58,8 @@ class IbChannel final : public Channel {
   Result<std::span<const std::byte>> peek() override;
   void consume(std::size_t n) override;
   Result<std::size_t> tryRecv(void* dst, std::size_t n) override;
+  // Its CQ's event was taken (IbDevice::drainEvents): the CQ is no longer armed.
+  void disarm() { armed_ = false; }
 
  private:
   struct Credit;  // the control block's layout

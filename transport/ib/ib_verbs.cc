@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cstddef>
 #include <cstring>
 
 namespace braid {
@@ -18,8 +19,10 @@ bool bind(void* h, F& fn, const char* name, const char* version, std::string* mi
 
 int Verbs::queryPort(ibv_context* ctx, std::uint8_t port, ibv_port_attr* attr) const {
   std::memset(attr, 0, sizeof(*attr));
-  verbs_context* v = verbs_get_ctx_op(ctx, query_port);
-  if (v) return v->query_port(ctx, port, attr, sizeof(*attr));
+  // verbs_get_ctx_op's test, written out (the header's macro is a GNU statement expression).
+  verbs_context* v = verbs_get_ctx(ctx);
+  if (v && v->sz >= sizeof(*v) - offsetof(verbs_context, query_port) && v->query_port)
+    return v->query_port(ctx, port, attr, sizeof(*attr));
   return queryPortSym(ctx, port, attr);
 }
 

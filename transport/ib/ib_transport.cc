@@ -155,7 +155,9 @@ LinkClass IbTransport::linkClass(const PeerInfo& a, const PeerInfo& b) const {
 
 WaitSources IbTransport::waitSources() const {
   WaitSources w;
-  if (device_) w.fds.push_back(device_->channel->fd);
+  // Only with ib peers: a socket to wait on makes the waiter poll in slices instead of sleeping
+  // on the shm doorbell.
+  if (device_ && connected_) w.fds.push_back(device_->channel->fd);
   return w;
 }
 
@@ -192,6 +194,7 @@ Result<std::vector<std::unique_ptr<Connection>>> IbTransport::connect(const Setu
     }
     out.push_back(std::make_unique<IbConnection>(p, std::move(chans[p])));
   }
+  connected_ = true;
   const IbPort& port = device_->port;
   BRAID_LOG(kInfo, kNet, "ib: %zu peers over %s (%s, %s %u), %d queue pairs each, %zu KiB rings each way", peers.size(),
             port.name().c_str(), port.ethernet() ? gidTypeName(port.gidType) : "InfiniBand",

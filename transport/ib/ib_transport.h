@@ -31,6 +31,7 @@ class IbTransport final : public Transport {
   std::shared_ptr<const Verbs> verbs_;
   std::vector<IbPort> ports_;
   std::shared_ptr<IbDevice> device_;
+  bool connected_ = false;  // connect() made connections
 };
 
 // A published ib address, parsed (tests and `braid doctor` read it too).

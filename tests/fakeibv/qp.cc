@@ -95,7 +95,6 @@ struct Transition {
   ibv_qp_state from, to;
   int required, optional;
 };
-constexpr int kAny = -1;
 const Transition kTransitions[] = {
     {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
     {IBV_QPS_INIT, IBV_QPS_INIT, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
@@ -113,7 +112,6 @@ bool allowed(ibv_qp_state from, ibv_qp_state to, int mask) {
   if (to == IBV_QPS_RESET || to == IBV_QPS_ERR) return attrs == 0 && (mask & IBV_QP_STATE);
   for (const Transition& t : kTransitions)
     if (t.from == from && t.to == to) return (attrs & t.required) == t.required && (attrs & ~(t.required | t.optional)) == 0;
-  (void)kAny;
   return false;
 }
 

@@ -106,7 +106,6 @@ class IbConnection final : public Connection {
   std::string_view transport() const override { return "ib"; }
   int numChannels() const override { return static_cast<int>(channels_.size()); }
   Channel& channel(int i) override { return *channels_[static_cast<std::size_t>(i)]; }
-  IbChannel& ibChannel(int i) { return *channels_[static_cast<std::size_t>(i)]; }
 
  private:
   int peer_;

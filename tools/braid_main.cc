@@ -1,5 +1,5 @@
-// The `braid` command: run (launcher), perf (benchmark), info (build, host, configuration), trace
-// (flight recorder files).
+// The `braid` command: run (launcher), perf (benchmark), info (build, host, configuration), topo
+// (this host's hardware), doctor (diagnose the interconnect), trace (flight recorder files).
 #include <cstdio>
 #include <cstring>
 
@@ -14,6 +14,9 @@ const char* kUsage =
     "        start N ranks of PROGRAM on this host, the way torchrun does\n"
     "  perf  COLLECTIVE [options]   nccl-tests' table for a collective (run it under `braid run`)\n"
     "  info                          build, host, transports, and every BRAID_* variable\n"
+    "  topo [--json]                 this host's packages, NUMA nodes, caches, NICs, GPUs and where this rank is bound\n"
+    "  doctor [options]              every rank takes part; rank 0 reports transports, local checks, slow links\n"
+    "                                and what to change (run it under `braid run`, torchrun or mpirun)\n"
     "  trace DIR                     merge the ranks' flight recorder files (BRAID_TRACE_DIR) into a verdict\n";
 }
 
@@ -26,6 +29,8 @@ int main(int argc, char** argv) {
   if (!std::strcmp(cmd, "run")) return braid::tools::runLauncher(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "perf")) return braid::tools::runPerf(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "info")) return braid::tools::runInfo(argc - 1, argv + 1);
+  if (!std::strcmp(cmd, "topo")) return braid::tools::runTopo(argc - 1, argv + 1);
+  if (!std::strcmp(cmd, "doctor")) return braid::tools::runDoctor(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "trace")) return braid::tools::runTrace(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "--version")) {
     std::printf("braid 0.1.0\n");

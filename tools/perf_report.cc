@@ -11,7 +11,7 @@
 #include "topology/topology.h"
 
 namespace braid::tools {
-namespace {
+
 std::string jsonString(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -21,6 +21,8 @@ std::string jsonString(const std::string& s) {
   }
   return out + "\"";
 }
+
+namespace {
 
 std::string cellJson(const PerfCell& c) {
   char buf[160];

@@ -8,6 +8,11 @@ namespace braid::tools {
 
 int runPerf(int argc, char** argv);      // braid perf
 int runInfo(int argc, char** argv);      // braid info
+int runTopo(int argc, char** argv);      // braid topo
+int runDoctor(int argc, char** argv);    // braid doctor
+
+// `s` as a JSON string literal, quoted (control characters dropped).
+std::string jsonString(const std::string& s);
 
 // "auto (cost model)" or "ring (BRAID_ALGO)".
 std::string describeAlgoSetting();

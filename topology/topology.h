@@ -1,6 +1,7 @@
 // What Braid needs to know about the machine. This is the only place that includes hwloc.h.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,54 @@ std::vector<std::vector<int>> allowedCores();
 // The NUMA nodes the logical CPUs `cpus` belong to (from /sys/devices/system/node), ascending;
 // empty when the system does not say.
 std::vector<int> numaNodesOf(const std::vector<int>& cpus);
+
+// The whole host as hwloc sees it (`braid topo`), else as sysfs and /proc describe it. CPU lists
+// are Linux's list text ("0-3,8"); a NUMA node of -1 means the system does not say.
+struct HostMap {
+  struct Package {
+    int index = 0;         // hwloc's logical index (without hwloc: the kernel's physical_package_id)
+    std::string cpuModel;  // may be empty
+    std::string cpus;
+  };
+  struct NumaNode {
+    int osIndex = 0;       // as the kernel numbers it (numactl, /sys/devices/system/node/nodeN)
+    std::uint64_t memoryBytes = 0;
+    std::string cpus;      // empty for a node with memory only
+  };
+  struct Cache {
+    std::uint64_t bytes = 0;
+    std::string cpus;
+    bool plausible = true;  // plausibleL3(): a hypervisor's CPUID can claim far more than any CPU has
+  };
+  struct Device {
+    std::string name;      // eth0, mlx5_0, cuda0 (or, for a GPU seen only on the PCI bus, its PCI id)
+    std::string kind;      // "net", "ib" or "gpu"
+    std::string model;     // GPUs: the model when hwloc or the PCI database says it, else "NVIDIA 10de:DEVICE"
+    int numaNode = -1;
+    std::string pciBusId;  // "0000:3b:00.0"; empty when the device is not on PCI or that is unknown
+  };
+  struct Binding {
+    std::vector<int> cpus;       // allowedCpus()
+    std::vector<int> numaNodes;  // numaNodesOf(cpus)
+  };
+  std::string hostName;
+  std::string source;      // "hwloc 2.9.0", or that hwloc was not available and sysfs was read
+  std::string gpuSearch;   // how GPUs were looked for, in words (says why an empty list is empty)
+  std::vector<Package> packages;
+  std::vector<NumaNode> numaNodes;
+  std::vector<Cache> l3;
+  int cores = 0;
+  int pus = 0;             // hardware threads
+  bool hypervisor = false;
+  std::vector<Device> nics;  // network interfaces ("net") and InfiniBand/RDMA devices ("ib")
+  std::vector<Device> gpus;
+  Binding binding;         // this process's
+};
+
+// Discovers the host on each call (tens of milliseconds with hwloc's I/O scan; not for hot paths).
+// Network interfaces are those of the network namespace sysfs was mounted in, which is not always
+// this process's; interfaces with no device behind them (lo, bridges, veth) are left out.
+HostMap describeHost();
 
 // Linux's CPU list text ("0-3,8,10-11"), as taskset -c and /sys write it, and back. parseCpuList
 // returns an empty list for text it cannot read.

@@ -1,0 +1,398 @@
+// `braid doctor`: every rank takes part, rank 0 prints one report. The run: local checks
+// (tools/doctor_checks.cc), a communicator (with a setting that cannot work here left out, and
+// said so), the facts and transport choices gathered to rank 0, pairwise latency and bandwidth in
+// n-1 rounds of disjoint pairs (the circle method), a ring all-reduce in two orders, then the
+// findings (tools/doctor_verdict.cc) and the report (tools/doctor_report.cc).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "braid/braid.h"
+#include "braid_version.h"
+#include "comm/base/config.h"
+#include "comm/bootstrap/init.h"
+#include "comm/c_handle.h"
+#include "comm/communicator.h"
+#include "tools/doctor.h"
+#include "tools/tools.h"
+
+namespace braid::tools {
+namespace {
+using namespace doctor;
+
+const char* kUsage =
+    "usage: braid doctor [--bytes SIZE] [--iters N] [--slow RATIO] [--json FILE] [--svg FILE]\n"
+    "  run it like any Braid program: braid run -n 4 braid doctor; torchrun ... --no_python braid doctor; mpirun\n"
+    "  --bytes SIZE   what each pair sends both ways per iteration, and the ring all-reduce's size (default 4M)\n"
+    "  --iters N      timed iterations per pair and per ring, after one warm-up; the best counts (default 3)\n"
+    "  --slow RATIO   a link between hosts is slow below RATIO x the fastest one of its transport (default 0.5)\n"
+    "  --json FILE    everything, for tools;  --svg FILE: the pair bandwidth matrix as a heatmap\n"
+    "  exit status: 0 healthy, 1 something was found, 2 the doctor could not run\n";
+
+struct Options {
+  std::size_t bytes = 4u << 20;
+  int iters = 3;
+  double slow = 0.5;
+  std::string json, svg;
+};
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+std::int64_t wallUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+bool parseSize(const char* text, std::size_t* out) {
+  char* end = nullptr;
+  double v = std::strtod(text, &end);
+  if (end == text || v < 0) return false;
+  if (*end == 'K' || *end == 'k') v *= 1024, ++end;
+  else if (*end == 'M' || *end == 'm') v *= 1024 * 1024, ++end;
+  else if (*end == 'G' || *end == 'g') v *= 1024.0 * 1024 * 1024, ++end;
+  if (*end) return false;
+  *out = static_cast<std::size_t>(v);
+  return true;
+}
+
+int parse(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const char* v = nullptr;
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--bytes" && (v = value()) && parseSize(v, &o.bytes) && o.bytes >= 8) {
+    } else if (a == "--iters" && (v = value()) && (o.iters = std::atoi(v)) >= 1) {
+    } else if (a == "--slow" && (v = value()) && (o.slow = std::atof(v)) > 0 && o.slow < 1) {
+    } else if (a == "--json" && (v = value())) {
+      o.json = v;
+    } else if (a == "--svg" && (v = value())) {
+      o.svg = v;
+    } else {
+      std::fprintf(stderr, "braid doctor: bad argument '%s'\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+  }
+  return -1;
+}
+
+// Each rank's text, on every rank (lengths first, then the texts padded to the longest).
+Result<std::vector<std::string>> allGatherText(braidComm_t comm, int n, const std::string& mine) {
+  std::uint64_t len = mine.size();
+  std::vector<std::uint64_t> lens(static_cast<std::size_t>(n));
+  if (braidAllGather(&len, lens.data(), 1, braidUint64, comm, nullptr) != braidSuccess)
+    return Status::Internal(braidGetLastError(comm));
+  std::uint64_t width = 1;
+  for (std::uint64_t l : lens) width = std::max(width, l);
+  std::string padded = mine;
+  padded.resize(width, '\0');
+  std::string all(width * static_cast<std::size_t>(n), '\0');
+  if (braidAllGather(padded.data(), all.data(), width, braidUint8, comm, nullptr) != braidSuccess)
+    return Status::Internal(braidGetLastError(comm));
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r) out.push_back(all.substr(r * width, lens[static_cast<std::size_t>(r)]));
+  return out;
+}
+
+// The circle method: round r's disjoint pairs; with an odd n one rank sits out each round.
+std::vector<std::pair<int, int>> roundPairs(int n, int r) {
+  const int m = n + (n & 1);
+  std::vector<std::pair<int, int>> out;
+  auto add = [&](int a, int b) {
+    if (a < n && b < n) out.emplace_back(std::min(a, b), std::max(a, b));
+  };
+  add(r, m - 1);
+  for (int k = 1; k < m / 2; ++k) add((r + k) % (m - 1), (r - k + m - 1) % (m - 1));
+  return out;
+}
+
+struct Doctor {
+  Options o;
+  braidComm_t comm = nullptr;
+  int rank = 0, n = 1;
+  std::string error;  // what stopped the run
+
+  bool ok(braidResult_t r, const char* what) {
+    if (r == braidSuccess) return true;
+    if (error.empty()) error = std::string(what) + ": " + braidGetLastError(comm);
+    return false;
+  }
+  bool exchange(const void* s, std::size_t sBytes, void* r, std::size_t rBytes, int to, int from) {
+    return ok(braidGroupStart(), "group") && ok(braidSend(s, sBytes, braidUint8, to, comm, nullptr), "send") &&
+           ok(braidRecv(r, rBytes, braidUint8, from, comm, nullptr), "recv") && ok(braidGroupEnd(), "group");
+  }
+
+  // One pair's figures, measured by both ends; the lower rank's count.
+  PairFigure measurePair(int peer) {
+    PairFigure f;
+    f.measured = true;
+    const bool lower = rank < peer;
+    std::vector<double> rtts;
+    double bestRtt = 1e30;
+    std::int64_t msg = 0, reply = 0;
+    for (int i = 0; i < 21 && error.empty(); ++i) {
+      if (lower) {
+        const std::int64_t w0 = wallUs();
+        const double t0 = now();
+        if (!ok(braidSend(&msg, 8, braidUint8, peer, comm, nullptr), "send") ||
+            !ok(braidRecv(&reply, 8, braidUint8, peer, comm, nullptr), "recv"))
+          break;
+        const double rtt = now() - t0;
+        const std::int64_t w1 = wallUs();
+        if (i == 0) continue;  // the first round trip warms the path up
+        rtts.push_back(rtt);
+        if (rtt < bestRtt) {
+          bestRtt = rtt;
+          f.clockOffsetUs = static_cast<double>(reply) - (static_cast<double>(w0) + static_cast<double>(w1)) / 2;
+        }
+      } else {
+        if (!ok(braidRecv(&msg, 8, braidUint8, peer, comm, nullptr), "recv")) break;
+        reply = wallUs();
+        if (!ok(braidSend(&reply, 8, braidUint8, peer, comm, nullptr), "send")) break;
+      }
+    }
+    if (!rtts.empty()) {
+      std::sort(rtts.begin(), rtts.end());
+      f.latUs = rtts[rtts.size() / 2] / 2 * 1e6;
+    }
+    std::vector<std::byte> out(o.bytes, std::byte{1}), in(o.bytes);
+    double best = 1e30;
+    for (int i = 0; i <= o.iters && error.empty(); ++i) {
+      const double t0 = now();
+      if (!exchange(out.data(), o.bytes, in.data(), o.bytes, peer, peer)) break;
+      if (i > 0) best = std::min(best, now() - t0);
+    }
+    if (error.empty()) f.gbps = static_cast<double>(o.bytes) / best / 1e9;
+    return f;
+  }
+
+  // Every pair in n-1 rounds; the full matrix on every rank (rank 0 reports it).
+  std::vector<std::vector<PairFigure>> measurePairs() {
+    std::vector<double> row(static_cast<std::size_t>(n) * 3, 0.0);
+    const int rounds = n - 1 + (n & 1);
+    for (int r = 0; r < rounds && error.empty(); ++r) {
+      for (auto [a, b] : roundPairs(n, r)) {
+        if (a != rank && b != rank) continue;
+        const int peer = a == rank ? b : a;
+        PairFigure f = measurePair(peer);
+        double* cell = &row[static_cast<std::size_t>(peer) * 3];
+        cell[0] = f.latUs, cell[1] = f.gbps, cell[2] = f.clockOffsetUs;
+      }
+      if (error.empty()) ok(braidBarrier(comm), "barrier between rounds");
+    }
+    std::vector<std::vector<PairFigure>> m(static_cast<std::size_t>(n), std::vector<PairFigure>(static_cast<std::size_t>(n)));
+    std::vector<double> all(row.size() * static_cast<std::size_t>(n));
+    if (!error.empty() || !ok(braidAllGather(row.data(), all.data(), row.size(), braidFloat64, comm, nullptr), "gather"))
+      return m;
+    for (int a = 0; a < n; ++a)
+      for (int b = a + 1; b < n; ++b) {
+        const double* cell = &all[(static_cast<std::size_t>(a) * n + b) * 3];  // measured by the lower rank
+        PairFigure f;
+        f.measured = true;
+        f.latUs = cell[0], f.gbps = cell[1], f.clockOffsetUs = cell[2];
+        m[a][b] = f;
+        f.clockOffsetUs = -f.clockOffsetUs;
+        m[b][a] = f;
+      }
+    return m;
+  }
+
+  // A ring all-reduce (reduce-scatter, then all-gather) of o.bytes of floats along `order`, checked
+  // exactly: integer values make the sum exact in any order.
+  RingFigure ring(const std::vector<int>& order) {
+    RingFigure rf;
+    rf.order = order;
+    std::size_t pos = 0;
+    while (order[pos] != rank) ++pos;
+    const int next = order[(pos + 1) % order.size()], prev = order[(pos + order.size() - 1) % order.size()];
+    const std::size_t count = std::max<std::size_t>(o.bytes / 4, static_cast<std::size_t>(n));
+    auto lo = [&](std::size_t c) { return count * c / static_cast<std::size_t>(n); };
+    std::vector<float> data(count), tmp(count / static_cast<std::size_t>(n) + 1);
+    const std::size_t nn = static_cast<std::size_t>(n);
+    double best = 1e30;
+    std::uint64_t wrong = 0;
+    for (int it = 0; it <= o.iters && error.empty(); ++it) {
+      for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1));
+      if (!ok(braidBarrier(comm), "barrier")) break;
+      const double t0 = now();
+      for (std::size_t s = 0; s + 1 < nn && error.empty(); ++s) {
+        const std::size_t sc = (pos + nn - s) % nn, rc = (pos + 2 * nn - s - 1) % nn;
+        if (!exchange(&data[lo(sc)], (lo(sc + 1) - lo(sc)) * 4, tmp.data(), (lo(rc + 1) - lo(rc)) * 4, next, prev)) break;
+        for (std::size_t i = lo(rc); i < lo(rc + 1); ++i) data[i] += tmp[i - lo(rc)];
+      }
+      for (std::size_t s = 0; s + 1 < nn && error.empty(); ++s) {
+        const std::size_t sc = (pos + 1 + nn - s) % nn, rc = (pos + nn - s) % nn;
+        if (!exchange(&data[lo(sc)], (lo(sc + 1) - lo(sc)) * 4, &data[lo(rc)], (lo(rc + 1) - lo(rc)) * 4, next, prev)) break;
+      }
+      const double t = now() - t0;
+      if (it > 0) best = std::min(best, t);
+      const float total = static_cast<float>(n * (n + 1) / 2);
+      for (std::size_t i = 0; i < count; ++i) wrong += data[i] != total * static_cast<float>(i % 7 + 1);
+    }
+    double slowest = 0;
+    std::uint64_t allWrong = 0;
+    if (error.empty() && ok(braidAllReduce(&best, &slowest, 1, braidFloat64, braidMax, comm, nullptr), "ring time") &&
+        ok(braidAllReduce(&wrong, &allWrong, 1, braidUint64, braidSum, comm, nullptr), "ring check")) {
+      rf.busbw = static_cast<double>(count * 4) / slowest / 1e9 * 2.0 * (n - 1) / n;
+      rf.wrong = allWrong;
+    }
+    return rf;
+  }
+};
+
+// Two rings that cross as differently as the hosts allow: rank order, and (across hosts) each
+// host's first ranks, then each host's second ranks, ... so that every hop changes hosts; on one host,
+// the even ranks then the odd ones. The second is left out when it uses the same links.
+std::vector<std::vector<int>> ringOrders(const HostLayout& h, int n) {
+  std::vector<int> a(static_cast<std::size_t>(n)), b;
+  for (int r = 0; r < n; ++r) a[r] = r;
+  if (h.names.size() > 1) {
+    for (std::size_t k = 0;; ++k) {
+      bool any = false;
+      for (const auto& ranks : h.ranks)
+        if (k < ranks.size()) b.push_back(ranks[k]), any = true;
+      if (!any) break;
+    }
+  } else {
+    for (int r = 0; r < n; r += 2) b.push_back(r);
+    for (int r = 1; r < n; r += 2) b.push_back(r);
+  }
+  auto edges = [](const std::vector<int>& o) {
+    std::set<std::pair<int, int>> e;
+    for (std::size_t i = 0; i < o.size(); ++i) {
+      int x = o[i], y = o[(i + 1) % o.size()];
+      e.emplace(std::min(x, y), std::max(x, y));
+    }
+    return e;
+  };
+  if (n < 2) return {};
+  if (edges(a) == edges(b)) return {a};
+  return {a, b};
+}
+
+void writeFile(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+  if (!f) std::fprintf(stderr, "braid doctor: cannot write %s\n", path.c_str());
+}
+
+}  // namespace
+
+int runDoctor(int argc, char** argv) {
+  Options o;
+  if (int rc = parse(argc, argv, o); rc >= 0) return rc;
+  auto params = paramsFromEnv();
+  if (!params.ok()) {
+    std::fprintf(stderr, "braid doctor: cannot start: %s\n", params.status().message().c_str());
+    return 2;
+  }
+  auto launch = readLaunchEnv();
+  const int localRanks = launch.ok() && launch->localWorldSize > 0 ? launch->localWorldSize : params->nranks;
+  RankFacts mine = collectLocal(params->config, params->storeIp, params->nranks, localRanks);
+  mine.rank = params->rank;
+  // What would stop a job here is a finding, not a reason for the doctor to fail: it runs
+  // without that setting, and the report says so.
+  if (!mine.ifSpecProblem.empty()) params->config.socketIfname.clear();
+  if (mine.localRanks > 1 && mine.shmProbe.empty() && mine.shmFree < mine.shmNeed) {
+    params->config.shmDisable = true;
+    mine.shmOffByDoctor = true;
+  }
+  auto created = Comm::create(*params);
+  if (!created.ok()) {
+    std::fprintf(stderr, "braid doctor: rank %d could not join the job: %s\n", params->rank,
+                 created.status().message().c_str());
+    return 2;
+  }
+  Doctor d;
+  d.o = o;
+  d.comm = new braidComm{*created};
+  d.rank = params->rank;
+  d.n = params->nranks;
+  const int n = d.n;
+  for (int p = 0; p < n; ++p) {
+    mine.transportTo.push_back(p == d.rank ? "self" : d.comm->impl->transportOf(p));
+    mine.skippedTo.push_back(p == d.rank ? "" : d.comm->impl->skippedTransports(p));
+  }
+  mine.cmaAddr = cmaProbeAddress();  // what same-host peers read to test cross-memory attach
+  Data data;
+  data.bytes = o.bytes;
+  data.iters = o.iters;
+  data.slowRatio = o.slow;
+  data.version = std::string("braid ") + std::to_string(BRAID_MAJOR) + "." + std::to_string(BRAID_MINOR) + "." +
+                 std::to_string(BRAID_PATCH) + " (" + BRAID_VERSION_TAG + ")";
+  auto texts = allGatherText(d.comm, n, mine.serialize());
+  if (texts.ok()) {
+    for (const std::string& t : *texts) data.ranks.push_back(RankFacts::parse(t));
+    // Cross-memory attach to each peer on this host, as the communicator's probe does.
+    std::string refused;
+    for (const RankFacts& p : data.ranks)
+      if (p.rank != d.rank && p.host == mine.host && p.bootId == mine.bootId && refused.empty()) {
+        Status s = cmaProbe(p.pid, p.cmaAddr);
+        if (!s.ok()) refused = "rank " + std::to_string(d.rank) + " cannot read rank " + std::to_string(p.rank) + ": " + s.message();
+      }
+    auto cma = allGatherText(d.comm, n, refused);
+    if (cma.ok())
+      for (int r = 0; r < n; ++r) data.ranks[r].cmaRefused = (*cma)[r];
+    else d.error = cma.status().message();
+  } else {
+    d.error = texts.status().message();
+  }
+  const HostLayout hosts = layOut(data.ranks);
+  if (d.error.empty()) data.pairs = d.measurePairs();
+  if (d.error.empty()) {
+    // Which pairs crossed between hosts in the same round: they shared the busier host's link.
+    const int rounds = n - 1 + (n & 1);
+    for (int r = 0; r < rounds; ++r) {
+      const auto pairs = roundPairs(n, r);
+      std::vector<int> across(hosts.names.size(), 0);
+      for (auto [a, b] : pairs)
+        if (hosts.hostOf[a] != hosts.hostOf[b]) ++across[hosts.hostOf[a]], ++across[hosts.hostOf[b]];
+      for (auto [a, b] : pairs)
+        if (hosts.hostOf[a] != hosts.hostOf[b])
+          data.pairs[a][b].share = data.pairs[b][a].share = std::max(across[hosts.hostOf[a]], across[hosts.hostOf[b]]);
+    }
+  }
+  for (const auto& order : ringOrders(hosts, n)) {
+    if (!d.error.empty()) break;
+    RingFigure rf = d.ring(order);
+    rf.slowestHop = 1e30;
+    for (std::size_t i = 0; i < order.size(); ++i)
+      rf.slowestHop = std::min(rf.slowestHop, data.pairs[order[i]][order[(i + 1) % order.size()]].gbps);
+    data.rings.push_back(rf);
+  }
+  std::time_t t = std::time(nullptr);
+  char when[32];
+  std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  data.startedAt = when;
+  int verdict = 0;
+  if (!d.error.empty()) {
+    std::fprintf(stderr, "braid doctor: rank %d: the measurement stopped: %s\n", d.rank, d.error.c_str());
+    verdict = 2;
+  } else if (d.rank == 0) {
+    const std::vector<Finding> findings = analyse(data);
+    std::fputs(textReport(data, findings).c_str(), stdout);
+    std::fflush(stdout);
+    if (!o.json.empty()) writeFile(o.json, jsonReport(data, findings));
+    if (!o.svg.empty()) writeFile(o.svg, svgHeatmap(data));
+    verdict = findings.empty() ? 0 : 1;
+  }
+  if (d.error.empty()) {
+    // Every rank exits with the verdict, as a launcher reports the first non-zero status.
+    std::int32_t v = verdict;
+    if (braidBroadcast(&v, &v, 1, braidInt32, 0, d.comm, nullptr) == braidSuccess) verdict = v;
+    if (braidCommDestroy(d.comm) != braidSuccess) verdict = 2;
+  } else {
+    braidCommAbort(d.comm);
+  }
+  return verdict;
+}
+
+}  // namespace braid::tools

@@ -1,0 +1,147 @@
+// `braid doctor`: what each rank found about itself, what the job measured, and the findings drawn
+// from both. The run (tools/doctor.cc) gathers RankFacts (tools/doctor_checks.cc) and the pair and
+// ring figures; analyse() (tools/doctor_verdict.cc) turns them into findings, a pure function the
+// unit tests drive with made-up data; tools/doctor_report.cc writes the text, JSON and SVG.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/base/config.h"
+
+namespace braid::tools::doctor {
+
+inline constexpr std::uint64_t kUnlimited = ~std::uint64_t{0};
+
+struct Iface {
+  std::string name, addr;  // IPv4
+  int prefix = 0;          // subnet prefix length
+  int mtu = 0;
+  bool up = false;
+  std::string route;  // "" when its subnet routes through it; else "blackhole", "unreachable", "prohibited"
+};
+
+struct IbPortFact {
+  std::string name;   // device:port
+  std::string state;  // "ACTIVE", "DOWN", ...
+  std::string link;   // "ib" or "eth" (RoCE)
+  int mtu = 0;        // active MTU in bytes
+  int gidIndex = -1;  // the GID index Braid would use (ACTIVE ports), else -1
+  int numa = -1;
+};
+
+// What one rank found about itself before and after joining the doctor's communicator.
+struct RankFacts {
+  int rank = -1;
+  std::string host, bootId;
+  int pid = 0;
+  std::uint64_t cmaAddr = 0;  // an address of this process that same-host peers try to read
+  std::string cpus, numa;     // Linux list text: the CPUs it may run on, their NUMA nodes
+  // /dev/shm
+  std::uint64_t shmSize = 0, shmFree = 0, shmNeed = 0;  // need: what this job's shm segments take here
+  int localRanks = 1;
+  bool shmOffByDoctor = false;  // too little room: the doctor ran this rank with shm off
+  std::string shmProbe;         // "" usable, else the transport's reason
+  int ptraceScope = -1;         // kernel.yama.ptrace_scope, -1 where there is no Yama
+  std::string cmaRefused;       // "" attach works (or no same-host peer), else the reason
+  // limits
+  std::uint64_t memlock = 0, memlockNeed = 0;  // bytes (kUnlimited); need: one ib connection's
+  bool ipcLock = false;                        // CAP_IPC_LOCK: memlock does not bind
+  std::uint64_t nofile = 0, nofileNeed = 0;
+  // network
+  std::string ifSpec;         // BRAID_SOCKET_IFNAME as set ("" when not)
+  std::string ifSpecProblem;  // why the doctor ran without it ("" when it works here)
+  std::string tcpIface, tcpAddr;  // the interface tcp listens on here, and its address
+  int tcpMtu = 0;
+  int nicNuma = -1;  // that interface's NUMA node, -1 unknown
+  std::vector<Iface> ifaces;
+  // ib
+  std::string ibProbe;  // "" usable, else the reason ("not built" in builds without the headers)
+  bool ibDisabled = false;
+  std::vector<IbPortFact> ibPorts;
+  // BRAID_* variables set for this rank, with BRAID_SECRET's value replaced by a digest
+  std::vector<std::pair<std::string, std::string>> settings;
+  // by peer rank: the transport chosen ("self" for this rank) and why the ones before it were not
+  std::vector<std::string> transportTo, skippedTo;
+
+  std::string serialize() const;
+  static RankFacts parse(const std::string& text);
+};
+
+// One unordered pair's figures, measured by the lower rank of the pair.
+struct PairFigure {
+  bool measured = false;
+  double latUs = 0;        // one way, half the median round trip of small messages
+  double gbps = 0;         // per direction, both directions at once, best of the iterations
+  int share = 1;           // pairs of the same round that crossed the busier host's link
+  double clockOffsetUs = 0;  // higher rank's clock minus the lower's
+};
+
+struct RingFigure {
+  std::vector<int> order;
+  double busbw = 0;     // GB/s, nccl-tests' all-reduce factor 2(n-1)/n
+  double slowestHop = 0;  // the slowest pair figure along the ring (GB/s)
+  std::size_t wrong = 0;  // elements that differ from the exact sum, over all ranks
+};
+
+struct Data {
+  std::vector<RankFacts> ranks;
+  std::vector<std::vector<PairFigure>> pairs;  // [a][b], filled for a < b and mirrored
+  std::vector<RingFigure> rings;
+  std::size_t bytes = 0;
+  int iters = 0;
+  double slowRatio = 0.5;
+  std::string startedAt, version;
+};
+
+struct Finding {
+  std::string subject;  // "link braid-h1–braid-h2", "host braid-h2", "rank 3", "BRAID_NSOCKS", ...
+  std::string text;     // what is wrong, with the figures
+  std::string fix;      // the knob or command that fixes it
+};
+
+// The hosts in order of their first rank, and each rank's host index.
+struct HostLayout {
+  std::vector<std::string> names;
+  std::vector<std::vector<int>> ranks;
+  std::vector<int> hostOf;
+};
+HostLayout layOut(const std::vector<RankFacts>& ranks);
+
+// A link between two hosts: the median over its rank pairs of gbps x share (what the link carried
+// when the round's pairs across it shared it), and of gbps alone (each pair's own figure; where
+// the hosts' CPUs, not the link, bound the pairs, sharing took nothing from the link).
+struct HostLink {
+  int a = 0, b = 0;
+  double gbps = 0;
+  double raw = 0;
+  double latUs = 0;
+  int pairs = 0;
+  std::string transport;
+};
+std::vector<HostLink> hostLinks(const Data& d, const HostLayout& h);
+
+// The verdict on the links between hosts: one slow link; every link of one host slow; slow links
+// that neither explains. Slow: even its shared figure (gbps) below ratio x the fastest link's own
+// figure (raw), among the links of one transport: each side of the comparison the kindest to the
+// link judged, so that neither way of sharing makes a healthy link look slow.
+std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std::vector<HostLink>& links, double ratio);
+
+// Every finding, local checks first, then the measurement's.
+std::vector<Finding> analyse(const Data& d);
+
+// "ranks 0-3", "rank 2"; and "1.5 MiB"-style sizes.
+std::string rankText(const std::vector<int>& ranks);
+std::string bytesText(std::uint64_t bytes);
+
+// tools/doctor_checks.cc: this rank's local checks before the communicator exists. `storeIp` is the
+// rendezvous address (tcp's interface is the one toward it unless BRAID_SOCKET_IFNAME says).
+RankFacts collectLocal(const Config& config, const std::string& storeIp, int nranks, int localRanks);
+
+// tools/doctor_report.cc
+std::string textReport(const Data& d, const std::vector<Finding>& findings);
+std::string jsonReport(const Data& d, const std::vector<Finding>& findings);
+std::string svgHeatmap(const Data& d);
+
+}  // namespace braid::tools::doctor

@@ -28,11 +28,12 @@ std::string gb(double v) {
 std::string whereText(const HostLayout& h, const std::vector<int>& ranks) {
   std::map<int, std::vector<int>> byHost;
   for (int r : ranks) byHost[h.hostOf[r]].push_back(r);
-  std::vector<std::string> parts;
+  std::vector<std::string> whole, parts;
   for (auto& [host, rs] : byHost) {
-    if (rs.size() == h.ranks[host].size()) parts.push_back("host " + h.names[host] + (h.names.size() == 1 ? "" : ""));
+    if (rs.size() == h.ranks[host].size()) whole.push_back(h.names[host]);
     else parts.push_back(rankText(rs) + " on " + h.names[host]);
   }
+  if (!whole.empty()) parts.insert(parts.begin(), (whole.size() == 1 ? "host " : "hosts ") + joinNames(whole));
   return joinNames(parts);
 }
 
@@ -137,7 +138,7 @@ void localFindings(const Data& d, const HostLayout& h, std::vector<Finding>& out
                          bytesText(f.shmNeed) + " that its " + std::to_string(h.ranks[k].size()) +
                          " ranks' shared-memory rings take: a Braid job fails at start-up there (the doctor ran its "
                          "ranks with shm off, over tcp)",
-                     "enlarge /dev/shm (docker run --shm-size=" + bytesText(std::max<std::uint64_t>(f.shmNeed * 2, 64u << 20)) +
+                     "enlarge /dev/shm (docker run --shm-size=" + std::to_string(std::max<std::uint64_t>(f.shmNeed * 2, 64u << 20) >> 20) + "m" +
                          "; mount -o remount,size=1G /dev/shm), or lower BRAID_BUFFSIZE, or BRAID_SHM_DISABLE=1 (tcp between "
                          "local ranks)"});
     else if (!f.shmProbe.empty() && !disabledByUser(f.shmProbe))

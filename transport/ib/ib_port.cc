@@ -8,7 +8,6 @@
 #include "topology/topology.h"
 
 namespace braid {
-namespace {
 
 const char* stateName(ibv_port_state s) {
   switch (s) {
@@ -19,6 +18,8 @@ const char* stateName(ibv_port_state s) {
     default: return "not ACTIVE";
   }
 }
+
+namespace {
 
 int deviceNuma(ibv_device* d) {
   std::ifstream f(std::string(d->ibdev_path) + "/device/numa_node");
@@ -127,6 +128,8 @@ PortSearch findPorts(const Verbs& v, const Config& config) {
         port.device = dev;
         port.port = p;
         if (v.queryPort(ctx, static_cast<std::uint8_t>(p), &port.attr) != 0) continue;
+        port.numa = deviceNuma(list[i]);
+        out.seen.push_back(port);
         if (!filter.matches(dev, p)) {
           rejected.push_back(port.name() + " (not in BRAID_IB_HCA=" + config.ibHca + ")");
           continue;
@@ -146,7 +149,6 @@ PortSearch findPorts(const Verbs& v, const Config& config) {
           rejected.push_back(port.name() + " (no LID: is a subnet manager running?)");
           continue;
         }
-        port.numa = deviceNuma(list[i]);
         out.ports.push_back(port);
       }
     }

@@ -38,7 +38,11 @@ struct IbPort {
 struct PortSearch {
   std::vector<IbPort> ports;
   std::string whyNone;
+  std::vector<IbPort> seen;  // every port of every device, whatever its state or the filter (braid doctor)
 };
+// "ACTIVE", "DOWN", ... as ibv_devinfo writes a port's state.
+const char* stateName(ibv_port_state s);
+
 PortSearch findPorts(const Verbs& v, const Config& config);
 
 // The GID index to use on a RoCE port: BRAID_IB_GID_INDEX, else RoCE v2 with an IPv4 address,

@@ -74,6 +74,11 @@ Result<IbAddress> IbAddress::parse(const std::string& text) {
   return a;
 }
 
+std::size_t IbTransport::lockedBytes(const Config& config) {
+  // One connection registers its channels' rings: an inbox and an outbox of BRAID_BUFFSIZE each.
+  return static_cast<std::size_t>(config.nsocks) * (2 * config.buffSize + 4096);
+}
+
 Availability IbTransport::probe() {
   if (probed_) return availability_;
   probed_ = true;
@@ -84,8 +89,7 @@ Availability IbTransport::probe() {
   PortSearch found = findPorts(*verbs_, config_);
   if (found.ports.empty()) return availability_ = {false, found.whyNone};
   ports_ = found.ports;
-  // One connection registers its channels' rings: an inbox and an outbox of BRAID_BUFFSIZE each.
-  const std::size_t need = static_cast<std::size_t>(config_.nsocks) * (2 * config_.buffSize + 4096);
+  const std::size_t need = lockedBytes(config_);
   rlimit lim{};
   ::getrlimit(RLIMIT_MEMLOCK, &lim);
   if (!hasCapability(kCapIpcLock) && lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < need)

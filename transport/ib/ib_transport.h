@@ -17,6 +17,8 @@ class IbTransport final : public Transport {
   explicit IbTransport(const Config& config) : config_(config) {}
   std::string_view name() const override { return "ib"; }
   Availability probe() override;
+  // The memory one ib connection registers (locked), which the memlock limit must allow.
+  static std::size_t lockedBytes(const Config& config);
   // "DEVICE PORT LID GID GID_INDEX GID_TYPE LINK_LAYER MTU": the port and how to address it.
   Result<std::string> localAddress(const std::string& rendezvousIp) override;
   Availability canReach(const PeerInfo& a, const PeerInfo& b) const override;

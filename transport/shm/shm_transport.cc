@@ -13,6 +13,8 @@
 namespace braid {
 namespace {
 std::size_t ctlBytes(int channels) { return (static_cast<std::size_t>(2 * channels) * sizeof(RingCtl) + 4095) & ~std::size_t{4095}; }
+// The host's segment: a doorbell per rank, then a mailbox area per rank (mailbox.h).
+std::size_t bellsBytes(int nranks) { return static_cast<std::size_t>(nranks) * (sizeof(Doorbell) + sizeof(MailboxArea)); }
 std::size_t pairBytes(int channels, std::size_t cap) { return ctlBytes(channels) + 2 * static_cast<std::size_t>(channels) * cap; }
 MailboxArea* mailboxAreas(void* bells, int nranks) {
   return reinterpret_cast<MailboxArea*>(static_cast<Doorbell*>(bells) + nranks);
@@ -60,6 +62,12 @@ LinkClass ShmTransport::linkClass(const PeerInfo&, const PeerInfo&) const {
   return l;
 }
 
+std::size_t ShmTransport::hostBytes(const Config& config, int nranks, int localRanks) {
+  if (localRanks < 2) return 0;
+  const std::size_t pairs = static_cast<std::size_t>(localRanks) * static_cast<std::size_t>(localRanks - 1) / 2;
+  return bellsBytes(nranks) + pairs * pairBytes(config.nsocks, config.buffSize);
+}
+
 Result<std::vector<std::unique_ptr<Connection>>> ShmTransport::connect(const SetupContext& ctx,
                                                                        const std::vector<int>& peers) {
   std::vector<std::unique_ptr<Connection>> out;
@@ -67,8 +75,7 @@ Result<std::vector<std::unique_ptr<Connection>>> ShmTransport::connect(const Set
   const int channels = ctx.config.nsocks;
   const std::size_t cap = ctx.config.buffSize;
   const std::string prefix = "/braid-" + ctx.nonce;
-  // The host's segment: a doorbell per rank, then a mailbox area per rank (mailbox.h).
-  const std::size_t bellBytes = static_cast<std::size_t>(ctx.nranks) * (sizeof(Doorbell) + sizeof(MailboxArea));
+  const std::size_t bellBytes = bellsBytes(ctx.nranks);
   const int leader = std::min(ctx.rank, *std::min_element(peers.begin(), peers.end()));
   const std::string bellName = prefix + "-db" + std::to_string(leader);
 

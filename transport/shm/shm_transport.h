@@ -27,6 +27,9 @@ class ShmTransport final : public Transport {
   // Connections to `peers`, all on this host and all having chosen shm with this rank.
   Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx, const std::vector<int>& peers) override;
   WaitSources waitSources() const override { return {myBell_, {}}; }
+  // What a communicator of `nranks` ranks, `localRanks` of them on this host, holds in this
+  // host's /dev/shm: the host's doorbell segment and one segment per pair of local ranks.
+  static std::size_t hostBytes(const Config& config, int nranks, int localRanks);
   // Small messages to every rank of this host (null until connect() had peers).
   Mailbox* mailbox() override { return mailbox_.get(); }
   void setupDone() override;  // unlinks every name this rank created

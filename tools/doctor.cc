@@ -10,6 +10,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -205,6 +206,34 @@ struct Doctor {
     return m;
   }
 
+  // The links `which` (host indexes) measured again, each by its hosts' first ranks while every
+  // other rank waits, in turn and `reps` times over: the median per link, on every rank.
+  std::map<std::pair<int, int>, double> confirm(const HostLayout& h, const std::vector<std::pair<int, int>>& which, int reps) {
+    std::vector<double> samples(which.size() * static_cast<std::size_t>(reps), 0.0), all(samples.size());
+    std::vector<std::byte> out(o.bytes, std::byte{1}), in(o.bytes);
+    for (int rep = 0; rep < reps && error.empty(); ++rep)
+      for (std::size_t i = 0; i < which.size() && error.empty(); ++i) {
+        const int a = h.ranks[which[i].first][0], b = h.ranks[which[i].second][0];
+        if (rank == a || rank == b) {
+          const int peer = rank == a ? b : a;
+          if (rep == 0 && !exchange(out.data(), o.bytes, in.data(), o.bytes, peer, peer)) break;  // warm-up
+          const double t0 = now();
+          if (!exchange(out.data(), o.bytes, in.data(), o.bytes, peer, peer)) break;
+          samples[i * static_cast<std::size_t>(reps) + static_cast<std::size_t>(rep)] = static_cast<double>(o.bytes) / (now() - t0) / 1e9;
+        }
+        ok(braidBarrier(comm), "barrier between links");
+      }
+    std::map<std::pair<int, int>, double> medians;
+    if (!error.empty() || !ok(braidAllReduce(samples.data(), all.data(), all.size(), braidFloat64, braidMax, comm, nullptr), "gather"))
+      return medians;
+    for (std::size_t i = 0; i < which.size(); ++i) {
+      std::vector<double> v(all.begin() + static_cast<std::ptrdiff_t>(i) * reps, all.begin() + static_cast<std::ptrdiff_t>(i + 1) * reps);
+      std::sort(v.begin(), v.end());
+      medians[which[i]] = v[v.size() / 2];
+    }
+    return medians;
+  }
+
   // A ring all-reduce (reduce-scatter, then all-gather) of o.bytes of floats along `order`, checked
   // exactly: integer values make the sum exact in any order.
   RingFigure ring(const std::vector<int>& order) {
@@ -359,6 +388,13 @@ int runDoctor(int argc, char** argv) {
         if (hosts.hostOf[a] != hosts.hostOf[b])
           data.pairs[a][b].share = data.pairs[b][a].share = std::max(across[hosts.hostOf[a]], across[hosts.hostOf[b]]);
     }
+  }
+  if (d.error.empty()) {
+    // Every rank works the same suspects out of the same data.
+    std::vector<std::pair<int, int>> which = linksToConfirm(hostLinks(data, hosts), o.slow);
+    std::sort(which.begin(), which.end());
+    which.erase(std::unique(which.begin(), which.end()), which.end());
+    if (!which.empty()) data.confirmed = d.confirm(hosts, which, 3);
   }
   for (const auto& order : ringOrders(hosts, n)) {
     if (!d.error.empty()) break;

@@ -4,6 +4,7 @@
 // unit tests drive with made-up data; tools/doctor_report.cc writes the text, JSON and SVG.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -89,6 +90,10 @@ struct Data {
   std::vector<RankFacts> ranks;
   std::vector<std::vector<PairFigure>> pairs;  // [a][b], filled for a < b and mirrored
   std::vector<RingFigure> rings;
+  // Links between hosts that the first pass found slow, and the fastest of their transport,
+  // measured again one rank pair at a time, alternately (the median per link, GB/s): the
+  // verdict holds only if these confirm it. Keyed by host indexes (a < b) of layOut's order.
+  std::map<std::pair<int, int>, double> confirmed;
   std::size_t bytes = 0;
   int iters = 0;
   double slowRatio = 0.5;
@@ -116,6 +121,7 @@ struct HostLink {
   int a = 0, b = 0;
   double gbps = 0;
   double raw = 0;
+  double confirmed = 0;  // Data::confirmed's figure, 0 when it was not measured again
   double latUs = 0;
   int pairs = 0;
   std::string transport;
@@ -127,6 +133,9 @@ std::vector<HostLink> hostLinks(const Data& d, const HostLayout& h);
 // figure (raw), among the links of one transport: each side of the comparison the kindest to the
 // link judged, so that neither way of sharing makes a healthy link look slow.
 std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std::vector<HostLink>& links, double ratio);
+// What the first pass would call slow, with the fastest link of each such transport: the links to
+// measure again (host indexes, a < b).
+std::vector<std::pair<int, int>> linksToConfirm(const std::vector<HostLink>& links, double ratio);
 
 // Every finding, local checks first, then the measurement's.
 std::vector<Finding> analyse(const Data& d);

@@ -18,6 +18,10 @@
 #   7. ib across hosts over the verbs emulation (tests/fakeibv, which works across test hosts):
 #      2 hosts x 2 ranks, every collective exact with shm inside a host and ib across; then a host
 #      without an ib device: the pairs across agree on tcp, on every rank, and stay exact
+#   8. braid doctor: healthy on 3 x 1 and 2 x 2 (exit 0, no finding); each injected fault named with
+#      its host or link and nothing else: one link capped, one host's links capped, an MTU mismatch,
+#      a 1 MiB /dev/shm, memlock lowered where ib is used, an ib port DOWN, a blackholed interface
+#      and a BRAID_SOCKET_IFNAME matching nothing
 # Usage: test_hosts.sh BRAID TESTHOSTS [FAKEIBV_LIB]. Exit 77 (skip) with the reason where namespaces cannot be
 # made (not root, no ip/unshare/nsenter, a kernel without veth or bridges). Every test host is
 # removed at the end, also when a case fails.
@@ -45,15 +49,17 @@ done
 
 # Starts `braid run` on hosts h1..hN in the background, each bounded by LIMIT s, as across
 # machines (--nnodes, --node-rank, --master-addr h1); their PIDs in `pids`, logs in $work/hK.log.
-# HOST_ENV_hK (NAME=VALUE ...) adds to host K's environment only.
+# HOST_ENV_hK (NAME=VALUE ...) adds to host K's environment only; HOST_WRAP_hK (a command and its
+# arguments) runs host K's `braid run` under it (prlimit, setpriv).
 start_on_hosts() {
-  local hosts=$1 ranks=$2 limit=$3 k extra
+  local hosts=$1 ranks=$2 limit=$3 k extra wrap
   shift 3
   pids=()
   for k in $(seq 1 "$hosts"); do
     extra=HOST_ENV_h$k
+    wrap=HOST_WRAP_h$k
     # shellcheck disable=SC2086
-    timeout "$limit" env ${!extra:-} "$testhosts" exec "h$k" "$braid" run --nnodes "$hosts" --node-rank $((k - 1)) \
+    timeout "$limit" env ${!extra:-} "$testhosts" exec "h$k" ${!wrap:-} "$braid" run --nnodes "$hosts" --node-rank $((k - 1)) \
       --master-addr "$("$testhosts" addr h1)" --master-port "$port" -n "$ranks" -- "$@" >"$work/h$k.log" 2>&1 &
     pids+=($!)
   done
@@ -240,6 +246,87 @@ if [ -n "$fakeibv" ] && [ -e "$fakeibv" ]; then
 else
   echo "skip ib across hosts: the verbs emulation was not given (test_hosts.sh BRAID TESTHOSTS FAKEIBV_LIB)"
 fi
+
+# braid doctor (issue: each injected fault named, with the right host, link or rank, and nothing
+# else). doctor HOSTS RANKS EXPECT_STATUS SUBJECT...: runs it, checks the exit status of every host's
+# braid run, that the findings are exactly SUBJECT... (in any order), and that --json parses.
+doctor() {
+  local hosts=$1 ranks=$2 want=$3 p bad=0 got expected
+  shift 3
+  start_on_hosts "$hosts" "$ranks" 60 "$braid" doctor --bytes 2M --json "$work/doctor.json"
+  for p in "${pids[@]}"; do
+    wait "$p"
+    local st=$?
+    [ "$st" = "$want" ] || { echo "  a host's braid run exited with $st, not $want"; bad=1; }
+  done
+  got=$(grep -o '^  \[[0-9]*\] [^:]*' "$work/h1.log" | sed 's/^  \[[0-9]*\] //' | sort)
+  expected=$(printf '%s\n' "$@" | sed '/^$/d' | sort)
+  [ "$got" = "$expected" ] || { echo "  findings: [${got//$'\n'/] [}], expected: [${expected//$'\n'/] [}]"; bad=1; }
+  grep -A1 '^  \[[0-9]*\]' "$work/h1.log" | cut -c1-240 | sed 's/^/  /'
+  /usr/bin/python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$work/doctor.json" 2>/dev/null ||
+    { echo "  --json did not parse"; bad=1; }
+  return "$bad"
+}
+# (the interfaces case left its blackholed bh0 on h1 and h2)
+for k in 1 2; do ip -n "braid-h$k" link del bh0 2>/dev/null; done
+doctor_healthy() {
+  doctor 3 1 0 && grep -q "verdict: healthy" "$work/h1.log" && grep -q "braid-h2–braid-h3 tcp" "$work/h1.log" &&
+    doctor 2 2 0 && grep -q "^ *ring all-reduce .* exact" "$work/h1.log"
+}
+check "doctor, healthy on 3 hosts x 1 and 2 x 2: exit 0, no finding" doctor_healthy
+doctor_link() {
+  "$testhosts" link h1 rate 200mbit to h2 && doctor 3 1 1 "link braid-h1–braid-h2"
+  local st=$?
+  "$testhosts" link h1 clear; "$testhosts" link h2 clear
+  return "$st"
+}
+check "doctor, one link capped (tbf between h1 and h2 only): names that link" doctor_link
+doctor_host() {
+  "$testhosts" link h3 rate 200mbit && doctor 3 1 1 "host braid-h3"
+  local st=$?
+  "$testhosts" link h3 clear
+  return "$st"
+}
+check "doctor, every link of one host capped: names that host" doctor_host
+doctor_mtu() {
+  "$testhosts" mtu h3 1400 && doctor 3 1 1 "MTU on host braid-h3"
+  local st=$?
+  "$testhosts" mtu h3 1500
+  return "$st"
+}
+check "doctor, MTU 1400 on one host, 1500 on the others: names that host" doctor_mtu
+doctor_shm() {
+  "$testhosts" exec h2 mount -o remount,size=1M /dev/shm && doctor 2 2 1 "/dev/shm on host braid-h2"
+  local st=$?
+  "$testhosts" exec h2 mount -o remount,size=512M /dev/shm
+  return "$st"
+}
+check "doctor, a host whose /dev/shm is a 1 MiB tmpfs: names that host" doctor_shm
+doctor_ib() {
+  # memlock lowered with prlimit, without CAP_IPC_LOCK (as a user runs), on h2; then h2's port DOWN.
+  BRAID_IB_DISABLE=0 BRAID_IBVERBS_LIB=$fakeibv HOST_WRAP_h2="setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock prlimit --memlock=65536:65536" \
+    doctor 2 2 1 "ib on host braid-h2" && grep -q "memlock limit (ulimit -l) is 64 KiB" "$work/h1.log" &&
+    grep -q "fix: ulimit -l unlimited" "$work/h1.log" || return 1
+  BRAID_IB_DISABLE=0 BRAID_IBVERBS_LIB=$fakeibv HOST_ENV_h2="FAKEIBV_DEVICES=fib0:state=down" \
+    doctor 2 2 1 "ib on host braid-h2" && grep -q "no ACTIVE port to use: fib0:1 (DOWN)" "$work/h1.log" &&
+    grep -q "0–2: tcp because" "$work/h1.log"
+}
+if [ -n "$fakeibv" ] && [ -e "$fakeibv" ] && command -v setpriv >/dev/null && command -v prlimit >/dev/null; then
+  check "doctor, ib (verbs emulation): memlock lowered on one host, a port DOWN on one host: names that host" doctor_ib
+else
+  echo "skip doctor's ib cases: no verbs emulation given, or setpriv/prlimit missing"
+fi
+doctor_interfaces() {
+  local k
+  for k in 1 2; do "$testhosts" blackhole "h$k" bh1 || return 1; done
+  doctor 2 1 1 "interface bh1 on hosts braid-h1, braid-h2" &&
+    BRAID_SOCKET_IFNAME=nosuch0 doctor 2 1 1 "interface bh1 on hosts braid-h1, braid-h2" \
+      "BRAID_SOCKET_IFNAME on hosts braid-h1, braid-h2" && grep -q "fix: BRAID_SOCKET_IFNAME=eth0" "$work/h1.log"
+  local st=$?
+  for k in 1 2; do ip -n "braid-h$k" link del bh1 2>/dev/null; done
+  return "$st"
+}
+check "doctor, a second interface routed to a blackhole, and a BRAID_SOCKET_IFNAME matching nothing: names both" doctor_interfaces
 
 rm -rf "$work"
 echo "$passed passed, $fail failed"

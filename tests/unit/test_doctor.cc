@@ -1,0 +1,187 @@
+// braid doctor's findings from made-up data: each rule names the guilty link, host, rank or setting
+// and nothing else; healthy data gives none. (The runs across test hosts are in tests/hosts/.)
+#include <gtest/gtest.h>
+
+#include "tools/doctor.h"
+
+namespace braid::tools::doctor {
+namespace {
+
+// n ranks, `perHost` to a host named braid-h1, braid-h2, ...; every check healthy; every pair
+// measured at `gbps` over shm within a host and tcp across.
+Data healthy(int n, int perHost, double gbps = 1.0) {
+  Data d;
+  d.slowRatio = 0.5;
+  for (int r = 0; r < n; ++r) {
+    RankFacts f;
+    f.rank = r;
+    f.host = "braid-h" + std::to_string(r / perHost + 1);
+    f.bootId = f.host;
+    f.cpus = std::to_string(r % perHost);
+    f.numa = "0";
+    f.shmSize = f.shmFree = 1u << 30;
+    f.shmNeed = 8u << 20;
+    f.localRanks = perHost;
+    f.memlock = kUnlimited;
+    f.nofile = 1u << 20;
+    f.nofileNeed = 100;
+    f.tcpIface = "eth0";
+    f.tcpAddr = "10.213.0." + std::to_string(r / perHost + 1);
+    f.tcpMtu = 1500;
+    f.ifaces = {{"lo", "127.0.0.1", 8, 65536, true, ""}, {"eth0", f.tcpAddr, 24, 1500, true, ""}};
+    f.ibProbe = "no InfiniBand device found";
+    f.settings = {{"BRAID_SECRET", "(digest 1)"}};
+    for (int p = 0; p < n; ++p) {
+      f.transportTo.push_back(p == r ? "self" : (p / perHost == r / perHost ? "shm" : "tcp"));
+      f.skippedTo.push_back("");
+    }
+    d.ranks.push_back(f);
+  }
+  d.pairs.assign(n, std::vector<PairFigure>(n));
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b)
+      if (a != b) d.pairs[a][b] = {true, 10.0, gbps, 1, 0.0};
+  return d;
+}
+
+void setPair(Data& d, int a, int b, double gbps) { d.pairs[a][b].gbps = d.pairs[b][a].gbps = gbps; }
+
+std::string subjects(const std::vector<Finding>& f) {
+  std::string s;
+  for (const Finding& x : f) s += "[" + x.subject + "]";
+  return s;
+}
+
+TEST(Doctor, HealthyDataHasNoFinding) {
+  for (auto [n, per] : {std::pair{1, 1}, {8, 8}, {3, 1}, {6, 2}, {4, 2}}) {
+    const auto f = analyse(healthy(n, per));
+    EXPECT_TRUE(f.empty()) << n << " ranks, " << per << " per host: " << subjects(f);
+  }
+}
+
+TEST(Doctor, OneSlowLinkIsNamed) {
+  Data d = healthy(3, 1);
+  setPair(d, 0, 1, 0.02);
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "link braid-h1–braid-h2");
+  EXPECT_NE(f[0].text.find("0.0200 GB/s"), std::string::npos) << f[0].text;
+}
+
+TEST(Doctor, EveryLinkOfOneHostSlowNamesTheHost) {
+  Data d = healthy(6, 2);  // 3 hosts x 2 ranks: host 3 holds ranks 4 and 5
+  for (int a = 0; a < 4; ++a)
+    for (int b = 4; b < 6; ++b) setPair(d, a, b, 0.02);
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "host braid-h3");
+}
+
+TEST(Doctor, SharedLinksAreNotSlow) {
+  // Two pairs crossed between the same hosts in one round and got half each: not slow.
+  Data d = healthy(6, 2);
+  d.pairs[0][2].gbps = d.pairs[2][0].gbps = 0.5;
+  d.pairs[0][2].share = d.pairs[2][0].share = 2;
+  d.pairs[1][3].gbps = d.pairs[3][1].gbps = 0.5;
+  d.pairs[1][3].share = d.pairs[3][1].share = 2;
+  EXPECT_TRUE(analyse(d).empty()) << subjects(analyse(d));
+}
+
+TEST(Doctor, TwoHostsHaveNothingToCompare) {
+  Data d = healthy(2, 1, 0.001);
+  EXPECT_TRUE(judgeLinks({"a", "b"}, hostLinks(d, layOut(d.ranks)), 0.5).empty());
+}
+
+TEST(Doctor, SlowEverywhereIsSystemWide) {
+  std::vector<HostLink> links;
+  const double figures[] = {2.0, 0.1, 0.1, 0.1, 0.1, 0.1};  // 4 hosts: one fast link, five slow
+  int i = 0;
+  for (int a = 0; a < 4; ++a)
+    for (int b = a + 1; b < 4; ++b) links.push_back({a, b, figures[i], figures[i], 10, 1, "tcp"}), ++i;
+  const auto f = judgeLinks({"h1", "h2", "h3", "h4"}, links, 0.5);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "system-wide");
+}
+
+TEST(Doctor, MtuMismatchNamesTheOddHost) {
+  Data d = healthy(3, 1);
+  d.ranks[2].tcpMtu = 1400;
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "MTU on host braid-h3");
+  EXPECT_NE(f[0].fix.find("mtu 1500"), std::string::npos) << f[0].fix;
+}
+
+TEST(Doctor, SettingThatDiffersNamesTheRank) {
+  Data d = healthy(4, 4);
+  d.ranks[3].settings.emplace_back("BRAID_BUFFSIZE", "1048576");
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "BRAID_BUFFSIZE on rank 3 on braid-h1");
+}
+
+TEST(Doctor, IbUnusableOnOneHostIsNamedWithTheFix) {
+  Data d = healthy(4, 2);
+  for (auto& r : d.ranks) r.ibProbe = "";
+  for (int r = 2; r < 4; ++r) {
+    d.ranks[r].ibProbe = "no ACTIVE port to use: fib0:1 (DOWN)";
+    d.ranks[r].ibPorts = {{"fib0:1", "DOWN", "ib", 4096, -1, -1}};
+  }
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);  // and not also "transports between hosts"
+  EXPECT_EQ(f[0].subject, "ib on host braid-h2");
+  EXPECT_NE(f[0].fix.find("subnet manager"), std::string::npos);
+}
+
+TEST(Doctor, NoIbAnywhereIsNoFinding) {
+  Data d = healthy(4, 2);
+  EXPECT_TRUE(analyse(d).empty());
+}
+
+TEST(Doctor, SmallShmAndBlackholeAndIfname) {
+  Data d = healthy(4, 2);
+  d.ranks[2].shmOffByDoctor = d.ranks[3].shmOffByDoctor = true;
+  d.ranks[2].shmFree = d.ranks[3].shmFree = 1u << 20;
+  for (auto& r : d.ranks) {
+    r.ifaces.push_back({"bh0", "10.214.0.1", 24, 1500, true, "blackhole"});
+    r.ifSpec = "nosuch0";
+    r.ifSpecProblem = "BRAID_SOCKET_IFNAME='nosuch0' matches no interface";
+  }
+  for (int a : {2, 3})
+    for (int p = 0; p < 4; ++p)
+      if (p != a) d.ranks[a].transportTo[p] = d.ranks[p].transportTo[a] = "tcp";
+  const auto f = analyse(d);
+  EXPECT_EQ(subjects(f), "[BRAID_SOCKET_IFNAME on hosts braid-h1, braid-h2][interface bh0 on hosts braid-h1, braid-h2]"
+                         "[/dev/shm on host braid-h2]");
+}
+
+TEST(Doctor, ClockFarOffIsNamed) {
+  Data d = healthy(2, 1);
+  d.pairs[0][1].clockOffsetUs = 2.5e6;
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "clock on host braid-h2");
+}
+
+TEST(Doctor, FactsSurviveTheirTextForm) {
+  Data d = healthy(3, 1);
+  RankFacts f = d.ranks[1];
+  f.ibPorts = {{"mlx5_0:1", "ACTIVE", "eth", 4096, 3, 1}};
+  f.ifSpecProblem = "tabs\tand\nnewlines";
+  f.memlock = kUnlimited;
+  RankFacts g = RankFacts::parse(f.serialize());
+  EXPECT_EQ(g.serialize(), f.serialize());
+  EXPECT_EQ(g.ibPorts.size(), 1u);
+  EXPECT_EQ(g.ibPorts[0].gidIndex, 3);
+  EXPECT_EQ(g.memlock, kUnlimited);
+  EXPECT_EQ(g.transportTo, f.transportTo);
+  EXPECT_EQ(g.ifSpecProblem, "tabs and newlines");
+}
+
+TEST(Doctor, RankText) {
+  EXPECT_EQ(rankText({3}), "rank 3");
+  EXPECT_EQ(rankText({0, 1, 2, 5, 7, 8}), "ranks 0-2,5,7-8");
+}
+
+}  // namespace
+}  // namespace braid::tools::doctor

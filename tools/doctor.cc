@@ -19,6 +19,7 @@
 #include "braid/braid.h"
 #include "braid_version.h"
 #include "comm/base/config.h"
+#include "comm/base/socket.h"
 #include "comm/bootstrap/init.h"
 #include "comm/c_handle.h"
 #include "comm/communicator.h"
@@ -367,10 +368,22 @@ int runDoctor(int argc, char** argv) {
         Status s = cmaProbe(p.pid, p.cmaAddr);
         if (!s.ok()) refused = "rank " + std::to_string(d.rank) + " cannot read rank " + std::to_string(p.rank) + ": " + s.message();
       }
-    auto cma = allGatherText(d.comm, n, refused);
-    if (cma.ok())
-      for (int r = 0; r < n; ++r) data.ranks[r].cmaRefused = (*cma)[r];
-    else d.error = cma.status().message();
+    // A route to every other host's tcp address (pairs on shm or ib never tried one).
+    std::string unreachable;
+    for (const RankFacts& p : data.ranks)
+      if (p.host != mine.host && !p.tcpAddr.empty())
+        if (auto a = net::localAddressToward(p.tcpAddr); !a.ok())
+          unreachable += (unreachable.empty() ? "" : "; ") + std::string("rank ") + std::to_string(p.rank) + " (" + p.host +
+                         ") at " + p.tcpAddr + ": " + a.status().message();
+    auto second = allGatherText(d.comm, n, refused + '\n' + unreachable);
+    if (second.ok())
+      for (int r = 0; r < n; ++r) {
+        const std::string& t = (*second)[r];
+        const std::size_t nl = t.find('\n');
+        data.ranks[r].cmaRefused = t.substr(0, nl);
+        data.ranks[r].unreachable = nl == std::string::npos ? "" : t.substr(nl + 1);
+      }
+    else d.error = second.status().message();
   } else {
     d.error = texts.status().message();
   }

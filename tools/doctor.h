@@ -46,6 +46,7 @@ struct RankFacts {
   std::string shmProbe;         // "" usable, else the transport's reason
   int ptraceScope = -1;         // kernel.yama.ptrace_scope, -1 where there is no Yama
   std::string cmaRefused;       // "" attach works (or no same-host peer), else the reason
+  std::string unreachable;      // "" every other host's tcp address has a route from here, else which not
   // limits
   std::uint64_t memlock = 0, memlockNeed = 0;  // bytes (kUnlimited); need: one ib connection's
   bool ipcLock = false;                        // CAP_IPC_LOCK: memlock does not bind

@@ -213,7 +213,7 @@ std::string RankFacts::serialize() const {
   auto n = [](auto v) { return std::to_string(v); };
   line("rank", {n(rank), host, bootId, n(pid), n(cmaAddr), cpus, numa});
   line("shm", {n(shmSize), n(shmFree), n(shmNeed), n(localRanks), n(shmOffByDoctor ? 1 : 0), shmProbe});
-  line("cma", {n(ptraceScope), cmaRefused});
+  line("cma", {n(ptraceScope), cmaRefused, unreachable});
   line("limits", {n(memlock), n(memlockNeed), n(ipcLock ? 1 : 0), n(nofile), n(nofileNeed)});
   line("net", {ifSpec, ifSpecProblem, tcpIface, tcpAddr, n(tcpMtu), n(nicNuma)});
   for (const Iface& i : ifaces) line("iface", {i.name, i.addr, n(i.prefix), n(i.mtu), n(i.up ? 1 : 0), i.route});
@@ -245,7 +245,7 @@ RankFacts RankFacts::parse(const std::string& text) {
       f.shmSize = u64(1), f.shmFree = u64(2), f.shmNeed = u64(3), f.localRanks = in32(4), f.shmOffByDoctor = in32(5) != 0;
       f.shmProbe = s(6);
     } else if (key == "cma") {
-      f.ptraceScope = in32(1), f.cmaRefused = s(2);
+      f.ptraceScope = in32(1), f.cmaRefused = s(2), f.unreachable = s(3);
     } else if (key == "limits") {
       f.memlock = u64(1), f.memlockNeed = u64(2), f.ipcLock = in32(3) != 0, f.nofile = u64(4), f.nofileNeed = u64(5);
     } else if (key == "net") {

@@ -196,6 +196,14 @@ void localFindings(const Data& d, const HostLayout& h, std::vector<Finding>& out
     disagree(hostsByMtu, "MTU", "set the port's MTU (the subnet manager's or the switch's) to ");
     disagree(hostsByGid, "GID index", "BRAID_IB_GID_INDEX=");
   }
+  // Routes to the other hosts' tcp addresses.
+  for (const RankFacts& f : R)
+    if (!f.unreachable.empty())
+      out.push_back({"routes from rank " + std::to_string(f.rank) + " on " + f.host,
+                     "no route from rank " + std::to_string(f.rank) + " to " + f.unreachable +
+                         ": tcp between them cannot connect",
+                     "check the routes (ip route get ADDRESS on " + f.host + "), and that BRAID_SOCKET_IFNAME picks an "
+                     "interface every host reaches"});
   // Limits.
   {
     std::vector<int> low;

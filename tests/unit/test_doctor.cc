@@ -87,6 +87,30 @@ TEST(Doctor, SharedLinksAreNotSlow) {
   EXPECT_TRUE(analyse(d).empty()) << subjects(analyse(d));
 }
 
+TEST(Doctor, MeasuredAgainDecides) {
+  Data d = healthy(3, 1);
+  setPair(d, 0, 1, 0.3);  // the first pass: below half of the others
+  const HostLayout h = layOut(d.ranks);
+  const auto which = linksToConfirm(hostLinks(d, h), d.slowRatio);
+  ASSERT_EQ(which.size(), 2u);  // the suspect and the fastest
+  EXPECT_EQ(which[0], std::make_pair(0, 1));
+  d.confirmed = {{which[0], 0.8}, {which[1], 1.0}};  // alone, they are alike: noise
+  EXPECT_TRUE(analyse(d).empty()) << subjects(analyse(d));
+  d.confirmed = {{which[0], 0.1}, {which[1], 1.0}};  // confirmed
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "link braid-h1–braid-h2");
+  EXPECT_NE(f[0].text.find("runs at 0.10 GB/s (10%)"), std::string::npos) << f[0].text;
+}
+
+TEST(Doctor, UnreachablePeerIsNamed) {
+  Data d = healthy(2, 1);
+  d.ranks[1].unreachable = "rank 0 (braid-h1) at 10.213.0.1: no route to 10.213.0.1: Network is unreachable";
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "routes from rank 1 on braid-h2");
+}
+
 TEST(Doctor, TwoHostsHaveNothingToCompare) {
   Data d = healthy(2, 1, 0.001);
   EXPECT_TRUE(judgeLinks({"a", "b"}, hostLinks(d, layOut(d.ranks)), 0.5).empty());
@@ -97,7 +121,7 @@ TEST(Doctor, SlowEverywhereIsSystemWide) {
   const double figures[] = {2.0, 0.1, 0.1, 0.1, 0.1, 0.1};  // 4 hosts: one fast link, five slow
   int i = 0;
   for (int a = 0; a < 4; ++a)
-    for (int b = a + 1; b < 4; ++b) links.push_back({a, b, figures[i], figures[i], 10, 1, "tcp"}), ++i;
+    for (int b = a + 1; b < 4; ++b) links.push_back({a, b, figures[i], figures[i], 0, 10, 1, "tcp"}), ++i;
   const auto f = judgeLinks({"h1", "h2", "h3", "h4"}, links, 0.5);
   ASSERT_EQ(f.size(), 1u) << subjects(f);
   EXPECT_EQ(f[0].subject, "system-wide");
@@ -168,6 +192,7 @@ TEST(Doctor, FactsSurviveTheirTextForm) {
   RankFacts f = d.ranks[1];
   f.ibPorts = {{"mlx5_0:1", "ACTIVE", "eth", 4096, 3, 1}};
   f.ifSpecProblem = "tabs\tand\nnewlines";
+  f.unreachable = "rank 0 (braid-h1) at 10.213.0.1: no route";
   f.memlock = kUnlimited;
   RankFacts g = RankFacts::parse(f.serialize());
   EXPECT_EQ(g.serialize(), f.serialize());

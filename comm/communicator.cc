@@ -86,6 +86,7 @@ Result<std::shared_ptr<Comm>> initFromStore(const std::string& host, int port, b
 
 Result<std::shared_ptr<Comm>> Comm::create(InitParams params) {
   std::shared_ptr<Comm> c(new Comm());
+  c->self_ = c;
   Status s = c->setup(params);
   if (!s.ok()) {
     // If this process hosts the store, keep it up a moment so that the notice of this failure
@@ -753,6 +754,7 @@ std::shared_ptr<WorkState> Comm::enqueue(Queued item) {
     return w;
   }
   if (!worker_.joinable()) worker_ = std::thread([this] { workerLoop(); });
+  w->owner = self_;
   item.work = w;
   queue_.push_back(std::move(item));
   asyncPending_.fetch_add(1, std::memory_order_release);
@@ -760,36 +762,54 @@ std::shared_ptr<WorkState> Comm::enqueue(Queued item) {
   return w;
 }
 
+void Comm::runQueued(Queued& item) {
+  Status s;
+  {
+    std::lock_guard<std::mutex> g(execMu_);
+    if (closed_) {
+      s = Status::Aborted("the communicator was aborted");
+    } else if (item.group) {
+      s = executeGroup(item.calls);
+    } else {
+      s = execute(item.calls[0]);
+      trace_.end(s);
+    }
+  }
+  setLastError(s);
+  item.work->finish(s);
+  std::lock_guard<std::mutex> g(qMu_);
+  workerBusy_ = false;
+  asyncPending_.fetch_sub(1, std::memory_order_release);
+  qCv_.notify_all();
+}
+
 void Comm::workerLoop() {
   for (;;) {
     Queued item;
     {
       std::unique_lock<std::mutex> g(qMu_);
-      qCv_.wait(g, [&] { return stopWorker_ || !queue_.empty(); });
+      // (not while runIfNext's thread runs one: the calls run in the order they were queued)
+      qCv_.wait(g, [&] { return (stopWorker_ && queue_.empty()) || (!queue_.empty() && !workerBusy_); });
       if (queue_.empty()) return;
       item = std::move(queue_.front());
       queue_.pop_front();
       workerBusy_ = true;
     }
-    Status s;
-    {
-      std::lock_guard<std::mutex> g(execMu_);
-      if (closed_) {
-        s = Status::Aborted("the communicator was aborted");
-      } else if (item.group) {
-        s = executeGroup(item.calls);
-      } else {
-        s = execute(item.calls[0]);
-        trace_.end(s);
-      }
-    }
-    setLastError(s);
-    item.work->finish(s);
-    std::lock_guard<std::mutex> g(qMu_);
-    workerBusy_ = false;
-    asyncPending_.fetch_sub(1, std::memory_order_release);
-    qCv_.notify_all();
+    runQueued(item);
   }
+}
+
+bool Comm::runIfNext(const std::shared_ptr<WorkState>& w) {
+  Queued item;
+  {
+    std::lock_guard<std::mutex> g(qMu_);
+    if (workerBusy_ || queue_.empty() || queue_.front().work != w) return false;
+    item = std::move(queue_.front());
+    queue_.pop_front();
+    workerBusy_ = true;
+  }
+  runQueued(item);
+  return true;
 }
 
 void Comm::abort() {

@@ -46,6 +46,9 @@ std::size_t cmaMinBytes(CollKind kind, int nranks, std::size_t l3Bytes);
 
 // Shared state of one asynchronous operation.
 struct WorkState {
+  // The communicator whose queue holds it: wait() runs it on the waiting thread when it has not
+  // started yet (Comm::runIfNext).
+  std::weak_ptr<Comm> owner;
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
@@ -87,6 +90,10 @@ class Comm final : public EngineHost, public Workspace {
   std::shared_ptr<WorkState> submit(const CollArgs& a);
   // Queues a group (as runGroup runs it) for the worker thread: one Work for all of its calls.
   std::shared_ptr<WorkState> submitGroup(std::vector<CollArgs> calls);
+  // Runs `w` on this thread, if it is next in the queue and the worker is not running a call:
+  // a blocking wait right after a submit then costs no hand-off to the worker and back. Returns
+  // whether it ran it (false: the worker has it or will; wait as usual).
+  bool runIfNext(const std::shared_ptr<WorkState>& w);
 
   // Stops everything: pending and later calls fail with aborted; other ranks are told.
   void abort();
@@ -312,6 +319,9 @@ class Comm final : public EngineHost, public Workspace {
     std::shared_ptr<WorkState> work;
   };
   std::shared_ptr<WorkState> enqueue(Queued item);
+  // A queued item's run, by the worker or by runIfNext's thread (workerBusy_ set by the caller).
+  void runQueued(Queued& item);
+  std::weak_ptr<Comm> self_;  // for WorkState::owner
   // runGroup's body, with execMu_ held.
   Status executeGroup(const std::vector<CollArgs>& calls);
   std::deque<Queued> queue_;

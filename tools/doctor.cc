@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,11 +32,13 @@ namespace {
 using namespace doctor;
 
 const char* kUsage =
-    "usage: braid doctor [--bytes SIZE] [--iters N] [--slow RATIO] [--json FILE] [--svg FILE]\n"
+    "usage: braid doctor [--bytes SIZE] [--iters N] [--slow RATIO] [--baseline FILE] [--json FILE] [--svg FILE]\n"
     "  run it like any Braid program: braid run -n 4 braid doctor; torchrun ... --no_python braid doctor; mpirun\n"
     "  --bytes SIZE   what each pair sends both ways per iteration, and the ring all-reduce's size (default 4M)\n"
     "  --iters N      timed iterations per pair and per ring, after one warm-up; the best counts (default 3)\n"
     "  --slow RATIO   a link between hosts is slow below RATIO x the fastest one of its transport (default 0.5)\n"
+    "  --baseline FILE  an earlier healthy run's --json: links between hosts are also held to its fastest\n"
+    "                 (so that a system where every link is equally slow is found)\n"
     "  --json FILE    everything, for tools;  --svg FILE: the pair bandwidth matrix as a heatmap\n"
     "  exit status: 0 healthy, 1 something was found, 2 the doctor could not run\n";
 
@@ -43,7 +46,7 @@ struct Options {
   std::size_t bytes = 4u << 20;
   int iters = 3;
   double slow = 0.5;
-  std::string json, svg;
+  std::string json, svg, baseline;
 };
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -76,6 +79,8 @@ int parse(int argc, char** argv, Options& o) {
     } else if (a == "--slow" && (v = value()) && (o.slow = std::atof(v)) > 0 && o.slow < 1) {
     } else if (a == "--json" && (v = value())) {
       o.json = v;
+    } else if (a == "--baseline" && (v = value())) {
+      o.baseline = v;
     } else if (a == "--svg" && (v = value())) {
       o.svg = v;
     } else {
@@ -104,7 +109,7 @@ Result<std::vector<std::string>> allGatherText(braidComm_t comm, int n, const st
   return out;
 }
 
-// The circle method: round r's disjoint pairs; with an odd n one rank sits out each round.
+// The circle method: round r's disjoint pairs (roundsFor(n) rounds).
 std::vector<std::pair<int, int>> roundPairs(int n, int r) {
   const int m = n + (n & 1);
   std::vector<std::pair<int, int>> out;
@@ -179,7 +184,7 @@ struct Doctor {
   // Every pair in n-1 rounds; the full matrix on every rank (rank 0 reports it).
   std::vector<std::vector<PairFigure>> measurePairs() {
     std::vector<double> row(static_cast<std::size_t>(n) * 3, 0.0);
-    const int rounds = n - 1 + (n & 1);
+    const int rounds = roundsFor(n);
     for (int r = 0; r < rounds && error.empty(); ++r) {
       for (auto [a, b] : roundPairs(n, r)) {
         if (a != rank && b != rank) continue;
@@ -358,6 +363,33 @@ int runDoctor(int argc, char** argv) {
   data.slowRatio = o.slow;
   data.version = std::string("braid ") + std::to_string(BRAID_MAJOR) + "." + std::to_string(BRAID_MINOR) + "." +
                  std::to_string(BRAID_PATCH) + " (" + BRAID_VERSION_TAG + ")";
+  if (!o.baseline.empty()) {
+    // Rank 0's file, on every rank (each works out the links to measure again from it).
+    std::string text;
+    if (d.rank == 0) {
+      std::ifstream f(o.baseline);
+      std::ostringstream all;
+      all << f.rdbuf();
+      text = f ? all.str() : "";
+      if (text.empty()) text = "!cannot read " + o.baseline;
+    }
+    auto got = allGatherText(d.comm, n, text);
+    if (!got.ok()) {
+      d.error = got.status().message();
+    } else if ((*got)[0].rfind('!', 0) == 0) {
+      d.error = "--baseline: rank 0 " + (*got)[0].substr(1);
+    } else if (auto b = readBaseline((*got)[0], o.baseline); !b.ok()) {
+      d.error = b.status().message();
+    } else {
+      data.baseline = b->best;
+      data.baselineFrom = b->from;
+    }
+    if (!d.error.empty()) {  // the same on every rank
+      if (d.rank == 0) std::fprintf(stderr, "braid doctor: %s\n", d.error.c_str());
+      braidCommDestroy(d.comm);
+      return 2;
+    }
+  }
   auto texts = allGatherText(d.comm, n, mine.serialize());
   if (texts.ok()) {
     for (const std::string& t : *texts) data.ranks.push_back(RankFacts::parse(t));
@@ -391,7 +423,7 @@ int runDoctor(int argc, char** argv) {
   if (d.error.empty()) data.pairs = d.measurePairs();
   if (d.error.empty()) {
     // Which pairs crossed between hosts in the same round: they shared the busier host's link.
-    const int rounds = n - 1 + (n & 1);
+    const int rounds = roundsFor(n);
     for (int r = 0; r < rounds; ++r) {
       const auto pairs = roundPairs(n, r);
       std::vector<int> across(hosts.names.size(), 0);
@@ -404,9 +436,8 @@ int runDoctor(int argc, char** argv) {
   }
   if (d.error.empty()) {
     // Every rank works the same suspects out of the same data.
-    std::vector<std::pair<int, int>> which = linksToConfirm(hostLinks(data, hosts), o.slow);
-    std::sort(which.begin(), which.end());
-    which.erase(std::unique(which.begin(), which.end()), which.end());
+    const std::vector<std::pair<int, int>> which =
+        linksToConfirm(hostLinks(data, hosts), o.slow, {data.baseline, data.baselineFrom});
     if (!which.empty()) data.confirmed = d.confirm(hosts, which, 3);
   }
   for (const auto& order : ringOrders(hosts, n)) {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "braid/status.hpp"
 #include "comm/base/config.h"
 
 namespace braid::tools::doctor {
@@ -95,6 +96,10 @@ struct Data {
   // measured again one rank pair at a time, alternately (the median per link, GB/s): the
   // verdict holds only if these confirm it. Keyed by host indexes (a < b) of layOut's order.
   std::map<std::pair<int, int>, double> confirmed;
+  // --baseline FILE: the fastest link between hosts of each transport in an earlier run's --json
+  // (GB/s, as measured again where it was): the reference when it is faster than this run's.
+  std::map<std::string, double> baseline;
+  std::string baselineFrom;  // "FILE (its started_at)"
   std::size_t bytes = 0;
   int iters = 0;
   double slowRatio = 0.5;
@@ -133,13 +138,24 @@ std::vector<HostLink> hostLinks(const Data& d, const HostLayout& h);
 // that neither explains. Slow: even its shared figure (gbps) below ratio x the fastest link's own
 // figure (raw), among the links of one transport: each side of the comparison the kindest to the
 // link judged, so that neither way of sharing makes a healthy link look slow.
-std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std::vector<HostLink>& links, double ratio);
+struct Baseline {
+  std::map<std::string, double> best;  // Data::baseline
+  std::string from;
+};
+std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std::vector<HostLink>& links, double ratio,
+                                const Baseline& baseline = {});
 // What the first pass would call slow, with the fastest link of each such transport: the links to
 // measure again (host indexes, a < b).
-std::vector<std::pair<int, int>> linksToConfirm(const std::vector<HostLink>& links, double ratio);
+std::vector<std::pair<int, int>> linksToConfirm(const std::vector<HostLink>& links, double ratio, const Baseline& baseline = {});
+// The baseline from an earlier run's --json text; `from` names it in the findings.
+Result<Baseline> readBaseline(const std::string& json, const std::string& from);
 
 // Every finding, local checks first, then the measurement's.
 std::vector<Finding> analyse(const Data& d);
+
+// The circle method's rounds of disjoint pairs for n ranks: n-1, or n for odd n (one rank sits out
+// each), none for one rank.
+inline int roundsFor(int n) { return n < 2 ? 0 : n - 1 + (n & 1); }
 
 // "ranks 0-3", "rank 2"; and "1.5 MiB"-style sizes.
 std::string rankText(const std::vector<int>& ranks);

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "tools/doctor.h"
-#include "tools/tools.h"
+#include "tools/json.h"
 
 namespace braid::tools::doctor {
 namespace {
@@ -99,8 +99,8 @@ std::string textReport(const Data& d, const std::vector<Finding>& findings) {
   }
 
   o << "\n3. Measurement: " << bytesText(d.bytes) << " both ways at once per pair, best of " << d.iters
-    << " after a warm-up; latency: half the median of 20 round trips of 8 B; " << (n - 1 + (n & 1))
-    << " rounds of disjoint pairs\n";
+    << " after a warm-up; latency: half the median of 20 round trips of 8 B; " << roundsFor(n)
+    << " round(s) of disjoint pairs\n";
   if (!d.pairs.empty()) {
     o << "  bandwidth per direction, GB/s\n";
     matrix(o, n, 7, [&](int a, int b) { return fmt("%.2f", d.pairs[a][b].gbps); });

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "tools/doctor.h"
+#include "tools/json.h"
 
 namespace braid::tools::doctor {
 namespace {
@@ -377,33 +378,40 @@ std::vector<HostLink> hostLinks(const Data& d, const HostLayout& h) {
   return out;
 }
 
-std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std::vector<HostLink>& links, double ratio) {
+std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std::vector<HostLink>& links, double ratio,
+                                const Baseline& baseline) {
   std::vector<Finding> out;
   std::map<std::string, std::vector<HostLink>> byTransport;
   for (const HostLink& l : links) byTransport[l.transport].push_back(l);
   for (auto& [t, ls] : byTransport) {
-    if (ls.size() < 2) continue;  // nothing to compare it with
-    HostLink best = *std::max_element(ls.begin(), ls.end(), [](auto& x, auto& y) { return x.raw < y.raw; });
+    const auto b = baseline.best.find(t);
+    const double base = b == baseline.best.end() ? 0 : b->second;
+    if (ls.size() < 2 && base <= 0) continue;  // nothing to compare it with
+    const HostLink best = *std::max_element(ls.begin(), ls.end(), [](auto& x, auto& y) { return x.raw < y.raw; });
+    // The first pass's reference, and the one the links measured again are held to.
+    const double first = std::max(best.raw, base);
+    const double ref = std::max(best.confirmed > 0 ? best.confirmed : best.raw, base);
     std::vector<HostLink> slow;
     for (HostLink l : ls) {
-      if (!(l.gbps < ratio * best.raw)) continue;
+      if (!(l.gbps < ratio * first)) continue;
       // Measured again, alone and alternately with the fastest: those figures decide.
-      if (l.confirmed > 0 && best.confirmed > 0) {
-        if (!(l.confirmed < ratio * best.confirmed)) continue;
+      if (l.confirmed > 0) {
+        if (!(l.confirmed < ratio * ref)) continue;
         l.gbps = l.confirmed;
       }
       slow.push_back(l);
     }
     if (slow.empty()) continue;
-    if (best.confirmed > 0) best.raw = best.confirmed;
     auto name = [&](const HostLink& l) { return hosts[l.a] + "–" + hosts[l.b]; };
     auto pct = [&](const HostLink& l) {
       char buf[16];
-      std::snprintf(buf, sizeof(buf), "%.0f%%", 100 * l.gbps / best.raw);
+      std::snprintf(buf, sizeof(buf), "%.0f%%", 100 * l.gbps / ref);
       return std::string(buf);
     };
-    const std::string against = "the fastest " + t + " link between hosts, " + name(best) + ", runs at " + gb(best.raw) +
-                                (best.confirmed > 0 ? " (both measured again, one rank pair at a time)" : "");
+    const std::string against =
+        base >= ref ? "the fastest " + t + " link between hosts in the baseline, " + baseline.from + ", ran at " + gb(base)
+                    : "the fastest " + t + " link between hosts, " + name(best) + ", runs at " + gb(ref) +
+                          (best.confirmed > 0 ? " (both measured again, one rank pair at a time)" : "");
     // One host whose every link is slow, and no other slow link.
     int guilty = -1;
     for (int x = 0; x < static_cast<int>(hosts.size()) && guilty < 0; ++x) {
@@ -441,18 +449,41 @@ std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std
   return out;
 }
 
-std::vector<std::pair<int, int>> linksToConfirm(const std::vector<HostLink>& links, double ratio) {
+std::vector<std::pair<int, int>> linksToConfirm(const std::vector<HostLink>& links, double ratio, const Baseline& baseline) {
   std::map<std::string, std::vector<HostLink>> byTransport;
   for (const HostLink& l : links) byTransport[l.transport].push_back(l);
   std::vector<std::pair<int, int>> out;
   for (auto& [t, ls] : byTransport) {
     const HostLink best = *std::max_element(ls.begin(), ls.end(), [](auto& x, auto& y) { return x.raw < y.raw; });
+    const auto b = baseline.best.find(t);
+    const double first = std::max(best.raw, b == baseline.best.end() ? 0.0 : b->second);
     bool any = false;
     for (const HostLink& l : ls)
-      if (l.gbps < ratio * best.raw) out.emplace_back(l.a, l.b), any = true;
+      if (l.gbps < ratio * first) out.emplace_back(l.a, l.b), any = true;
     if (any) out.emplace_back(best.a, best.b);
   }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
+}
+
+Result<Baseline> readBaseline(const std::string& json, const std::string& from) {
+  auto doc = parseJson(json);
+  if (!doc.ok()) return Status::InvalidArgument("--baseline " + from + ": " + doc.status().message());
+  if (strOf(doc->get("tool")) != "braid doctor")
+    return Status::InvalidArgument("--baseline " + from + " is not braid doctor's --json output");
+  Baseline b;
+  b.from = from + " of " + strOf(doc->get("started_at"));
+  if (const Json* links = doc->get("host_links"))
+    for (const Json& l : links->items) {
+      const double confirmed = doubleOf(l.get("confirmed_gbps"));
+      const double v = confirmed > 0 ? confirmed : doubleOf(l.get("gbps"));
+      double& best = b.best[strOf(l.get("transport"))];
+      best = std::max(best, v);
+    }
+  if (b.best.empty())
+    return Status::InvalidArgument("--baseline " + from + " has no links between hosts (a run on one host?)");
+  return b;
 }
 
 std::vector<Finding> analyse(const Data& d) {
@@ -479,7 +510,7 @@ std::vector<Finding> analyse(const Data& d) {
     if (r.wrong)
       out.push_back({"all-reduce results", std::to_string(r.wrong) + " elements of the ring all-reduce differ from the exact sum",
                      "a bug or corrupted memory: rerun with BRAID_DEBUG=INFO and report it with the JSON output"});
-  const std::vector<Finding> links = judgeLinks(h.names, hostLinks(d, h), d.slowRatio);
+  const std::vector<Finding> links = judgeLinks(h.names, hostLinks(d, h), d.slowRatio, {d.baseline, d.baselineFrom});
   out.insert(out.end(), links.begin(), links.end());
   return out;
 }

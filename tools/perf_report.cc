@@ -7,20 +7,11 @@
 #include <map>
 
 #include "comm/c_handle.h"
+#include "tools/json.h"
 #include "tools/tools.h"
 #include "topology/topology.h"
 
 namespace braid::tools {
-
-std::string jsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    out += c;
-  }
-  return out + "\"";
-}
 
 namespace {
 

@@ -11,9 +11,6 @@ int runInfo(int argc, char** argv);      // braid info
 int runTopo(int argc, char** argv);      // braid topo
 int runDoctor(int argc, char** argv);    // braid doctor
 
-// `s` as a JSON string literal, quoted (control characters dropped).
-std::string jsonString(const std::string& s);
-
 // "auto (cost model)" or "ring (BRAID_ALGO)".
 std::string describeAlgoSetting();
 

@@ -9,6 +9,7 @@
 
 #include "braid_build_config.h"
 #include "comm/base/config.h"
+#include "tools/json.h"
 #include "tools/tools.h"
 #include "topology/topology.h"
 

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -277,6 +279,45 @@ TEST(AllToAllCpp, WorkAndOnDoneCallbacks) {
 // Counts that disagree across 256 KiB, where the two ends would cut the block into different
 // numbers of pieces: the receiver still names the pair at the first header, and the sender
 // fails at its next call; neither succeeds with half a block.
+// Work::wait runs a call that has not started on the waiting thread when it is next in line:
+// calls still run in the order they were made, whichever Work is waited on first, and each result
+// is exact. (Which thread runs a call is a race with the worker, so only the order is checked, and
+// that some calls ran here: the waits right after their call.)
+TEST(AllToAllCpp, WaitingRunsCallsInOrderWhicheverIsWaitedFirst) {
+  auto outcome = runRanks(2, [&](int rank, braidComm_t c) {
+    Communicator comm(c->impl);
+    constexpr int kCalls = 24;
+    constexpr std::size_t kCount = 4099;
+    std::vector<float> base(kCount);
+    for (std::size_t i = 0; i < kCount; ++i) base[i] = static_cast<float>(rank + 1 + static_cast<int>(i % 5));
+    std::vector<std::vector<float>> bufs(kCalls, std::vector<float>(kCount, -1.0f));
+    std::vector<Work> works(kCalls);
+    std::vector<std::thread::id> ranOn(kCalls);
+    for (int k = 0; k < kCalls; ++k) {
+      // Each call reduces what the one before wrote (exact: doublings of small integers); run
+      // before it, it would read the -1s.
+      const float* in = k == 0 ? base.data() : bufs[k - 1].data();
+      works[k] = comm.allReduce(in, bufs[k].data(), kCount, DataType::kFloat32, ReduceOp::kSum);
+      works[k].onDone([&ranOn, k](const Status&) { ranOn[k] = std::this_thread::get_id(); });
+      if (k % 3 == 0) {  // waited at once: usually run here
+        if (Status s = works[k].wait(); !s.ok()) return report(rank, "wait: " + s.toString()), 1;
+      }
+    }
+    for (int k = kCalls - 1; k >= 0; --k)  // the rest, last first
+      if (Status s = works[k].wait(); !s.ok()) return report(rank, "wait: " + s.toString()), 2;
+    for (int k = 0; k < kCalls; ++k)
+      for (std::size_t i = 0; i < kCount; ++i)
+        if (bufs[k][i] != std::ldexp(static_cast<float>(3 + 2 * static_cast<int>(i % 5)), k))
+          return report(rank, "call " + std::to_string(k) + " element " + std::to_string(i) + " is " +
+                                  std::to_string(bufs[k][i])), 3;
+    int here = 0;
+    for (int k = 0; k < kCalls; ++k) here += ranOn[k] == std::this_thread::get_id();
+    std::printf("rank %d: %d of %d calls ran on the waiting thread\n", rank, here, kCalls);
+    return 0;
+  });
+  expectEveryRankSucceeded(outcome);
+}
+
 TEST(AllToAllvErrors, MismatchedLargeBlocksAreNamed) {
   auto outcome = runRanks(2, [&](int rank, braidComm_t comm) {
     const std::size_t peer = static_cast<std::size_t>(1 - rank), me = static_cast<std::size_t>(rank);

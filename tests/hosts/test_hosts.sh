@@ -21,7 +21,8 @@
 #   8. braid doctor: healthy on 3 x 1 and 2 x 2 (exit 0, no finding); each injected fault named with
 #      its host or link and nothing else: one link capped, one host's links capped, an MTU mismatch,
 #      a 1 MiB /dev/shm, memlock lowered where ib is used, an ib port DOWN, a blackholed interface
-#      and a BRAID_SOCKET_IFNAME matching nothing
+#      and a BRAID_SOCKET_IFNAME matching nothing; every link capped alike, found only against the
+#      healthy run's JSON (--baseline) as system-wide
 # Usage: test_hosts.sh BRAID TESTHOSTS [FAKEIBV_LIB]. Exit 77 (skip) with the reason where namespaces cannot be
 # made (not root, no ip/unshare/nsenter, a kernel without veth or bridges). Every test host is
 # removed at the end, also when a case fails.
@@ -253,7 +254,8 @@ fi
 doctor() {
   local hosts=$1 ranks=$2 want=$3 p bad=0 got expected
   shift 3
-  start_on_hosts "$hosts" "$ranks" 60 "$braid" doctor --bytes 2M --json "$work/doctor.json"
+  # shellcheck disable=SC2086
+  start_on_hosts "$hosts" "$ranks" 60 "$braid" doctor --bytes 2M --json "$work/doctor.json" ${DOCTOR_ARGS:-}
   for p in "${pids[@]}"; do
     wait "$p"
     local st=$?
@@ -271,7 +273,7 @@ doctor() {
 for k in 1 2; do ip -n "braid-h$k" link del bh0 2>/dev/null; done
 doctor_healthy() {
   doctor 3 1 0 && grep -q "verdict: healthy" "$work/h1.log" && grep -q "braid-h2–braid-h3 tcp" "$work/h1.log" &&
-    doctor 2 2 0 && grep -q "^ *ring all-reduce .* exact" "$work/h1.log"
+    cp "$work/doctor.json" "$work/baseline.json" && doctor 2 2 0 && grep -q "^ *ring all-reduce .* exact" "$work/h1.log"
 }
 check "doctor, healthy on 3 hosts x 1 and 2 x 2: exit 0, no finding" doctor_healthy
 doctor_link() {
@@ -288,6 +290,17 @@ doctor_host() {
   return "$st"
 }
 check "doctor, every link of one host capped: names that host" doctor_host
+doctor_everything() {
+  # Every host capped alike: nothing stands out within the run; against the healthy run's JSON,
+  # everything is slow.
+  local k st
+  for k in 1 2 3; do "$testhosts" link "h$k" rate 200mbit || return 1; done
+  doctor 3 1 0 && DOCTOR_ARGS="--baseline $work/baseline.json" doctor 3 1 1 "system-wide"
+  st=$?
+  for k in 1 2 3; do "$testhosts" link "h$k" clear; done
+  return "$st"
+}
+check "doctor, every link capped alike: no finding alone, system-wide against a healthy run's --json (--baseline)" doctor_everything
 doctor_mtu() {
   "$testhosts" mtu h3 1400 && doctor 3 1 1 "MTU on host braid-h3"
   local st=$?

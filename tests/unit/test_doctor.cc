@@ -127,6 +127,36 @@ TEST(Doctor, SlowEverywhereIsSystemWide) {
   EXPECT_EQ(f[0].subject, "system-wide");
 }
 
+TEST(Doctor, BaselineFindsWhatNoComparisonInOneRunCan) {
+  const char* earlier = R"({"tool": "braid doctor", "started_at": "2026-12-01T00:00:00Z", "host_links": [
+      {"a": "braid-h1", "b": "braid-h2", "transport": "tcp", "gbps": 1.5, "confirmed_gbps": 0},
+      {"a": "braid-h1", "b": "braid-h3", "transport": "tcp", "gbps": 3, "confirmed_gbps": 2}]})";
+  auto b = readBaseline(earlier, "healthy.json");
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  EXPECT_EQ(b->best.at("tcp"), 2.0);  // a link measured again counts at that figure
+  EXPECT_FALSE(readBaseline("{\"tool\": \"braid perf\"}", "x.json").ok());
+  EXPECT_FALSE(readBaseline("{", "x.json").ok());
+  // Every link equally slow: nothing in the run stands out; against the baseline, system-wide.
+  Data d = healthy(3, 1, 0.1);
+  EXPECT_TRUE(analyse(d).empty());
+  d.baseline = b->best;
+  d.baselineFrom = b->from;
+  auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "system-wide");
+  EXPECT_NE(f[0].text.find("in the baseline, healthy.json of 2026-12-01T00:00:00Z, ran at 2.00 GB/s"), std::string::npos)
+      << f[0].text;
+  // Two hosts: their one link, held to the baseline.
+  Data two = healthy(2, 1, 0.1);
+  two.baseline = b->best;
+  f = analyse(two);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "link braid-h1–braid-h2");
+  two = healthy(2, 1, 1.5);  // as fast as the baseline: nothing
+  two.baseline = b->best;
+  EXPECT_TRUE(analyse(two).empty());
+}
+
 TEST(Doctor, MtuMismatchNamesTheOddHost) {
   Data d = healthy(3, 1);
   d.ranks[2].tcpMtu = 1400;

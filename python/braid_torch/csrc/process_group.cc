@@ -138,6 +138,9 @@ class WorkBraid : public c10d::Work {
   }
   bool wait(std::chrono::milliseconds timeout) override {
     kick();
+    // A call that has not started runs here, on the waiting thread (braid::Work::wait): a
+    // blocking collective then costs no hand-off to the worker thread and back.
+    (void)work_.wait(timeout.count() > 0 ? static_cast<double>(timeout.count()) / 1000.0 : -1);  // (its status: complete() has it)
     return c10d::Work::wait(timeout);
   }
   std::vector<at::Tensor> result() override { return outputs_; }

@@ -8,6 +8,7 @@
 
 #include "tools/doctor.h"
 #include "tools/json.h"
+#include "topology/topology.h"
 
 namespace braid::tools::doctor {
 namespace {
@@ -298,20 +299,7 @@ void transportFindings(const Data& d, const HostLayout& h, bool ibExplained, std
 }  // namespace
 
 std::string rankText(const std::vector<int>& ranks) {
-  if (ranks.size() == 1) return "rank " + std::to_string(ranks[0]);
-  std::string out;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!out.empty()) out += ',';
-    out += std::to_string(ranks[i]);
-    if (j > i) {
-      out += '-';
-      out += std::to_string(ranks[j]);
-    }
-    i = j + 1;
-  }
-  return "ranks " + out;
+  return (ranks.size() == 1 ? "rank " : "ranks ") + topology::cpuListText(ranks);  // (Linux's list text)
 }
 
 std::string bytesText(std::uint64_t b) {

@@ -93,9 +93,13 @@ struct Data {
   std::vector<std::vector<PairFigure>> pairs;  // [a][b], filled for a < b and mirrored
   std::vector<RingFigure> rings;
   // Links between hosts that the first pass found slow, and the fastest of their transport,
-  // measured again one rank pair at a time, alternately (the median per link, GB/s): the
-  // verdict holds only if these confirm it. Keyed by host indexes (a < b) of layOut's order.
-  std::map<std::pair<int, int>, double> confirmed;
+  // measured again one rank pair at a time, alternately (per link, GB/s, the median and the best
+  // of the rounds): the verdict holds only if these confirm it. Keyed by host indexes (a < b) of
+  // layOut's order.
+  struct Remeasured {
+    double median = 0, best = 0;
+  };
+  std::map<std::pair<int, int>, Remeasured> confirmed;
   // --baseline FILE: the fastest link between hosts of each transport in an earlier run's --json
   // (GB/s, as measured again where it was): the reference when it is faster than this run's.
   std::map<std::string, double> baseline;
@@ -127,7 +131,8 @@ struct HostLink {
   int a = 0, b = 0;
   double gbps = 0;
   double raw = 0;
-  double confirmed = 0;  // Data::confirmed's figure, 0 when it was not measured again
+  double confirmed = 0;      // Data::confirmed's median, 0 when it was not measured again
+  double confirmedBest = 0;  // and its best
   double latUs = 0;
   int pairs = 0;
   std::string transport;
@@ -137,7 +142,8 @@ std::vector<HostLink> hostLinks(const Data& d, const HostLayout& h);
 // The verdict on the links between hosts: one slow link; every link of one host slow; slow links
 // that neither explains. Slow: even its shared figure (gbps) below ratio x the fastest link's own
 // figure (raw), among the links of one transport: each side of the comparison the kindest to the
-// link judged, so that neither way of sharing makes a healthy link look slow.
+// link judged, so that neither way of sharing makes a healthy link look slow. Measured again, the
+// same holds: its best round against the fastest link's median one.
 struct Baseline {
   std::map<std::string, double> best;  // Data::baseline
   std::string from;

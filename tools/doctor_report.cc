@@ -114,7 +114,10 @@ std::string textReport(const Data& d, const std::vector<Finding>& findings) {
       o << "    " << h.names[l.a] << "–" << h.names[l.b] << " " << l.transport << ": " << fmt("%.3f", l.raw) << " GB/s ("
         << fmt("%.3f", l.gbps) << " shared), " << fmt("%.1f", l.latUs) << " us (" << l.pairs << " rank pair"
         << (l.pairs == 1 ? "" : "s") << ")"
-        << (l.confirmed > 0 ? "; measured again alone: " + fmt("%.3f", l.confirmed) + " GB/s" : std::string()) << "\n";
+        << (l.confirmed > 0 ? "; measured again alone: " + fmt("%.3f", l.confirmed) + " GB/s (best " +
+                                    fmt("%.3f", l.confirmedBest) + ")"
+                              : std::string())
+        << "\n";
     for (std::size_t k = 1; k < h.names.size(); ++k)
       o << "    clock of " << h.names[k] << ": " << fmt("%+.6f", d.pairs[0][h.ranks[k][0]].clockOffsetUs / 1e6)
         << " s against " << h.names[0] << "\n";
@@ -201,7 +204,7 @@ std::string jsonReport(const Data& d, const std::vector<Finding>& findings) {
   const std::vector<HostLink> links = hostLinks(d, h);
   for (std::size_t i = 0; i < links.size(); ++i)
     o << (i ? ", " : "") << "{\"a\": " << q(h.names[links[i].a]) << ", \"b\": " << q(h.names[links[i].b]) << ", \"transport\": "
-      << q(links[i].transport) << ", \"gbps\": " << num(links[i].raw) << ", \"shared_gbps\": " << num(links[i].gbps) << ", \"confirmed_gbps\": " << num(links[i].confirmed) << ", \"lat_us\": " << num(links[i].latUs)
+      << q(links[i].transport) << ", \"gbps\": " << num(links[i].raw) << ", \"shared_gbps\": " << num(links[i].gbps) << ", \"confirmed_gbps\": " << num(links[i].confirmed) << ", \"confirmed_best_gbps\": " << num(links[i].confirmedBest) << ", \"lat_us\": " << num(links[i].latUs)
       << ", \"pairs\": " << links[i].pairs << "}";
   o << "],\n \"rings\": [";
   for (std::size_t i = 0; i < d.rings.size(); ++i) {

@@ -360,7 +360,7 @@ std::vector<HostLink> hostLinks(const Data& d, const HostLayout& h) {
     l.raw = median(&Figure::own);
     l.latUs = median(&Figure::latUs);
     l.transport = transport[key];
-    if (auto c = d.confirmed.find(key); c != d.confirmed.end()) l.confirmed = c->second;
+    if (auto c = d.confirmed.find(key); c != d.confirmed.end()) l.confirmed = c->second.median, l.confirmedBest = c->second.best;
     out.push_back(l);
   }
   return out;
@@ -384,8 +384,9 @@ std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std
       if (!(l.gbps < ratio * first)) continue;
       // Measured again, alone and alternately with the fastest: those figures decide.
       if (l.confirmed > 0) {
-        if (!(l.confirmed < ratio * ref)) continue;
-        l.gbps = l.confirmed;
+        const double kindest = std::max(l.confirmed, l.confirmedBest);
+        if (!(kindest < ratio * ref)) continue;
+        l.gbps = kindest;
       }
       slow.push_back(l);
     }

@@ -94,9 +94,11 @@ TEST(Doctor, MeasuredAgainDecides) {
   const auto which = linksToConfirm(hostLinks(d, h), d.slowRatio);
   ASSERT_EQ(which.size(), 2u);  // the suspect and the fastest
   EXPECT_EQ(which[0], std::make_pair(0, 1));
-  d.confirmed = {{which[0], 0.8}, {which[1], 1.0}};  // alone, they are alike: noise
+  d.confirmed = {{which[0], {0.8, 0.9}}, {which[1], {1.0, 1.1}}};  // alone, they are alike: noise
   EXPECT_TRUE(analyse(d).empty()) << subjects(analyse(d));
-  d.confirmed = {{which[0], 0.1}, {which[1], 1.0}};  // confirmed
+  d.confirmed = {{which[0], {0.3, 0.9}}, {which[1], {1.0, 1.1}}};  // a slow median, a healthy best: noise
+  EXPECT_TRUE(analyse(d).empty()) << subjects(analyse(d));
+  d.confirmed = {{which[0], {0.1, 0.1}}, {which[1], {1.0, 1.1}}};  // confirmed
   const auto f = analyse(d);
   ASSERT_EQ(f.size(), 1u) << subjects(f);
   EXPECT_EQ(f[0].subject, "link braid-h1–braid-h2");
@@ -121,7 +123,7 @@ TEST(Doctor, SlowEverywhereIsSystemWide) {
   const double figures[] = {2.0, 0.1, 0.1, 0.1, 0.1, 0.1};  // 4 hosts: one fast link, five slow
   int i = 0;
   for (int a = 0; a < 4; ++a)
-    for (int b = a + 1; b < 4; ++b) links.push_back({a, b, figures[i], figures[i], 0, 10, 1, "tcp"}), ++i;
+    for (int b = a + 1; b < 4; ++b) links.push_back({a, b, figures[i], figures[i], 0, 0, 10, 1, "tcp"}), ++i;
   const auto f = judgeLinks({"h1", "h2", "h3", "h4"}, links, 0.5);
   ASSERT_EQ(f.size(), 1u) << subjects(f);
   EXPECT_EQ(f[0].subject, "system-wide");

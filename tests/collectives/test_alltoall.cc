@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -292,13 +293,18 @@ TEST(AllToAllCpp, WaitingRunsCallsInOrderWhicheverIsWaitedFirst) {
     for (std::size_t i = 0; i < kCount; ++i) base[i] = static_cast<float>(rank + 1 + static_cast<int>(i % 5));
     std::vector<std::vector<float>> bufs(kCalls, std::vector<float>(kCount, -1.0f));
     std::vector<Work> works(kCalls);
-    std::vector<std::thread::id> ranOn(kCalls);
+    // Callbacks run after wait() returns (WorkState::finish wakes the waiters first): what they
+    // touch must outlive this body, hence the shared counter.
+    auto ranHere = std::make_shared<std::atomic<int>>(0);
+    const std::thread::id me = std::this_thread::get_id();
     for (int k = 0; k < kCalls; ++k) {
       // Each call reduces what the one before wrote (exact: doublings of small integers); run
       // before it, it would read the -1s.
       const float* in = k == 0 ? base.data() : bufs[k - 1].data();
       works[k] = comm.allReduce(in, bufs[k].data(), kCount, DataType::kFloat32, ReduceOp::kSum);
-      works[k].onDone([&ranOn, k](const Status&) { ranOn[k] = std::this_thread::get_id(); });
+      works[k].onDone([ranHere, me](const Status&) {
+        if (std::this_thread::get_id() == me) ranHere->fetch_add(1);
+      });
       if (k % 3 == 0) {  // waited at once: usually run here
         if (Status s = works[k].wait(); !s.ok()) return report(rank, "wait: " + s.toString()), 1;
       }
@@ -310,9 +316,7 @@ TEST(AllToAllCpp, WaitingRunsCallsInOrderWhicheverIsWaitedFirst) {
         if (bufs[k][i] != std::ldexp(static_cast<float>(3 + 2 * static_cast<int>(i % 5)), k))
           return report(rank, "call " + std::to_string(k) + " element " + std::to_string(i) + " is " +
                                   std::to_string(bufs[k][i])), 3;
-    int here = 0;
-    for (int k = 0; k < kCalls; ++k) here += ranOn[k] == std::this_thread::get_id();
-    std::printf("rank %d: %d of %d calls ran on the waiting thread\n", rank, here, kCalls);
+    std::printf("rank %d: %d of %d calls ran on the waiting thread\n", rank, ranHere->load(), kCalls);
     return 0;
   });
   expectEveryRankSucceeded(outcome);

@@ -8,7 +8,8 @@
 #      tuner's hierarchical one, and forced), all-gather and reduce-scatter, checked
 #   3. all ranks of one host killed: braid run on the other host exits non-zero within 10 s, and
 #      its ranks' errors name a rank of the killed host
-#   4. torchrun across 2 hosts starting a Braid program (where torch is installed)
+#   4. torchrun across 2 hosts starting a Braid program (where torch is installed); Open MPI's mpirun
+#      across 2 hosts (where it is installed): a clear error without MASTER_ADDR, exact with it
 #   5. a host that vanishes (its link set down, nothing closed): the survivors fail within
 #      BRAID_TIMEOUT naming the silent ranks and their host, and the knob
 #   6. interfaces: each host has a second interface whose route is a blackhole. By default tcp
@@ -191,6 +192,43 @@ if [ -x /usr/bin/torchrun ] && /usr/bin/python3 -c "import torch" 2>/dev/null; t
   check "torchrun across 2 hosts x 2 ranks: a Braid program exact" torchrun_across
 else
   echo "skip torchrun across hosts: /usr/bin/torchrun with torch is not installed here"
+fi
+
+# Open MPI's mpirun across 2 hosts x 2 ranks, started inside h1 and reaching h2 through its rsh
+# agent (tests/hosts/mpi_agent.sh). Without MASTER_ADDR every rank fails at once saying what to
+# export; with it (mpirun -x) every element is exact, shm within a host and tcp across.
+mpirun_across() {
+  local agentdir=$work/mpi holder t0 ms st=0
+  mkdir -p "$agentdir"
+  timeout 300 "$testhosts" exec h2 sleep 300 &
+  holder=$!
+  sleep 0.3
+  pgrep -P "$holder" >"$agentdir/h2.pid" || { echo "  no process on h2 to enter"; return 1; }  # timeout's child, in h2
+  local mpirun=(timeout 60 env MPI_AGENT_DIR="$agentdir" "$testhosts" exec h1 mpirun.openmpi --allow-run-as-root
+    --oversubscribe --mca plm_rsh_agent "$(cd "$(dirname "$0")" && pwd)/mpi_agent.sh" --mca oob_tcp_if_include eth0
+    --mca btl tcp,self --mca btl_tcp_if_include eth0 -np 4 --host 10.213.0.1:2,10.213.0.2:2
+    -x BRAID_IB_DISABLE -x BRAID_SECRET)
+  t0=$(date +%s%N)
+  "${mpirun[@]}" "$braid" perf allreduce -b 8 -e 8 -c 1 >"$work/h1.log" 2>&1 && { echo "  no MASTER_ADDR: did not fail"; st=1; }
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  echo "  no MASTER_ADDR: failed after $ms ms: $(grep -o 'Open MPI started rank.*' "$work/h1.log" | head -n 1 | cut -c1-160)"
+  grep -q "MASTER_ADDR is not set.*mpirun -x MASTER_ADDR=" "$work/h1.log" && [ "$ms" -lt 15000 ] || st=1
+  if [ "$st" = 0 ]; then
+    "${mpirun[@]}" -x MASTER_ADDR="$("$testhosts" addr h1)" -x MASTER_PORT="$port" -x BRAID_DEBUG=INFO -x BRAID_DEBUG_SUBSYS=INIT \
+      "$braid" perf allreduce -d all "${opts[@]}" >"$work/h1.log" 2>&1 || { echo "  with MASTER_ADDR: failed"; st=1; }
+    port=$((port + 1))
+    grep -q "Out of bounds values : 0 OK" "$work/h1.log" && grep -q "\[0\] INIT INFO peer 1: shm" "$work/h1.log" &&
+      grep -q "\[0\] INIT INFO peer 2: tcp" "$work/h1.log" && grep -q "^braid-h2:.*\[3\] INIT INFO peer 2: shm" "$work/h1.log" ||
+      { echo "  with MASTER_ADDR: not exact, or not shm within a host and tcp across"; st=1; }
+  fi
+  kill "$holder" 2>/dev/null
+  wait "$holder" 2>/dev/null
+  return "$st"
+}
+if command -v mpirun.openmpi >/dev/null; then
+  check "Open MPI's mpirun across 2 hosts x 2 ranks: a clear error without MASTER_ADDR, exact with it" mpirun_across
+else
+  echo "skip mpirun across hosts: Open MPI is not installed here (apt-get install openmpi-bin)"
 fi
 
 interfaces() {

@@ -310,6 +310,10 @@ struct PlanRunner {
       if (!s.ok()) return s;
       op.started = true;
     }
+    if (op.kind == Op::kRecvCopy && !op.expected) {
+      ch.expect(op.dst + op.done, op.bytes - op.done);
+      op.expected = true;
+    }
     while (op.done < op.bytes) {
       std::size_t want = std::min(op.bytes - op.done, plan.chunk_);
       if (op.kind == Op::kRecvCopy) {

@@ -36,6 +36,7 @@ struct Op {
   bool finalDivide = false;  // avg: divide by nranks as the last reduction step writes
   bool started = false;      // header sent / received and checked
   bool complete = false;
+  bool expected = false;     // receive: the channel was told where the payload goes (Channel::expect)
   int peer = -1;
   int channel = 0;
   int dep = -1;              // op whose finished bytes gate this one

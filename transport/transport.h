@@ -21,6 +21,11 @@ class Channel {
  public:
   virtual ~Channel() = default;
   // Appends up to n bytes to the outgoing stream; returns how many were taken (0 when full).
+  // Taken bytes are the transport's: the caller may reuse their memory at once. A transport may
+  // also start on bytes it has not reported yet (ib writes large pieces straight from the
+  // caller's memory and reports them when the write completes): so after a call that took k < n
+  // bytes, the caller leaves data[k, n) unchanged and its next trySend on this channel goes on
+  // from data + k with at least n - k bytes, as the engine's sends always do.
   virtual Result<std::size_t> trySend(const void* data, std::size_t n) = 0;
   // Appends up to na + nb bytes, a's first, as trySend(a) then trySend(b) would; a transport with
   // a gather write (tcp: one sendmsg, one segment) does it in one call. Returns how many were taken.
@@ -35,8 +40,18 @@ class Channel {
   // then calling consume() lets a collective reduce straight out of the transport's buffer.
   virtual Result<std::span<const std::byte>> peek() = 0;
   virtual void consume(std::size_t n) = 0;
-  // Moves up to n received bytes into dst; returns how many.
+  // Moves up to n received bytes into dst; returns how many. A transport may place bytes that
+  // arrive after the call into dst (ib advertises a large dst to its sender, which writes there
+  // directly): so after a call that returned k < n, the caller's next tryRecv on this channel
+  // goes on into dst + k, as the engine's receives always do.
   virtual Result<std::size_t> tryRecv(void* dst, std::size_t n) = 0;
+  // The next n bytes of the stream will be received into dst, by tryRecv calls that go on from
+  // dst in order (however small their pieces): a transport may let the sender place them there
+  // itself (ib). A hint; the default ignores it.
+  virtual void expect(void* dst, std::size_t n) {
+    (void)dst;
+    (void)n;
+  }
   // The same, for a piece of a message larger than the cache can hold beside everything else
   // (the engine's choice, comm/engine.h largeCopyBytes): a transport that copies out of a buffer
   // of its own may store past the cache (shm); one that receives straight into dst need not care.

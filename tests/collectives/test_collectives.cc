@@ -176,11 +176,13 @@ INSTANTIATE_TEST_SUITE_P(Tcp, Collectives,
                          });
 
 // ib between ranks of one host (shm off) over the verbs emulation (tests/fakeibv); every pair is
-// checked to use it. Across test hosts: tests/hosts.
+// checked to use it. "ibzc": with its zero-copy pieces (rendezvous) on. Across test hosts: tests/hosts.
 INSTANTIATE_TEST_SUITE_P(Ib, Collectives,
                          ::testing::Values(std::make_tuple(std::string("ib"), 2, std::string("ring")),
                                            std::make_tuple(std::string("ib"), 3, std::string("tree")),
-                                           std::make_tuple(std::string("ib"), 4, std::string("auto"))),
+                                           std::make_tuple(std::string("ib"), 4, std::string("auto")),
+                                           std::make_tuple(std::string("ibzc"), 2, std::string("ring")),
+                                           std::make_tuple(std::string("ibzc"), 3, std::string("auto"))),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks_" +
                                   std::get<2>(info.param);

@@ -85,8 +85,12 @@ Env transportEnv(const std::string& transport) {
   if (transport == "tcp") return {{"BRAID_SHM_DISABLE", "1"}, {"BRAID_IB_DISABLE", "1"}};
   // ib between ranks of this host, over the verbs emulation (tests/fakeibv); runRanks checks
   // that every pair got it rather than falling back to tcp.
-  if (transport == "ib")
-    return {{"BRAID_SHM_DISABLE", "1"}, {"BRAID_IBVERBS_LIB", fakeIbverbsLib()}, {"TEST_EXPECT_TRANSPORT", "ib"}};
+  // "ibzc": the same with its zero-copy pieces on (BRAID_IB_ZCOPY_BYTES), from 64 KiB.
+  if (transport == "ib" || transport == "ibzc") {
+    Env env{{"BRAID_SHM_DISABLE", "1"}, {"BRAID_IBVERBS_LIB", fakeIbverbsLib()}, {"TEST_EXPECT_TRANSPORT", "ib"}};
+    if (transport == "ibzc") env.push_back({"BRAID_IB_ZCOPY_BYTES", "64K"});
+    return env;
+  }
   // Pretend hosts on this machine: shm within each, tcp across.
   if (transport.rfind("hosts/", 0) == 0) return {{"BRAID_HOSTID", "h{rank/" + transport.substr(6) + "}"}};
   if (transport.rfind("hosts%", 0) == 0) return {{"BRAID_HOSTID", "h{rank%" + transport.substr(6) + "}"}};

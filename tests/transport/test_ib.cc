@@ -18,6 +18,7 @@
 #include "comm/communicator.h"
 #include "tests/common/harness.h"
 #include "tests/common/transport_pair.h"
+#include "transport/ib/ib_channel.h"
 #include "transport/ib/ib_port.h"
 
 namespace braid {
@@ -164,14 +165,15 @@ class IbFaults : public ::testing::Test {
     c.ibRetryCnt = 1;
     return c;
   }
-  // Sends `n` bytes on channel 0 until the transfer fails or completes; the error, if any.
-  Status pump(test::TransportPair& pair, std::size_t n, double* seconds) {
+  // Sends `n` bytes on channel 0, in writes of at most `piece`, until the transfer fails or
+  // completes; the error, if any.
+  Status pump(test::TransportPair& pair, std::size_t n, double* seconds, std::size_t piece = SIZE_MAX) {
     std::vector<std::byte> data(n, std::byte{7}), got(n);
     std::size_t sent = 0, recvd = 0;
     auto t0 = std::chrono::steady_clock::now();
     for (int spins = 0; recvd < n && spins < 20000000; ++spins) {
       if (sent < n) {
-        auto k = pair.channel(0).trySend(data.data() + sent, n - sent);
+        auto k = pair.channel(0).trySend(data.data() + sent, std::min(piece, n - sent));
         if (!k.ok()) return k.status();
         sent += *k;
       }
@@ -251,11 +253,124 @@ TEST_F(IbFaults, ARemoteAccessErrorNamesThePeer) {
   ASSERT_TRUE(pair.ok()) << pair.status().toString();
   double s = 0;
   const int before = emulationStat("access_errors");
-  Status e = pump(**pair, 8 << 20, &s);
+  Status e = pump(**pair, 8 << 20, &s, 256 << 10);  // the third write into either side meets the fault
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(emulationStat("access_errors") - before, 1);
-  EXPECT_NE(e.message().find("refused a write over ib (fib0:1): remote access error (IBV_WC_REM_ACCESS_ERR)"),
-            std::string::npos) << e.message();
+  // The writer got the access error; the other side's queue pair failed with it (flushed). The
+  // pump may have met either first: ask both ends.
+  std::string both;
+  for (int side = 0; side < 2; ++side) {
+    auto k = (**pair).channel(side).trySend(nullptr, 0);
+    both += (k.ok() ? std::string("ok") : k.status().message()) + "\n";
+  }
+  EXPECT_NE(both.find("refused a write over ib (fib0:1): remote access error (IBV_WC_REM_ACCESS_ERR)"),
+            std::string::npos) << both;
+}
+
+// The rendezvous (transport/ib/ib_channel.h): a reader that asks for a large piece while its
+// inbox is empty advertises its buffer, and the sender writes straight into it. One thread drives
+// both ends of a pair: the sender's writes cycle through `pieces`; the reader's steps through
+// `reads`, where r > 0 is a tryRecv of r bytes carried on until all r came (the contract in
+// transport.h), and 0 a peek whose bytes are consumed (a reader that reduces on receive). Both
+// buffers start 3 bytes past an alignment. Returns "" when every byte arrived unchanged.
+std::string transfer(Channel& tx, Channel& rx, std::size_t n, const std::vector<std::size_t>& pieces,
+                     const std::vector<std::size_t>& reads) {
+  std::vector<std::byte> src(n + 3), dst(n + 3, std::byte{0});
+  for (std::size_t i = 0; i < n; ++i) src[i + 3] = static_cast<std::byte>((i * 131 + 7) % 251);
+  std::size_t sent = 0, recvd = 0, piece = 0, pieceDone = 0, step = 0, stepDone = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (recvd < n) {
+    if (std::chrono::steady_clock::now() > deadline)
+      return "stuck: " + std::to_string(sent) + " sent, " + std::to_string(recvd) + " received of " + std::to_string(n);
+    if (sent < n) {
+      const std::size_t want = std::min(pieces[piece % pieces.size()], n - sent + pieceDone) - pieceDone;
+      auto k = tx.trySend(src.data() + 3 + sent, want);
+      if (!k.ok()) return "send: " + k.status().toString();
+      sent += *k;
+      pieceDone += *k;
+      if (*k == want) piece++, pieceDone = 0;
+    }
+    const std::size_t r = reads[step % reads.size()];
+    if (r == 0) {
+      auto v = rx.peek();
+      if (!v.ok()) return "peek: " + v.status().toString();
+      const std::size_t k = std::min(v->size(), n - recvd);
+      if (k) std::memcpy(dst.data() + 3 + recvd, v->data(), k);
+      rx.consume(k);
+      recvd += k;
+      step += k > 0;
+    } else {
+      const std::size_t want = std::min(r, n - recvd + stepDone) - stepDone;
+      auto k = rx.tryRecv(dst.data() + 3 + recvd, want);
+      if (!k.ok()) return "recv: " + k.status().toString();
+      recvd += *k;
+      stepDone += *k;
+      if (*k == want) step++, stepDone = 0;
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (dst[i + 3] != src[i + 3]) return "byte " + std::to_string(i) + " differs";
+  return "";
+}
+
+class IbZeroCopy : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Config c;
+    c.timeoutSec = 20;
+    c.ibverbsLib = test::fakeIbverbsLib();
+    c.ibZcopyBytes = zcopyBytes();
+    auto p = test::TransportPair::make("ib", c);
+    ASSERT_TRUE(p.ok()) << p.status().toString();
+    pair_ = std::move(*p);
+  }
+  Channel& tx() { return pair_->channel(0); }
+  Channel& rx() { return pair_->channel(1); }
+  std::uint64_t direct() { return dynamic_cast<IbChannel&>(rx()).directBytes(); }
+  virtual std::size_t zcopyBytes() const { return 64u << 10; }  // BRAID_IB_ZCOPY_BYTES
+  std::unique_ptr<test::TransportPair> pair_;
+};
+
+class IbZeroCopyOff : public IbZeroCopy {
+  std::size_t zcopyBytes() const override { return 0; }
+};
+
+TEST_F(IbZeroCopyOff, EveryPieceGoesThroughTheRingsByDefault) {
+  EXPECT_EQ(transfer(tx(), rx(), (4u << 20) + 5, {1u << 20, 65537}, {1u << 20, 0}), "");
+  EXPECT_EQ(direct(), 0u);
+}
+
+TEST_F(IbZeroCopy, LargeReceivesAreWrittenInPlace) {
+  const std::size_t n = (8u << 20) + 7;
+  EXPECT_EQ(transfer(tx(), rx(), n, {1u << 20}, {n}), "");
+  EXPECT_GT(direct(), n / 2);  // the first piece may go eagerly; the rest in place
+}
+
+TEST_F(IbZeroCopy, ExactWhateverTheMixOfReadersAndPieces) {
+  // Small eager pieces void an advert half used; peeks between large reads switch the sender back
+  // to eager; odd sizes straddle the ring's end and the zero-copy threshold.
+  const std::vector<std::size_t> pieces{65536, 1, 200003, 65535, 1048579, 4096, 3u << 20};
+  const std::vector<std::size_t> reads{1u << 20, 0, 17, 300007, 0, 65536, 5u << 20};
+  EXPECT_EQ(transfer(tx(), rx(), (12u << 20) + 11, pieces, reads), "");
+  EXPECT_GT(direct(), 0u);
+  // and the channel goes on: a plain stream after the mix
+  EXPECT_EQ(transfer(tx(), rx(), 3u << 20, {1u << 20}, {1u << 20}), "");
+}
+
+TEST_F(IbZeroCopy, AReaderThatOnlyPeeksGetsEverythingEagerly) {
+  EXPECT_EQ(transfer(tx(), rx(), (4u << 20) + 1, {1u << 20}, {0}), "");
+  EXPECT_EQ(direct(), 0u);
+}
+
+TEST_F(IbZeroCopy, ReceivingIntoOtherMemoryThanAdvertisedIsAnError) {
+  std::vector<std::byte> a(1u << 20), b(1u << 20);
+  auto k = rx().tryRecv(a.data(), a.size());  // nothing sent: it advertises `a`
+  ASSERT_TRUE(k.ok());
+  EXPECT_EQ(*k, 0u);
+  auto e = rx().tryRecv(b.data(), b.size());
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("other memory than the buffer it advertised"), std::string::npos)
+      << e.status().message();
 }
 
 // BRAID_IB_HCA in NCCL's syntax.

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,18 @@ constexpr int kRepostBatch = 16;
 constexpr std::uint32_t kCreditImm = 0xffffffffu;
 constexpr std::uint64_t kCreditWr = 1ull << 63;
 constexpr std::uint32_t kWantInline = 64;
+constexpr std::uint32_t kDirectImm = 1u << 31;     // flags a write into an advertised buffer
+constexpr std::uint64_t kMaxDirect = 1u << 30;     // the most one such write (or advert) covers
+// How long a sender holds a large piece back for an advert, when the peer has read (nearly)
+// everything: a few round trips, far less than the piece takes to copy.
+constexpr std::int64_t kAdvertWaitUs = 100;
+constexpr std::uint64_t kWaitUnread = 4096;
+constexpr std::uint64_t kNone = ~std::uint64_t{0};
+
+std::int64_t nowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 constexpr std::uint64_t kCheck = 0x9e3779b97f4a7c15ull;
 
 void* pageAlloc(std::size_t n) {
@@ -39,8 +52,23 @@ std::string memlockText() {
 struct IbChannel::Credit {
   volatile std::uint64_t head;    // bytes of this side's stream the peer has read
   volatile std::uint64_t posted;  // receives the peer has posted in all
+  volatile std::uint64_t advPos, advAddr, advLen, advKey;  // the peer's latest advert (Advert)
   volatile std::uint64_t check;
-  static std::uint64_t sum(std::uint64_t h, std::uint64_t p) { return (h * kCheck) ^ (p + kCheck); }
+  static std::uint64_t sum(std::uint64_t h, std::uint64_t p, std::uint64_t ap, std::uint64_t aa, std::uint64_t al,
+                           std::uint64_t ak) {
+    std::uint64_t x = kCheck;
+    for (std::uint64_t v : {h, p, ap, aa, al, ak}) x = (x ^ v) * kCheck + 1;
+    return x;
+  }
+  void fill(std::uint64_t h, std::uint64_t p, const Advert& a) {
+    head = h;
+    posted = p;
+    advPos = a.pos;
+    advAddr = a.addr;
+    advLen = a.len;
+    advKey = a.key;
+    check = sum(h, p, a.pos, a.addr, a.len, a.key);
+  }
 };
 
 IbDevice::~IbDevice() {
@@ -106,9 +134,7 @@ Status IbChannel::setup() {
                                "systemd LimitMEMLOCK=infinity), or lower BRAID_BUFFSIZE");
   }
   // The peer starts with kRecvDepth receives posted, as this side does.
-  ctl_->head = 0;
-  ctl_->posted = kRecvDepth;
-  ctl_->check = Credit::sum(0, kRecvDepth);
+  ctl_->fill(0, kRecvDepth, Advert{});
   peerPosted_ = kRecvDepth;
   ibv_qp_attr init{};
   init.qp_state = IBV_QPS_INIT;
@@ -129,6 +155,8 @@ Status IbChannel::setup() {
 IbChannel::~IbChannel() {
   const Verbs& v = *dev_->verbs;
   if (qp_) v.destroyQp(qp_);
+  if (zc_.mr) v.deregMr(zc_.mr);  // after the QP: nothing reads or writes them any more
+  if (advMr_) v.deregMr(advMr_);
   if (ctlMr_) v.deregMr(ctlMr_);
   if (outboxMr_) v.deregMr(outboxMr_);
   if (inboxMr_) v.deregMr(inboxMr_);
@@ -154,6 +182,7 @@ IbEndpoint IbChannel::endpoint() const {
 
 Status IbChannel::connect(const IbEndpoint& remote, const IbRemotePort& port, const Config& config) {
   remote_ = remote;
+  zcopyBytes_ = config.ibZcopyBytes;
   const Verbs& v = *dev_->verbs;
   const IbPort& me = dev_->port;
   ibv_qp_attr a{};
@@ -206,6 +235,10 @@ Status IbChannel::fail(const ibv_wc& wc) {
       return Status::RemoteError(who + " refused a write over " + via + ": " + words + " (" + name +
                                  "); it ended its communicator, or the two ends disagree on their rings "
                                  "(BRAID_BUFFSIZE must match)");
+    case IBV_WC_WR_FLUSH_ERR:
+      return Status::RemoteError(via + " failed toward " + who + ": " + words + " (" + name +
+                                 "): the queue pair had already failed; the first error, on this rank or on " + who +
+                                 ", names the cause");
     default:
       return Status::RemoteError(via + " failed toward " + who + ": " + words + " (" + name + ", vendor error " +
                                  std::to_string(wc.vendor_err) + ")");
@@ -213,11 +246,17 @@ Status IbChannel::fail(const ibv_wc& wc) {
 }
 
 bool IbChannel::readCredit() {
-  const std::uint64_t h = ctl_->head, p = ctl_->posted, c = ctl_->check;
-  if (c != Credit::sum(h, p)) return false;  // a write in progress: read it next time
+  const std::uint64_t h = ctl_->head, p = ctl_->posted, ap = ctl_->advPos, aa = ctl_->advAddr, al = ctl_->advLen,
+                      ak = ctl_->advKey, c = ctl_->check;
+  if (c != Credit::sum(h, p, ap, aa, al, ak)) return false;  // a write in progress: read it next time
   peerHead_ = std::max(peerHead_, h);
   peerPosted_ = std::max(peerPosted_, p);
+  peerAdv_ = {ap, aa, al, static_cast<std::uint32_t>(ak)};
   return true;
+}
+
+Status IbChannel::protocolError(const std::string& what) const {
+  return Status::Internal("ib (" + dev_->port.name() + ") toward rank " + std::to_string(peer_) + ": " + what);
 }
 
 void IbChannel::poll() {
@@ -244,7 +283,22 @@ void IbChannel::poll() {
     if (wc.opcode & IBV_WC_RECV) {
       ++processed_;
       const std::uint32_t imm = ntohl(wc.imm_data);
-      if (imm != kCreditImm) tail_ += imm;
+      if (imm == kCreditImm) continue;
+      if (imm & kDirectImm) {  // into the advertised buffer, at position tail_
+        const std::uint64_t k = imm & ~kDirectImm;
+        if (!advMr_ || tail_ + k > myAdv_.pos + myAdv_.len) {
+          error_ = protocolError("a direct write of " + std::to_string(k) + " bytes at stream position " +
+                                 std::to_string(tail_) + " that no advert covers (a bug in Braid)");
+          return;
+        }
+        tail_ += k;
+        direct_ += k;
+        directTotal_ += k;
+        if (tail_ == myAdv_.pos + myAdv_.len) endAdvert();
+      } else {
+        if (advMr_) endAdvert();  // the sender went on eagerly: the advert is void
+        tail_ += imm;
+      }
     } else {
       --sqOutstanding_;
       if (!(wc.wr_id & kCreditWr)) acked_ = std::max(acked_, wc.wr_id);
@@ -270,7 +324,7 @@ void IbChannel::poll() {
 }
 
 void IbChannel::maybeCredit() {
-  if (head_ - creditedHead_ >= cap_ / 4 || posted_ - creditedPosted_ >= kRecvDepth / 4) sendCredit();
+  if (advUnsent_ || head_ - creditedHead_ >= cap_ / 4 || posted_ - creditedPosted_ >= kRecvDepth / 4) sendCredit();
 }
 
 Status IbChannel::post(ibv_send_wr& wr) {
@@ -289,9 +343,7 @@ void IbChannel::sendCredit() {
   // overwrite while the NIC reads it: the check word makes the peer ignore such a mix.
   Credit local;
   Credit& c = maxInline_ >= sizeof(Credit) ? local : ctl_[1];
-  c.head = head_;
-  c.posted = posted_;
-  c.check = Credit::sum(head_, posted_);
+  c.fill(head_, posted_, myAdv_);
   ibv_sge sge{reinterpret_cast<std::uint64_t>(&c), sizeof(Credit), ctlMr_->lkey};
   ibv_send_wr wr{};
   wr.wr_id = kCreditWr;
@@ -312,19 +364,44 @@ void IbChannel::sendCredit() {
   }
   creditedHead_ = head_;
   creditedPosted_ = posted_;
+  advUnsent_ = false;
 }
 
 Result<std::size_t> IbChannel::trySend(const void* data, std::size_t n) {
   poll();
   if (!error_.ok()) return error_;
+  if (zc_.data) return finishZeroCopy(data, n);
   if (n == 0) return std::size_t{0};
   readCredit();
   // A receive of the peer for each write, keeping one for a credit.
   if (immSent_ + 1 >= peerPosted_ || sqOutstanding_ >= kSqDepth - 1) return std::size_t{0};
-  const std::size_t inFlight = static_cast<std::size_t>(sent_ - std::min(peerHead_, acked_));
+  if (zeroCopy(n)) {
+    const Advert& a = peerAdv_;
+    if (a.len > 0 && a.pos <= sent_ && sent_ < a.pos + a.len && eagerEnd_ <= a.pos) {
+      const auto k = static_cast<std::size_t>(std::min<std::uint64_t>(n, a.pos + a.len - sent_));
+      auto posted = postZeroCopy(data, k, a.addr + (sent_ - a.pos), a.key, kDirectImm | static_cast<std::uint32_t>(k));
+      if (!posted.ok()) return posted.status();
+      if (*posted) {
+        directEnd_ = sent_;
+        return finishZeroCopy(data, n);
+      }
+    } else if (awaitAdvert()) {
+      return std::size_t{0};
+    }
+  }
+  // Direct writes take no room in the inbox but do advance the stream: its ring skips them.
+  const std::uint64_t inFlight = sent_ - std::min(peerHead_, acked_);
+  if (inFlight >= cap_) return std::size_t{0};
   const std::size_t at = static_cast<std::size_t>(sent_ % cap_);
-  std::size_t k = std::min({n, cap_ - inFlight, cap_ - at});
-  if (k == 0) return std::size_t{0};
+  std::size_t k = std::min({n, cap_ - static_cast<std::size_t>(inFlight), cap_ - at});
+  if (zeroCopy(k)) {
+    auto posted = postZeroCopy(data, k, remote_.inbox + at, remote_.inboxKey, static_cast<std::uint32_t>(k));
+    if (!posted.ok()) return posted.status();
+    if (*posted) {
+      eagerEnd_ = sent_;
+      return finishZeroCopy(data, n);
+    }
+  }
   ibv_sge sge{};
   ibv_send_wr wr{};
   wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -345,15 +422,78 @@ Result<std::size_t> IbChannel::trySend(const void* data, std::size_t n) {
   Status s = post(wr);
   if (!s.ok()) return error_ = s;
   sent_ += k;
+  eagerEnd_ = sent_;
   return k;
+}
+
+bool IbChannel::awaitAdvert() {
+  // The peer reads its inbox (it said so last): nothing to wait for.
+  if (peerAdv_.pos != kNone && peerAdv_.len == 0) return false;
+  // It has eager bytes to read first: it advertises only once its inbox is empty.
+  if (sent_ - std::max(peerHead_, directEnd_) > kWaitUnread) return false;
+  const std::int64_t now = nowUs();
+  if (waitPos_ != sent_) {
+    waitPos_ = sent_;
+    waitSinceUs_ = now;
+  }
+  return now - waitSinceUs_ < kAdvertWaitUs;
+}
+
+Result<bool> IbChannel::postZeroCopy(const void* data, std::size_t k, std::uint64_t remote, std::uint32_t rkey,
+                                     std::uint32_t imm) {
+  // Local access only: the NIC reads these bytes. A registration refused (the memlock limit, or
+  // memory the device cannot take) is no error: the piece goes through the outbox instead.
+  ibv_mr* mr = dev_->verbs->regMr(dev_->pd, const_cast<void*>(data), k, 0);
+  if (!mr) return false;
+  ibv_sge sge{reinterpret_cast<std::uint64_t>(data), static_cast<std::uint32_t>(k), mr->lkey};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.imm_data = htonl(imm);
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = remote;
+  wr.wr.rdma.rkey = rkey;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr_id = sent_ + k;
+  Status s = post(wr);
+  if (!s.ok()) {
+    dev_->verbs->deregMr(mr);
+    return error_ = s;
+  }
+  sent_ += k;
+  zc_ = {data, k, sent_, mr};
+  poll();  // an emulated (or very fast) write may have completed already
+  return true;
+}
+
+// The bytes of a zero-copy write count as taken only once it completed: until then the caller
+// keeps its memory as it is and calls again from the same place (the contract in transport.h).
+Result<std::size_t> IbChannel::finishZeroCopy(const void* data, std::size_t n) {
+  if (!error_.ok()) return error_;
+  if (data != zc_.data || n < zc_.bytes)
+    return error_ = Status::Internal("ib (" + dev_->port.name() + ") toward rank " + std::to_string(peer_) +
+                                     ": trySend went on from other bytes while a zero-copy write of " +
+                                     std::to_string(zc_.bytes) + " bytes from the last ones was in flight");
+  if (acked_ < zc_.end) return std::size_t{0};
+  dev_->verbs->deregMr(zc_.mr);
+  const std::size_t k = zc_.bytes;
+  zc_ = {};
+  return k;
+}
+
+std::span<const std::byte> IbChannel::inboxView() const {
+  if (direct_ > 0) return {};  // the next bytes are in the caller's buffer, not here
+  const std::size_t at = static_cast<std::size_t>(head_ % cap_);
+  const std::size_t k = std::min(static_cast<std::size_t>(tail_ - head_), cap_ - at);
+  return std::span<const std::byte>(inbox_ + at, k);
 }
 
 Result<std::span<const std::byte>> IbChannel::peek() {
   poll();
   if (!error_.ok()) return error_;
-  const std::size_t at = static_cast<std::size_t>(head_ % cap_);
-  const std::size_t k = std::min(static_cast<std::size_t>(tail_ - head_), cap_ - at);
-  return std::span<const std::byte>(inbox_ + at, k);
+  auto view = inboxView();
+  if (view.empty() && direct_ == 0 && !advMr_) advertiseEager();
+  return view;
 }
 
 void IbChannel::consume(std::size_t n) {
@@ -362,17 +502,77 @@ void IbChannel::consume(std::size_t n) {
 }
 
 Result<std::size_t> IbChannel::tryRecv(void* dst, std::size_t n) {
+  poll();
+  if (!error_.ok()) return error_;
+  if (n == 0) return std::size_t{0};
+  const auto want = reinterpret_cast<std::uint64_t>(dst);
+  if (direct_ > 0 || advMr_) {
+    // An advert is out for this position: its buffer is where the caller goes on (transport.h).
+    if (want != myAdv_.addr + (head_ - myAdv_.pos))
+      return error_ = protocolError("tryRecv went on into other memory than the buffer it advertised");
+    const auto k = static_cast<std::size_t>(std::min<std::uint64_t>(direct_, n));
+    direct_ -= k;
+    head_ += k;
+    if (k) maybeCredit();
+    if (k || advMr_) return k;
+  }
   std::size_t got = 0;
-  while (got < n) {
-    auto s = peek();
-    if (!s.ok()) return s.status();
-    if (s->empty()) break;
-    std::size_t k = std::min(n - got, s->size());
-    std::memcpy(static_cast<std::byte*>(dst) + got, s->data(), k);
+  for (int i = 0; i < 64 && got < n; ++i) {
+    auto s = inboxView();
+    if (s.empty()) {
+      poll();
+      if (!error_.ok()) return error_;
+      s = inboxView();
+      if (s.empty()) break;
+    }
+    const std::size_t k = std::min(n - got, s.size());
+    std::memcpy(static_cast<std::byte*>(dst) + got, s.data(), k);
     consume(k);
     got += k;
   }
+  if (zcopyBytes_ && inboxView().empty() && !advMr_) {
+    // Advertise where the rest goes: what expect() announced, else this call's remainder.
+    const std::uint64_t at = want + got;
+    const bool announced = head_ >= wantPos_ && head_ < wantEnd_ && at == wantAddr_ + (head_ - wantPos_);
+    const std::uint64_t len = announced ? wantEnd_ - head_ : n - got;
+    if (zeroCopy(len)) advertise(reinterpret_cast<void*>(at), static_cast<std::size_t>(len));
+  }
   return got;
+}
+
+void IbChannel::expect(void* dst, std::size_t n) {
+  if (direct_ > 0 || advMr_) return;  // an advert is out (a caller that broke the contract)
+  wantPos_ = head_;
+  wantEnd_ = head_ + n;
+  wantAddr_ = reinterpret_cast<std::uint64_t>(dst);
+  poll();
+  if (error_.ok() && inboxView().empty() && zeroCopy(n)) advertise(dst, n);
+}
+
+bool IbChannel::advertise(void* dst, std::size_t n) {
+  const std::uint64_t len = std::min<std::uint64_t>(n, kMaxDirect);
+  // A registration refused (the memlock limit, memory the device cannot take) only means eager.
+  ibv_mr* mr = dev_->verbs->regMr(dev_->pd, dst, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!mr) return false;
+  advMr_ = mr;
+  myAdv_ = {head_, reinterpret_cast<std::uint64_t>(dst), len, mr->rkey};
+  advUnsent_ = true;
+  sendCredit();
+  return true;
+}
+
+void IbChannel::advertiseEager() {
+  // Only a sender that may be waiting needs to hear it: before any advert, and after one for a
+  // buffer. A reader that never advertises buffers (small messages) thus never sends one.
+  if (myAdv_.pos != kNone && myAdv_.len == 0) return;
+  myAdv_ = {head_, 0, 0, 0};
+  advUnsent_ = true;
+  sendCredit();
+}
+
+void IbChannel::endAdvert() {
+  dev_->verbs->deregMr(advMr_);
+  advMr_ = nullptr;
 }
 
 }  // namespace braid

@@ -5,7 +5,22 @@
 // write with immediate consumes one). Credits go back as an inline RDMA write into the control
 // block, with an immediate (so that a sleeping peer wakes) when the peer has a receive to spare.
 // The sender stages its bytes in an outbox that mirrors the peer's inbox, or sends them inline
-// when they are few. Completions are polled by the progress path; a waiter sleeps on the
+// when they are few.
+//
+// Zero copy, for pieces of BRAID_IB_ZCOPY_BYTES and more (off by default: on the verbs emulation
+// it made collectives slower, docs/PERFORMANCE.md). Such a piece is written straight from the
+// caller's memory (registered for that write), and trySend reports it taken once the write has
+// completed. Rendezvous (zero copy on both sides): a receiver that asks for a large piece (tryRecv, or expect) while
+// its inbox is empty registers the destination and advertises it with its credits (the stream
+// position it is for, address, length, rkey). A sender at exactly that position writes the
+// caller's bytes straight into it (the immediate flags such a write), so the bytes cross once.
+// A sender that finds the peer has read (nearly) everything but no advert for its position waits
+// for one a short bounded time (kAdvertWaitUs), then sends eagerly; it does not wait once the
+// peer said "eager", which a reader that peeks (reduce on receive) says when its inbox is empty
+// and its last advert was for a buffer (or it made none yet). An eager write at or past an
+// advert's position voids it on both ends (the stream is in order, so both see the same), which
+// is what keeps a late advert harmless. Registrations are made per message and dropped at its
+// completion: no cache, so nothing can outlive the memory it describes. Completions are polled by the progress path; a waiter sleeps on the
 // completion channel (IbDevice::channel), armed when a poll finds nothing.
 #pragma once
 #include <cstdint>
@@ -58,8 +73,11 @@ class IbChannel final : public Channel {
   Result<std::span<const std::byte>> peek() override;
   void consume(std::size_t n) override;
   Result<std::size_t> tryRecv(void* dst, std::size_t n) override;
+  void expect(void* dst, std::size_t n) override;
   // Its CQ's event was taken (IbDevice::drainEvents): the CQ is no longer armed.
   void disarm() { armed_ = false; }
+  // Bytes received straight into the reader's buffers (rendezvous), of all received so far.
+  std::uint64_t directBytes() const { return directTotal_; }
 
  private:
   struct Credit;  // the control block's layout
@@ -71,10 +89,35 @@ class IbChannel final : public Channel {
   void maybeCredit();  // when enough was read or reposted since the last credit
   Status fail(const ibv_wc& wc);
   bool readCredit();
+  // A write straight from `data` (k bytes at inbox offset `at`); false if its memory could not be
+  // registered (the caller then stages it in the outbox).
+  // into the peer's memory at `remote` (its inbox, or the buffer it advertised).
+  Result<bool> postZeroCopy(const void* data, std::size_t k, std::uint64_t remote, std::uint32_t rkey,
+                            std::uint32_t imm);
+  Result<std::size_t> finishZeroCopy(const void* data, std::size_t n);
+  // Sending: whether to hold a large piece back a little for the peer's advert.
+  bool awaitAdvert();
+  // Receiving: advertise `dst` for the next n bytes (false if it cannot be registered), or that
+  // this side reads from its inbox.
+  bool advertise(void* dst, std::size_t n);
+  void advertiseEager();
+  void endAdvert();  // the peer will write no more into the advertised buffer
+  Status protocolError(const std::string& what) const;
+  std::span<const std::byte> inboxView() const;  // what the inbox holds from head_ on
+
+  struct Advert {
+    std::uint64_t pos = ~std::uint64_t{0};  // the stream position it is for; ~0: none
+    std::uint64_t addr = 0, len = 0;        // len 0: eager (the reader reads its inbox)
+    std::uint32_t key = 0;
+  };
+
+  // Whether a piece of n bytes goes zero copy (BRAID_IB_ZCOPY_BYTES; 0: never).
+  bool zeroCopy(std::uint64_t n) const { return zcopyBytes_ > 0 && n >= zcopyBytes_; }
 
   std::shared_ptr<IbDevice> dev_;
   int peer_;
   std::size_t cap_;
+  std::size_t zcopyBytes_ = 0;
   ibv_cq* cq_ = nullptr;
   ibv_qp* qp_ = nullptr;
   std::byte* inbox_ = nullptr;
@@ -92,10 +135,27 @@ class IbChannel final : public Channel {
   std::uint64_t sent_ = 0, acked_ = 0, peerHead_ = 0;
   std::uint64_t immSent_ = 0, peerPosted_ = 0;  // receives of the peer this side used / it posted
   int sqOutstanding_ = 0;
+  struct ZeroCopy {
+    const void* data = nullptr;  // the caller's bytes being written; null when none
+    std::size_t bytes = 0;
+    std::uint64_t end = 0;       // the stream position after them (complete once acked_ reaches it)
+    ibv_mr* mr = nullptr;
+  } zc_;
+  Advert peerAdv_;                         // the peer's latest advert
+  std::uint64_t eagerEnd_ = 0, directEnd_ = 0;  // where this side's last eager / direct write ended
+  std::uint64_t waitPos_ = ~std::uint64_t{0};   // the position awaitAdvert() has been waiting at
+  std::int64_t waitSinceUs_ = 0;
   // Receiving.
   std::uint64_t head_ = 0, tail_ = 0;
   std::uint64_t posted_ = 0, processed_ = 0;  // receives posted / completed
   std::uint64_t creditedHead_ = 0, creditedPosted_ = 0;
+  Advert myAdv_;             // the last advert this side made
+  ibv_mr* advMr_ = nullptr;  // its buffer's registration, while the peer may still write there
+  bool advUnsent_ = false;   // made but not sent yet (the send queue was full)
+  std::uint64_t direct_ = 0; // bytes from head_ on that were written into the advertised buffer
+  std::uint64_t directTotal_ = 0;
+  // From expect(): stream positions [wantPos_, wantEnd_) go to wantAddr_ on.
+  std::uint64_t wantPos_ = 0, wantEnd_ = 0, wantAddr_ = 0;
 };
 
 class IbConnection final : public Connection {

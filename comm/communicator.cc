@@ -612,7 +612,10 @@ Status Comm::executeHost(const CollArgs& in, const Fingerprint& fp, std::size_t 
       else if (t.algo == Algo::kHier && hierApplies(*this)) buildHierAllReduce(a, *this, t.channels, plan_);
       else buildRingAllReduce(a, *this, t.channels, plan_);
       break;
-    case CollKind::kAllGather: buildRingAllGather(a, *this, t.channels, plan_); break;
+    case CollKind::kAllGather:
+      if (t.algo == Algo::kHier && hierApplies(*this)) buildHierAllGather(a, *this, t.channels, plan_);
+      else buildRingAllGather(a, *this, t.channels, plan_);
+      break;
     case CollKind::kReduceScatter: buildRingReduceScatter(a, *this, t.channels, plan_); break;
     case CollKind::kBroadcast:
     case CollKind::kReduce: buildRooted(a, *this, t.algo, t.channels, plan_); break;

@@ -9,6 +9,8 @@
 //                                        + 2(H-1) alpha + 2 (H-1)/H S / beta     (across: a host's L
 //                      columns share its link), against the flat ring whose every host crossing
 //                      carries 2 (n-1)/n S
+//   hier all-gather    (L-1) alpha_l + (L-1)/L S / beta_l + (H-1) alpha + (H-1)/H S / beta, against
+//                      the flat ring's (n-1) alpha + (n-1)/n S / beta over every host crossing
 // alpha and beta come from the slowest link's class (Transport::linkClass: rough figures for this
 // machine class, good enough to place the crossovers).
 #include "comm/tuner.h"
@@ -46,6 +48,14 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
                  2 * (H - 1) / H * S / beta + (L - 1) / L * S / gamma;
       if (c.hierUs < std::min(best, c.oneShotUs)) c.algo = Algo::kHier;
     }
+  }
+  const HostShape& shape = in.shape;
+  if (shape.hosts > 1 && shape.perHost > 1 && in.kind == CollKind::kAllGather) {
+    const double L = shape.perHost, H = shape.hosts;
+    const double flatUs = (n - 1) * alpha + (n - 1) / n * S / beta;
+    c.hierUs = (L - 1) * shape.local.latencyUs + (L - 1) / L * S / shape.local.bytesPerUs + (H - 1) * alpha +
+               (H - 1) / H * S / beta;
+    if (c.hierUs < flatUs) c.algo = Algo::kHier;
   }
   if (config.algo == "ring") c.algo = Algo::kRing;
   if (config.algo == "tree" && treeCapable) c.algo = Algo::kTree;

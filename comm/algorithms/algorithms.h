@@ -1,5 +1,5 @@
 // Algorithms turn one collective call into a Plan (comm/engine.h). One file per family:
-// ring.cc (all-reduce, all-gather, reduce-scatter), hier.cc (all-reduce across hosts), tree.cc (double binary tree all-reduce, and the
+// ring.cc (all-reduce, all-gather, reduce-scatter), hier.cc (all-reduce and all-gather across hosts), tree.cc (double binary tree all-reduce, and the
 // rooted broadcast/reduce over a binary tree or a chain, and send/recv), oneshot.cc (small all-reduce:
 // everyone sends everyone its input), direct.cc (zero-copy all-reduce on braidMemAlloc memory),
 // alltoall.cc (all-to-all and all-to-allv).
@@ -86,6 +86,9 @@ void buildRingAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
 // all-gather within each host. Applies when there are several hosts of the same size above 1.
 bool hierApplies(const Workspace& ws);
 void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
+// Hierarchical all-gather (hier.cc): all-gather across hosts within each column of local ranks,
+// then within each host.
+void buildHierAllGather(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
 // All-to-all and all-to-allv (comm/algorithms/alltoall.cc): every rank sends its block for each
 // peer straight to it, all at once, and copies its own; in place, the send side is copied first.
 void buildAllToAll(const CollArgs& a, Workspace& ws, int channels, Plan& plan);

@@ -13,6 +13,16 @@
 // step 2 depends on exactly the message of step 1 that produced its bytes, and each message of step
 // 3 on the one of step 2 (a message may depend on one other, byte for byte: engine.h). All of it is
 // one plan: the steps pipeline, chunk by chunk, like the ring's.
+//
+// Hierarchical all-gather, the same shape without the reductions:
+//
+//   1. across hosts, a ring all-gather among each column: rank (h, l) ends with the blocks of
+//      every rank (h', l);
+//   2. within each host, a ring all-gather of the columns: each step passes one column's H blocks,
+//      as H messages, each depending on the message that brought its block.
+//
+// A host's link then carries each other host's blocks once, (H-1)/H S inbound, where the flat ring
+// carries (n-1)/n S over every host crossing (2 hosts x 2 ranks: S/2 against 3/4 S).
 #include "comm/algorithms/algorithms.h"
 
 namespace braid {
@@ -25,15 +35,27 @@ bool hierApplies(const Workspace& ws) {
   return hosts.size() > 1 && hosts[0].size() > 1;
 }
 
+namespace {
+// This rank's place among the hosts, and its neighbours in its host's ring and its column's ring.
+struct HierPlace {
+  int H, L, h = 0, l = 0;
+  int localRight, localLeft, hostRight, hostLeft;
+  const std::vector<std::vector<int>>& hosts;
+  HierPlace(const Workspace& ws)
+      : H(static_cast<int>(ws.hosts().size())), L(static_cast<int>(ws.hosts()[0].size())), hosts(ws.hosts()) {
+    for (int i = 0; i < H; ++i)
+      for (int j = 0; j < L; ++j)
+        if (hosts[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] == ws.rank()) h = i, l = j;
+    localRight = at(h, l + 1), localLeft = at(h, l - 1), hostRight = at(h + 1, l), hostLeft = at(h - 1, l);
+  }
+  int at(long long host, long long local) const { return hosts[mod(host, H)][mod(local, L)]; }
+};
+}  // namespace
+
 void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan) {
-  const auto& hosts = ws.hosts();
-  const int H = static_cast<int>(hosts.size()), L = static_cast<int>(hosts[0].size()), me = ws.rank();
-  int h = 0, l = 0;
-  for (int i = 0; i < H; ++i)
-    for (int j = 0; j < L; ++j)
-      if (hosts[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] == me) h = i, l = j;
-  auto at = [&](long long host, long long local) { return hosts[mod(host, H)][mod(local, L)]; };
-  const int localRight = at(h, l + 1), localLeft = at(h, l - 1), hostRight = at(h + 1, l), hostLeft = at(h - 1, l);
+  const HierPlace p(ws);
+  const int H = p.H, L = p.L, h = p.h, l = p.l;
+  const int localRight = p.localRight, localLeft = p.localLeft, hostRight = p.hostRight, hostLeft = p.hostLeft;
   const std::size_t es = dataTypeSize(a.dtype);
   auto* send = static_cast<const std::byte*>(a.send);
   auto* recv = static_cast<std::byte*>(a.recv);
@@ -83,6 +105,39 @@ void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
         const Range sb = sub(mod(static_cast<long long>(mine) - s, L), kk), rb = sub(mod(static_cast<long long>(mine) - s - 1, L), kk);
         plan.send(localRight, c, recv + sb.off, sb.len, prev[kk]);
         prev[kk] = plan.recvCopy(localLeft, c, recv + rb.off, rb.len);
+      }
+  }
+}
+
+void buildHierAllGather(const CollArgs& a, Workspace& ws, int channels, Plan& plan) {
+  const HierPlace p(ws);
+  const std::size_t es = dataTypeSize(a.dtype), blockBytes = a.count * es;
+  auto* send = static_cast<const std::byte*>(a.send);
+  auto* recv = static_cast<std::byte*>(a.recv);
+  if (blockBytes * static_cast<std::size_t>(ws.nranks()) >= largeCopyBytes()) plan.streamCopies();
+  plan.localCopy(recv + static_cast<std::size_t>(ws.rank()) * blockBytes, send, blockBytes);  // own block
+  std::vector<int> have(static_cast<std::size_t>(p.H));
+  for (int c = 0; c < channels; ++c) {
+    const Range part = split(a.count, static_cast<std::size_t>(channels), static_cast<std::size_t>(c));
+    auto blk = [&](int rank) { return Range{static_cast<std::size_t>(rank) * blockBytes + part.off * es, part.len * es}; };
+    // The own block is sent from `send` (the local copy is no message's dependency).
+    auto source = [&](int rank) { return rank == ws.rank() ? send + part.off * es : recv + blk(rank).off; };
+    // 1. Across hosts, within the column. have[k]: the message that brought host k's block of the
+    // column being passed on (-1: this rank's own).
+    std::fill(have.begin(), have.end(), -1);
+    int prev = -1;
+    for (int s = 0; s < p.H - 1; ++s) {
+      const int out = p.at(p.h - s, p.l), in = p.at(p.h - s - 1, p.l);
+      plan.send(p.hostRight, c, source(out), blk(out).len, prev);
+      prev = have[mod(p.h - s - 1, p.H)] = plan.recvCopy(p.hostLeft, c, recv + blk(in).off, blk(in).len);
+    }
+    // 2. Within the host, column by column, starting with this rank's own.
+    for (int s = 0; s < p.L - 1; ++s)
+      for (int k = 0; k < p.H; ++k) {
+        const auto kk = static_cast<std::size_t>(k);
+        const int out = p.at(k, p.l - s), in = p.at(k, p.l - s - 1);
+        plan.send(p.localRight, c, source(out), blk(out).len, have[kk]);
+        have[kk] = plan.recvCopy(p.localLeft, c, recv + blk(in).off, blk(in).len);
       }
   }
 }

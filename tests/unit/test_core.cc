@@ -482,10 +482,10 @@ TEST(Tuner, TcpOnLoopbackUsesOneSocketAndRingSizedPieces) {
   EXPECT_EQ(shmOnly.choose(CollKind::kAllReduce, 128u << 20).channels, 2);
 }
 
-// Across hosts of equal size the tuner takes the hierarchical all-reduce for large all-reduces
-// (fewer bytes over the links between hosts), never on one host or on hosts of unequal size, and
-// BRAID_ALGO=hier falls back to the ring where it does not apply.
-TEST(Tuner, HierarchicalAllReduceAcrossEqualHostsOnly) {
+// Across hosts of equal size the tuner takes the hierarchical all-reduce and all-gather for large
+// calls (fewer bytes over the links between hosts), never on one host or on hosts of unequal size,
+// and BRAID_ALGO=hier falls back to the ring where it does not apply.
+TEST(Tuner, HierarchicalAcrossEqualHostsOnly) {
   Config c;
   const std::vector<PeerInfo> twoByTwo = {infoOf(0, "a"), infoOf(1, "a"), infoOf(2, "b"), infoOf(3, "b")};
   const LinkClass across = linkOf(c, twoByTwo);
@@ -495,8 +495,12 @@ TEST(Tuner, HierarchicalAllReduceAcrossEqualHostsOnly) {
   EXPECT_EQ(big.algo, Algo::kHier);
   EXPECT_LT(big.hierUs, big.ringUs);
   EXPECT_NE(tune({CollKind::kAllReduce, 8, 4, 2, across, shape}, c).algo, Algo::kHier);  // latency decides
-  EXPECT_NE(tune({CollKind::kAllGather, 64u << 20, 4, 2, across, shape}, c).algo, Algo::kHier);
+  auto gather = tune({CollKind::kAllGather, 64u << 20, 4, 2, across, shape}, c);
+  EXPECT_EQ(gather.algo, Algo::kHier);
+  EXPECT_GT(gather.hierUs, 0);
+  EXPECT_NE(tune({CollKind::kReduceScatter, 64u << 20, 4, 2, across, shape}, c).algo, Algo::kHier);
   const HostShape uneven{2, 0, shape.local};
+  EXPECT_NE(tune({CollKind::kAllGather, 64u << 20, 4, 2, across, uneven}, c).algo, Algo::kHier);
   EXPECT_EQ(tune({CollKind::kAllReduce, 64u << 20, 4, 2, across, uneven}, c).hierUs, 0);
   EXPECT_NE(tune({CollKind::kAllReduce, 64u << 20, 4, 2, across, uneven}, c).algo, Algo::kHier);
   const HostShape oneHost{1, 4, shape.local};
@@ -504,7 +508,8 @@ TEST(Tuner, HierarchicalAllReduceAcrossEqualHostsOnly) {
   c.algo = "hier";
   EXPECT_EQ(tune({CollKind::kAllReduce, 8, 4, 2, across, shape}, c).algo, Algo::kHier);
   EXPECT_EQ(tune({CollKind::kAllReduce, 64u << 20, 4, 2, across, uneven}, c).algo, Algo::kRing);
-  EXPECT_EQ(tune({CollKind::kAllGather, 64u << 20, 4, 2, across, shape}, c).algo, Algo::kRing);
+  EXPECT_EQ(tune({CollKind::kAllGather, 8, 4, 2, across, shape}, c).algo, Algo::kHier);
+  EXPECT_EQ(tune({CollKind::kReduceScatter, 64u << 20, 4, 2, across, shape}, c).algo, Algo::kRing);
 }
 
 TEST(Store, SetGetAddBarrierAcrossClients) {

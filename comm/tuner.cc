@@ -74,9 +74,8 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
   const std::size_t lo = in.link.minPiece;
   c.chunk = std::clamp<std::size_t>(perStep / 4, std::min(lo, hi), hi);
   // A send/recv forwards nothing, so nothing waits on its pieces: over a network link the largest
-  // piece does best (one RDMA write per piece over ib). Not over shared memory, where the
-  // receiver's copy of one piece overlaps the sender's of the next (64 KiB: 2.5-3.5 against 6-8
-  // GB/s in one piece, docs/PERFORMANCE.md).
+  // piece does best (one RDMA write per piece over ib: docs/PERFORMANCE.md). Not over shared
+  // memory, where the receiver's copy of one piece overlaps the sender's copy of the next.
   if (in.kind == CollKind::kSendRecv && !in.link.sharedMemory) c.chunk = hi;
   // A link where one stream does best (tcp on loopback under reno): one socket, and pieces as large
   // as the staging ring. The kernel's copies and TCP stack are the cost there, per system call and

@@ -26,6 +26,9 @@ constexpr std::uint64_t kMaxDirect = 1u << 30;     // the most one such write (o
 constexpr std::int64_t kAdvertWaitUs = 100;
 constexpr std::uint64_t kWaitUnread = 4096;
 constexpr std::uint64_t kNone = ~std::uint64_t{0};
+// How long a channel's CQ stays unarmed after its last completion: well inside the time the
+// waiter spins and yields before it blocks (comm/waiter.cc: 250 us, 2 ms oversubscribed).
+constexpr std::int64_t kArmAfterUs = 20;
 
 std::int64_t nowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -264,12 +267,19 @@ void IbChannel::poll() {
   ibv_wc wcs[32];
   int n = cq_->context->ops.poll_cq(cq_, 32, wcs);
   if (n == 0 && !armed_) {
-    // Nothing: arm the CQ so that a waiter sleeping on the channel wakes at the next completion,
-    // then look once more (a completion may have come in between).
-    cq_->context->ops.req_notify_cq(cq_, 0);
-    armed_ = true;
-    n = cq_->context->ops.poll_cq(cq_, 32, wcs);
+    // Nothing for a while: arm the CQ so that a waiter sleeping on the channel wakes at the next
+    // completion, then look once more (a completion may have come in between). Not at the first
+    // empty poll: an armed CQ costs an event per completion (on the emulation, a system call on
+    // each end), and the waiter spins and yields for hundreds of microseconds before it sleeps.
+    const std::int64_t now = nowUs();
+    if (quietSinceUs_ == 0) quietSinceUs_ = now;
+    if (now - quietSinceUs_ >= kArmAfterUs) {
+      cq_->context->ops.req_notify_cq(cq_, 0);
+      armed_ = true;
+      n = cq_->context->ops.poll_cq(cq_, 32, wcs);
+    }
   }
+  if (n > 0) quietSinceUs_ = 0;
   if (n > 0 && armed_) {
     armed_ = false;
     dev_->drainEvents();

@@ -129,6 +129,7 @@ class IbChannel final : public Channel {
   IbEndpoint remote_{};
   std::uint32_t maxInline_ = 0;
   bool armed_ = false;
+  std::int64_t quietSinceUs_ = 0;  // when polls started finding nothing (0: the last one found some)
   Status error_;
 
   // Sending: positions in the byte stream (the peer's inbox holds sent_ - peerHead_ of them).

@@ -47,6 +47,14 @@ struct Row {
     return Status::Ok();                                                             \
   }
 
+#define BRAID_ASSIGN_SIZE(field)                                                     \
+  [](Config& c, const std::string& s) -> Status {                                    \
+    auto v = parseSize(s);                                                           \
+    if (!v.ok()) return v.status();                                                  \
+    c.field = *v;                                                                    \
+    return Status::Ok();                                                             \
+  }
+
 const Row kRows[] = {
     {"BRAID_DEBUG", "WARN", "log level: NONE, WARN, INFO or TRACE (INFO shows transport and algorithm choices)",
      [](Config& c, const std::string& s) -> Status {
@@ -93,12 +101,7 @@ const Row kRows[] = {
     {"BRAID_IB_RETRY_CNT", "7", "ib retries after a try gets no acknowledgement, 0 to 7",
      BRAID_ASSIGN_INT(ibRetryCnt, 0, 7)},
     {"BRAID_IB_ZCOPY_BYTES", "0", "ib pieces of at least this many bytes go zero copy: written from the caller's memory, straight into the receiver's buffer when it advertised one (rendezvous); 0: off, every piece staged through the rings",
-     [](Config& c, const std::string& s) -> Status {
-       auto v = parseSize(s);
-       if (!v.ok()) return v.status();
-       c.ibZcopyBytes = *v;
-       return Status::Ok();
-     }},
+     BRAID_ASSIGN_SIZE(ibZcopyBytes)},
     {"BRAID_SOCKET_IFNAME", "", "interfaces for tcp: prefixes (eth,ib), ^ before the list excludes (^docker,lo), = before it matches exactly (=eth0)",
      [](Config& c, const std::string& s) -> Status { c.socketIfname = s; return Status::Ok(); }},
     {"BRAID_SOCKET_BIND_ALL", "0", "1: listeners (store, tcp) bind to every address (0.0.0.0), not only the chosen interface's",
@@ -122,12 +125,7 @@ const Row kRows[] = {
        return Status::Ok();
      }},
     {"BRAID_CHUNKSIZE", "0", "bytes a pipeline step moves at most (0: the tuner decides)",
-     [](Config& c, const std::string& s) -> Status {
-       auto v = parseSize(s);
-       if (!v.ok()) return v.status();
-       c.chunkSize = *v;
-       return Status::Ok();
-     }},
+     BRAID_ASSIGN_SIZE(chunkSize)},
     {"BRAID_COMM_ID", "", "host:port of the rendezvous listener that braidGetUniqueId opens (default: any port)",
      [](Config& c, const std::string& s) -> Status { c.commId = s; return Status::Ok(); }},
     {"BRAID_ZERO_COPY", "1", "1: all-reduce on braidMemAlloc buffers of one host reads peers' memory directly (256K and up)",

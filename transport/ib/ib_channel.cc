@@ -551,7 +551,7 @@ Result<std::size_t> IbChannel::tryRecv(void* dst, std::size_t n) {
 }
 
 void IbChannel::expect(void* dst, std::size_t n) {
-  if (direct_ > 0 || advMr_) return;  // an advert is out (a caller that broke the contract)
+  if (!zcopyBytes_ || direct_ > 0 || advMr_) return;  // off, or an advert is out already
   wantPos_ = head_;
   wantEnd_ = head_ + n;
   wantAddr_ = reinterpret_cast<std::uint64_t>(dst);

@@ -1,5 +1,7 @@
 #include "comm/waiter.h"
 
+#include "comm/base/deadline.h"
+
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -10,11 +12,6 @@
 #include <chrono>
 
 namespace braid {
-namespace {
-std::int64_t nowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 Waiter::Waiter(int spinUs, bool oversubscribed) {
   // Spinning only pays when the peer runs on another core; oversubscribed, it steals the peer's core.

@@ -2,10 +2,16 @@
 // timeout once it has passed.
 #pragma once
 #include <chrono>
+#include <cstdint>
 
 namespace braid {
 
 using Clock = std::chrono::steady_clock;
+
+// Microseconds on the steady clock, for spin and back-off decisions.
+inline std::int64_t nowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
+}
 
 class Deadline {
  public:

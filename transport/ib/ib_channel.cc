@@ -1,10 +1,11 @@
 #include "transport/ib/ib_channel.h"
 
+#include "comm/base/deadline.h"
+
 #include <arpa/inet.h>
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -30,10 +31,6 @@ constexpr std::uint64_t kNone = ~std::uint64_t{0};
 // waiter spins and yields before it blocks (comm/waiter.cc: 250 us, 2 ms oversubscribed).
 constexpr std::int64_t kArmAfterUs = 20;
 
-std::int64_t nowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 constexpr std::uint64_t kCheck = 0x9e3779b97f4a7c15ull;
 
 void* pageAlloc(std::size_t n) {
@@ -102,7 +99,7 @@ Result<std::unique_ptr<IbChannel>> IbChannel::create(std::shared_ptr<IbDevice> d
 
 Status IbChannel::setup() {
   const Verbs& v = *dev_->verbs;
-  const std::string where = "ib (" + dev_->port.name() + ") toward rank " + std::to_string(peer_);
+  const std::string where = this->where();
   cq_ = v.createCq(dev_->ctx, kRecvDepth + kSqDepth + 16, this, dev_->channel, 0);
   if (!cq_) return Status::SystemError(where + ": ibv_create_cq failed: " + std::strerror(errno));
   ibv_qp_init_attr a{};
@@ -204,7 +201,7 @@ Status IbChannel::connect(const IbEndpoint& remote, const IbRemotePort& port, co
   } else {
     a.ah_attr.dlid = port.lid;
   }
-  const std::string where = "ib (" + me.name() + ") toward rank " + std::to_string(peer_);
+  const std::string where = this->where();
   if (int e = v.modifyQp(qp_, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
     return Status::SystemError(where + ": ibv_modify_qp to RTR failed: " + std::strerror(e));
@@ -258,9 +255,11 @@ bool IbChannel::readCredit() {
   return true;
 }
 
-Status IbChannel::protocolError(const std::string& what) const {
-  return Status::Internal("ib (" + dev_->port.name() + ") toward rank " + std::to_string(peer_) + ": " + what);
+std::string IbChannel::where() const {
+  return "ib (" + dev_->port.name() + ") toward rank " + std::to_string(peer_);
 }
+
+Status IbChannel::protocolError(const std::string& what) const { return Status::Internal(where() + ": " + what); }
 
 void IbChannel::poll() {
   if (!error_.ok()) return;
@@ -324,7 +323,7 @@ void IbChannel::poll() {
     }
     ibv_recv_wr* bad = nullptr;
     if (int e = qp_->context->ops.post_recv(qp_, wrs, &bad)) {
-      error_ = Status::SystemError("ib (" + dev_->port.name() + ") toward rank " + std::to_string(peer_) +
+      error_ = Status::SystemError(where() +
                                    ": ibv_post_recv failed: " + std::strerror(e));
       return;
     }
@@ -340,7 +339,7 @@ void IbChannel::maybeCredit() {
 Status IbChannel::post(ibv_send_wr& wr) {
   ibv_send_wr* bad = nullptr;
   if (int e = qp_->context->ops.post_send(qp_, &wr, &bad))
-    return Status::SystemError("ib (" + dev_->port.name() + ") toward rank " + std::to_string(peer_) +
+    return Status::SystemError(where() +
                                ": ibv_post_send failed: " + std::strerror(e));
   ++sqOutstanding_;
   if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) ++immSent_;
@@ -481,9 +480,8 @@ Result<bool> IbChannel::postZeroCopy(const void* data, std::size_t k, std::uint6
 Result<std::size_t> IbChannel::finishZeroCopy(const void* data, std::size_t n) {
   if (!error_.ok()) return error_;
   if (data != zc_.data || n < zc_.bytes)
-    return error_ = Status::Internal("ib (" + dev_->port.name() + ") toward rank " + std::to_string(peer_) +
-                                     ": trySend went on from other bytes while a zero-copy write of " +
-                                     std::to_string(zc_.bytes) + " bytes from the last ones was in flight");
+    return error_ = protocolError("trySend went on from other bytes while a zero-copy write of " +
+                                  std::to_string(zc_.bytes) + " bytes from the last ones was in flight");
   if (acked_ < zc_.end) return std::size_t{0};
   dev_->verbs->deregMr(zc_.mr);
   const std::size_t k = zc_.bytes;

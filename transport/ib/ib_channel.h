@@ -102,6 +102,7 @@ class IbChannel final : public Channel {
   bool advertise(void* dst, std::size_t n);
   void advertiseEager();
   void endAdvert();  // the peer will write no more into the advertised buffer
+  std::string where() const;  // "ib (DEV:PORT) toward rank R", the start of every error it reports
   Status protocolError(const std::string& what) const;
   std::span<const std::byte> inboxView() const;  // what the inbox holds from head_ on
 

@@ -104,7 +104,7 @@ Work Communicator::sendRecvBatch(const std::vector<PeerOp>& ops, void* stream) {
   for (const PeerOp& op : ops) {
     const bool isSend = op.kind == PeerOp::kSend;
     CollArgs a{CollKind::kSendRecv, isSend ? op.buf : nullptr, isSend ? nullptr : op.buf, op.count, op.type,
-               ReduceOp::kSum, -1, op.peer, isSend};
+               ReduceOp::kSum, -1, op.peer, isSend, op.tag};
     Status s = cuda::admitToGroup(*impl_, a, stream);
     if (!s.ok()) {
       auto w = std::make_shared<WorkState>();

@@ -508,6 +508,7 @@ Fingerprint Comm::numberCall(const CollArgs& a) {
   if (a.kind == CollKind::kSendRecv) {
     fp.root = a.isSend ? a.peer : rank_;
     fp.sender = a.isSend ? rank_ : a.peer;
+    fp.tag = a.tag;
     fp.seq = ++(a.isSend ? sendSeq_ : recvSeq_)[a.peer];
   } else {
     fp.seq = ++collSeq_;

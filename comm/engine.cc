@@ -252,6 +252,15 @@ struct PlanRunner {
                                   std::to_string(plan.rank_) + "] must equal rank " + std::to_string(plan.rank_) +
                                   "'s recvcounts[" + std::to_string(op.peer) + "]");
     }
+    if (fp.kind == CollKind::kSendRecv && theirs.tag != fp.tag && h.sender == op.peer) {
+      Fingerprint untagged = theirs;
+      untagged.tag = fp.tag;
+      if (untagged.sameCall(fp))  // the matched call differs in its tag only
+        return Status::InvalidUsage("rank " + std::to_string(plan.rank_) + " called " + callAs(fp) + " but rank " +
+                                    std::to_string(op.peer) + "'s matching call has tag " + std::to_string(theirs.tag) +
+                                    ": messages between two ranks match in call order, and a tag must equal the "
+                                    "tag of the call it matches (tags do not reorder messages)");
+    }
     if (!theirs.sameCall(fp) || h.sender != op.peer)
       return Status::InvalidUsage(mismatchText(plan.rank_, callAs(fp), op.peer, callAs(theirs)));
     if (h.bytes != op.bytes || h.step != op.step)

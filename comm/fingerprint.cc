@@ -42,9 +42,9 @@ std::string mismatchText(int rank1, const std::string& call1, int rank2, const s
 std::string Fingerprint::describe() const {
   std::string s;
   if (kind == CollKind::kSendRecv) {
-    s = "send/recv(count=" + std::to_string(count) + ", " + dataTypeName(dtype) + ") rank " + std::to_string(sender) +
-        "->" + std::to_string(root);
-    return s;
+    s = "send/recv(count=" + std::to_string(count) + ", " + dataTypeName(dtype);
+    if (tag != 0) s += ", tag=" + std::to_string(tag);
+    return s + ") rank " + std::to_string(sender) + "->" + std::to_string(root);
   }
   if (kind == CollKind::kBarrier) return "barrier()";
   if (kind == CollKind::kAllToAllv) return std::string("alltoallv(") + dataTypeName(dtype) + ")";
@@ -63,7 +63,7 @@ WireHeader makeHeader(const Fingerprint& f, std::uint64_t commTag, int sender, s
   h.seq = f.seq;
   h.count = f.count;
   h.dtype = static_cast<std::int32_t>(f.dtype);
-  h.op = static_cast<std::int32_t>(f.op);
+  h.op = f.kind == CollKind::kSendRecv ? f.tag : static_cast<std::int32_t>(f.op);
   h.root = f.root;
   h.sender = sender;
   h.bytes = bytes;
@@ -76,7 +76,11 @@ Fingerprint fingerprintOf(const WireHeader& h) {
   Fingerprint f;
   f.kind = static_cast<CollKind>(h.kind);
   f.dtype = static_cast<DataType>(h.dtype);
-  f.op = static_cast<ReduceOp>(h.op);
+  if (f.kind == CollKind::kSendRecv) {
+    f.tag = h.op;
+  } else {
+    f.op = static_cast<ReduceOp>(h.op);
+  }
   f.root = h.root;
   f.count = h.count;
   f.seq = h.seq;

@@ -24,12 +24,13 @@ struct Fingerprint {
                               // are per pair and checked message by message)
   std::uint64_t seq = 0;      // collectives: per communicator; send/recv: per ordered pair
   std::int32_t sender = -1;   // send/recv: the sending rank
+  std::int32_t tag = 0;       // send/recv: the user's tag (on the wire in the op field)
 
   // "allreduce(count=1024, float32, sum)", "broadcast(count=8, int32, root=2)", "send(count=4, float32) 1->3"
   std::string describe() const;
   bool sameCall(const Fingerprint& o) const {
     return kind == o.kind && dtype == o.dtype && op == o.op && root == o.root && count == o.count && seq == o.seq &&
-           sender == o.sender;
+           sender == o.sender && tag == o.tag;
   }
 };
 
@@ -49,7 +50,7 @@ struct WireHeader {
   std::uint64_t seq;
   std::uint64_t count;
   std::int32_t dtype;
-  std::int32_t op;
+  std::int32_t op;         // the reduction; send/recv: the tag
   std::int32_t root;
   std::int32_t sender;     // the rank that sent this message
   std::uint64_t bytes;     // payload bytes that follow (then zero padding to a multiple of 8)

@@ -36,6 +36,7 @@ struct CollArgs {
   int root = -1;
   int peer = -1;          // send/recv
   bool isSend = false;    // send/recv
+  int tag = 0;            // send/recv: must equal the matching call's tag (messages match in order)
   std::shared_ptr<const AllToAllvCounts> v = nullptr;  // all-to-allv (shared: queued calls keep it alive)
 };
 

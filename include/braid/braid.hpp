@@ -75,6 +75,9 @@ struct PeerOp {
   std::size_t count;
   DataType type;
   int peer;
+  // Messages between two ranks match in order, as NCCL's do; a tag must equal the tag of the call
+  // it matches, or both ranks fail naming both calls (a tag never reorders: see docs/PYTORCH.md).
+  int tag = 0;
 };
 
 class Communicator {

@@ -40,14 +40,33 @@ def batch_isend_irecv(p2p_op_list):
     for op in p2p_op_list:
         if op.group is not group:
             raise RuntimeError("braid: all operations of a batch_isend_irecv must use the same group")
-        if getattr(op, "tag", 0):
-            raise RuntimeError("braid: send/recv tags are not supported yet (messages between two ranks are matched in order)")
         peer = op.peer if group is None else _dist.distributed_c10d._get_group_rank(group, op.peer)
-        ops.append((op.op in (_dist.isend, _dist.send), op.tensor, peer))
+        ops.append((op.op in (_dist.isend, _dist.send), op.tensor, peer, op.tag))
     work = pg._batch_isend_irecv(ops)
     return [work for _ in p2p_op_list]
 
 
 _dist.batch_isend_irecv = batch_isend_irecv
+
+_torch_monitored_barrier = _dist.monitored_barrier
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """torch.distributed.monitored_barrier, which torch 1.13 refuses for every backend but gloo.
+
+    On a Braid group it runs the group's own (ProcessGroupBraid.monitored_barrier): rank 0 waits
+    up to `timeout` (default: the group's timeout) for every other rank and raises naming the first
+    that did not arrive, or all of them with wait_all_ranks=True; the other ranks raise with rank
+    0's verdict. Other backends go to torch's own function.
+    """
+    pg = group if group is not None else _dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupBraid):
+        return _torch_monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
+    if timeout is None:
+        return pg.monitored_barrier(wait_all_ranks=wait_all_ranks)
+    return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
+_dist.monitored_barrier = monitored_barrier
 
 __all__ = ["ProcessGroupBraid"]

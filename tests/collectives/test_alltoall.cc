@@ -525,5 +525,41 @@ TEST(GroupRules, AMismatchInsideAGroupIsNamedOnBothRanks) {
   expectEveryRankSucceeded(outcome);
 }
 
+// Tags (PeerOp::tag): messages between two ranks still match in call order, as NCCL's do, and
+// each one carries its tag. Sends tagged 3 and 4 meet receives tagged 3 and 4 in one batch; then a
+// send tagged 5 that meets a receive tagged 6 fails on both ranks, naming the tags.
+TEST(GroupRules, CppTagsMatchInOrderAndADifferentTagIsNamed) {
+  auto outcome = runRanks(2, [&](int rank, braidComm_t c) {
+    Communicator comm(c->impl);
+    const int peer = 1 - rank;
+    std::vector<std::int32_t> a(7, 30 + rank), b(7, 40 + rank), gotA(7, -1), gotB(7, -1);
+    std::vector<PeerOp> ops;
+    if (rank == 0) {
+      ops = {{PeerOp::kSend, a.data(), 7, DataType::kInt32, peer, 3}, {PeerOp::kSend, b.data(), 7, DataType::kInt32, peer, 4}};
+    } else {
+      ops = {{PeerOp::kRecv, gotA.data(), 7, DataType::kInt32, peer, 3}, {PeerOp::kRecv, gotB.data(), 7, DataType::kInt32, peer, 4}};
+    }
+    const Status s = comm.sendRecvBatch(ops).wait();
+    if (!s.ok()) {
+      report(rank, "tagged batch: " + s.toString());
+      return 1;
+    }
+    if (rank == 1 && (gotA != std::vector<std::int32_t>(7, 30) || gotB != std::vector<std::int32_t>(7, 40))) {
+      report(rank, "tagged batch delivered the wrong data");
+      return 2;
+    }
+    Status bad = comm.sendRecvBatch({{rank == 0 ? PeerOp::kSend : PeerOp::kRecv, rank == 0 ? a.data() : gotA.data(), 7,
+                                      DataType::kInt32, peer, rank == 0 ? 5 : 6}}).wait();
+    if (bad.ok()) bad = comm.barrier().wait();  // the sender learns at its next call
+    const std::string msg = bad.message();
+    if (bad.ok() || msg.find("tag=6") == std::string::npos || msg.find("has tag 5") == std::string::npos) {
+      report(rank, "a different tag was not named: " + bad.toString());
+      return 3;
+    }
+    return 0;
+  }, {{"BRAID_TIMEOUT", "20"}}, 60);
+  expectEveryRankSucceeded(outcome);
+}
+
 }  // namespace
 }  // namespace braid::test

@@ -211,11 +211,19 @@ def collectives_body(rank, world, port):
             req.wait()
         expect_equal(ins[0], torch.full((big,), float(left * 10)), "batch_isend_irecv from the left")
         expect_equal(ins[1], torch.full((big,), float(right * 10 + 1)), "batch_isend_irecv from the right")
-        try:
-            dist.send(torch.zeros(1), dst=right, tag=3)
-            raise AssertionError("a send with tag 3 was accepted")
-        except RuntimeError as e:
-            assert "tags are not supported yet" in str(e), str(e)
+        # Tags: messages between two ranks match in call order (as NCCL's do) and each carries its
+        # tag; a receive must name the tag of the send it meets (bad_input_body: when it does not).
+        sends = [dist.isend(torch.full((5,), float(rank * 100 + t)), dst=right, tag=t) for t in (3, 4)]
+        got = [torch.zeros(5), torch.zeros(5)]
+        recvs = [dist.irecv(got[i], src=left, tag=t) for i, t in enumerate((3, 4))]
+        for req in sends + recvs:
+            req.wait()
+        for i, t in enumerate((3, 4)):
+            expect_equal(got[i], torch.full((5,), float(left * 100 + t)), f"isend/irecv with tag {t}")
+        ops = [dist.P2POp(dist.isend, outs[0][:9], right, tag=11), dist.P2POp(dist.irecv, ins[0][:9], left, tag=11)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        expect_equal(ins[0][:9], torch.full((9,), float(left * 10)), "batch_isend_irecv with tag 11")
     # A subgroup (new_group: its own store prefix, so a communicator of its own) beside the world.
     if world >= 3:
         sub = dist.new_group([0, 2])
@@ -230,8 +238,10 @@ def collectives_body(rank, world, port):
     res = fut.wait()
     expect_equal(res[0], torch.full((8,), float(world * (world + 1) // 2)), "all_reduce future")
     dist.barrier()
-    # (torch 1.13's Python refuses monitored_barrier for every backend but gloo before it reaches
-    # the process group; docs/PYTORCH.md says so.)
+    # monitored_barrier (torch 1.13 refuses it for every backend but gloo; braid_torch routes a
+    # Braid group's to the group): all ranks arrive, so it passes (silent_rank_body: when not).
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+    dist.monitored_barrier(wait_all_ranks=True)
     dist.destroy_process_group()
 
 
@@ -315,6 +325,18 @@ def bad_input_body(rank, world, port, out_path):
     t = torch.ones(4)
     dist.all_reduce(t)
     assert t.tolist() == [float(world)] * 4, t
+    # A receive whose tag differs from the send it meets: both ranks raise naming the tags. On a
+    # group of its own, which that ends, so that the world group goes on.
+    pair = dist.new_group(list(range(world)))
+    try:
+        if rank == 0:
+            dist.send(torch.ones(3), dst=1, tag=5, group=pair)
+            dist.barrier(group=pair)  # the sender learns at its next call
+        elif rank == 1:
+            dist.recv(torch.zeros(3), src=0, tag=6, group=pair)
+        msgs.append("a receive with another tag than its send succeeded")
+    except RuntimeError as e:
+        msgs.append(f"tags: {e}".replace("\n", " "))
     try:  # ranks disagree on the size: every rank raises, naming both calls
         dist.all_reduce(torch.ones(10 + rank))
         msgs.append("mismatched sizes succeeded")
@@ -330,6 +352,11 @@ def silent_rank_body(rank, world, port, out_path):
     if rank == world - 1:
         time.sleep(12)  # never calls (while the others time out)
         os._exit(0)
+    try:  # rank 0 names the missing rank; rank 1 raises with rank 0's verdict
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True)
+        barrier = "a monitored_barrier without the silent rank passed"
+    except RuntimeError as e:
+        barrier = str(e).replace("\n", " ")
     start = time.monotonic()
     try:
         dist.all_reduce(torch.ones(4))
@@ -337,7 +364,7 @@ def silent_rank_body(rank, world, port, out_path):
     except RuntimeError as e:
         msg = str(e)
     with open(f"{out_path}.{rank}", "w") as f:
-        f.write(f"{time.monotonic() - start:.3f}\n{msg}")
+        f.write(f"{time.monotonic() - start:.3f}\n{barrier}\n{msg}")
     os._exit(0)
 
 
@@ -361,9 +388,12 @@ def check_bad_input_raises_on_every_rank():
         run_ranks(bad_input_body, 2, path)
         for rank in range(2):
             with open(f"{path}.{rank}") as f:
-                out_of_range, mismatch = f.read().split("\n", 1)
+                out_of_range, tags, mismatch = f.read().split("\n", 2)
             if "outside 0..1" not in out_of_range:
                 raise AssertionError(f"rank {rank}: {out_of_range}")
+            if "tag=6" not in tags or "has tag 5" not in tags:
+                raise AssertionError(f"rank {rank}: the tags are not named: {tags}")
+            print(f"  rank {rank}: {tags[:200]}")
             if "allreduce(count=10, float32, sum)" not in mismatch or "allreduce(count=11, float32, sum)" not in mismatch:
                 raise AssertionError(f"rank {rank}: the mismatch does not name both calls: {mismatch}")
             print(f"  rank {rank}: {mismatch[:150]}")
@@ -371,7 +401,11 @@ def check_bad_input_raises_on_every_rank():
         run_ranks(silent_rank_body, 3, path)
         for rank in range(2):
             with open(f"{path}.{rank}") as f:
-                took, msg = f.readline(), f.read()
+                took, barrier, msg = f.readline(), f.readline(), f.read()
+            if "rank 2 has not reached monitored_barrier within 1000 ms" not in barrier or \
+                    (rank == 1 and "rank 0 says" not in barrier):
+                raise AssertionError(f"rank {rank}: monitored_barrier did not name rank 2: {barrier}")
+            print(f"  rank {rank}: {barrier.strip()[:150]}")
             if float(took) > 10 or "rank 2" not in msg or "silent" not in msg:
                 raise AssertionError(f"rank {rank} after {took.strip()} s: {msg}")
             print(f"  rank {rank} after {took.strip()} s: {msg[:150]}")

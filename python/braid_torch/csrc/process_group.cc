@@ -215,7 +215,7 @@ struct ProcessGroupBraid::PendingP2p {
 
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout)
-    : c10d::ProcessGroup(rank, size), timeout_(braidTimeout(timeout)) {
+    : c10d::ProcessGroup(rank, size), store_(store), timeout_(braidTimeout(timeout)) {
   const std::string key = "braid/unique_id";
   braidUniqueId id;
   if (rank == 0) {
@@ -507,32 +507,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tenso
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
-  TORCH_CHECK(tag == 0, "braid: send/recv tags are not supported yet (messages between two ranks are matched in order); ",
-              "got tag ", tag);
   at::Tensor& t = single(tensors, "send");
   at::Tensor src = dense(t);
-  return deferPeerOp({braid::PeerOp::kSend, ptr(src), count(src), braidType(t), dstRank}, c10d::OpType::SEND, t, src);
+  return deferPeerOp({braid::PeerOp::kSend, ptr(src), count(src), braidType(t), dstRank, tag}, c10d::OpType::SEND, t, src);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
-  TORCH_CHECK(tag == 0, "braid: send/recv tags are not supported yet (messages between two ranks are matched in order); ",
-              "got tag ", tag);
   at::Tensor& t = single(tensors, "recv");
   at::Tensor buf = dense(t);
-  return deferPeerOp({braid::PeerOp::kRecv, ptr(buf), count(buf), braidType(t), srcRank}, c10d::OpType::RECV, t, buf);
+  return deferPeerOp({braid::PeerOp::kRecv, ptr(buf), count(buf), braidType(t), srcRank, tag}, c10d::OpType::RECV, t, buf);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::batchSendRecv(const std::vector<std::tuple<bool, at::Tensor, int>>& ops) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::batchSendRecv(const std::vector<std::tuple<bool, at::Tensor, int, int>>& ops) {
   std::vector<braid::PeerOp> batch;
   std::vector<at::Tensor> outputs, keep;
   std::vector<std::pair<at::Tensor, at::Tensor>> copyBack;  // (user's tensor, dense buffer)
-  for (const auto& [isSend, tensor, peer] : ops) {
+  for (const auto& [isSend, tensor, peer, tag] : ops) {
     checkCpu(tensor);
     at::Tensor buf = dense(tensor);
     keep.push_back(buf);
     outputs.push_back(tensor);
     if (!isSend && !buf.is_same(tensor)) copyBack.emplace_back(tensor, buf);
-    batch.push_back({isSend ? braid::PeerOp::kSend : braid::PeerOp::kRecv, ptr(buf), count(buf), braidType(tensor), peer});
+    batch.push_back({isSend ? braid::PeerOp::kSend : braid::PeerOp::kRecv, ptr(buf), count(buf), braidType(tensor), peer, tag});
   }
   braid::Work w = comm().sendRecvBatch(batch);
   std::function<void()> after;
@@ -547,12 +543,57 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOpt
   return WorkBraid::start(getRank(), c10d::OpType::BARRIER, comm().barrier(), {});
 }
 
-// Braid's barrier already names the silent rank when it times out.
-void ProcessGroupBraid::monitoredBarrier(const c10d::BarrierOptions& opts, bool) {
-  const auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
-  braid::Work w = comm().barrier();
-  const braid::Status s = w.wait(static_cast<double>(timeout.count()) / 1000.0);
-  TORCH_CHECK(s.ok(), "braid: monitored barrier on rank ", getRank(), ": ", s.toString());
+// As gloo's: rank 0 waits for every other rank to arrive, then answers them all. It goes through the
+// store torch gave the group, not the communicator, so a rank that fails to arrive is named on every
+// rank (rank 0's verdict is what the others read) and the communicator stays as it was.
+void ProcessGroupBraid::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  const std::chrono::milliseconds timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+  const std::string round = "braid/monitored_barrier/" + std::to_string(++monitoredRounds_) + "/";
+  const std::string verdictKey = round + "verdict";
+  auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  // Store::wait with a zero timeout would wait forever (kNoTimeout): at the deadline, only look.
+  auto arrives = [&](const std::string& key, std::chrono::steady_clock::time_point deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return store_->check({key});
+    try {
+      store_->wait({key}, left);
+      return true;
+    } catch (const std::exception&) {
+      return store_->check({key});
+    }
+  };
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (getRank() != 0) {
+    // Rank 0 answers at its own deadline at the latest: wait that long and a grace beyond it.
+    const std::chrono::milliseconds grace = std::max(std::chrono::milliseconds(1000), timeout / 10);
+    store_->set(round + std::to_string(getRank()), bytes("arrived"));
+    TORCH_CHECK(arrives(verdictKey, deadline + grace), "braid: monitored_barrier on rank ", getRank(),
+                ": rank 0 did not answer within ", (timeout + grace).count(),
+                " ms (it is slow, hung in another call, or gone; its own error names the ranks it missed)");
+    const std::vector<uint8_t> v = store_->get(verdictKey);
+    const std::string verdict(v.begin(), v.end());
+    TORCH_CHECK(verdict == "ok", "braid: monitored_barrier on rank ", getRank(), ": rank 0 says ", verdict);
+    return;
+  }
+  std::vector<int> missing;
+  for (int r = 1; r < getSize() && (waitAllRanks || missing.empty()); ++r)
+    if (!arrives(round + std::to_string(r), deadline)) missing.push_back(r);
+  std::string verdict = "ok";
+  if (!missing.empty()) {
+    verdict = missing.size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < missing.size(); ++i) verdict += (i ? ", " : "") + std::to_string(missing[i]);
+    verdict += std::string(missing.size() == 1 ? " has" : " have") + " not reached monitored_barrier within " +
+               std::to_string(timeout.count()) + " ms (slow, hung in another call, or gone)";
+    if (!waitAllRanks && getSize() > 2) verdict += "; wait_all_ranks=True names every missing rank";
+  }
+  store_->set(verdictKey, bytes(verdict));
+  for (int r = 1; r < getSize(); ++r) {
+    try {
+      store_->deleteKey(round + std::to_string(r));
+    } catch (const std::exception&) {  // a store without deleteKey keeps them: a few bytes a round
+    }
+  }
+  TORCH_CHECK(verdict == "ok", "braid: monitored_barrier on rank 0: ", verdict);
 }
 
 }  // namespace braid::torch_backend

@@ -57,9 +57,9 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
   // torch.distributed.batch_isend_irecv on this group (braid_torch routes it here): the batch of
-  // (is_send, tensor, peer as a rank of this group) runs as one Braid group, so that no order of
+  // (is_send, tensor, peer as a rank of this group, tag) runs as one Braid group, so that no order of
   // sends and receives deadlocks. One Work for all of them.
-  c10::intrusive_ptr<c10d::Work> batchSendRecv(const std::vector<std::tuple<bool, at::Tensor, int>>& ops);
+  c10::intrusive_ptr<c10d::Work> batchSendRecv(const std::vector<std::tuple<bool, at::Tensor, int, int>>& ops);
 
   // For torch.distributed.Backend.register_backend: (store, rank, size, timeout) -> process group.
   static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -73,7 +73,9 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   struct PendingP2p;
   std::shared_ptr<PendingP2p> pending_;
   std::unique_ptr<braid::Communicator> comm_;
+  c10::intrusive_ptr<c10d::Store> store_;  // the group's: monitoredBarrier meets through it
   std::chrono::milliseconds timeout_;
+  std::uint64_t monitoredRounds_ = 0;
 };
 
 }  // namespace braid::torch_backend

@@ -317,8 +317,11 @@ class Comm final : public EngineHost, public Workspace {
     std::vector<CollArgs> calls;  // one call, or a group's
     bool group = false;
     std::shared_ptr<WorkState> work;
+    std::uint64_t number = 0;  // in queueing order
+    std::int64_t queuedUs = 0;  // nowUs() at submit
   };
   std::shared_ptr<WorkState> enqueue(Queued item);
+  std::uint64_t queuedCount_ = 0;  // under qMu_
   // A queued item's run, by the worker or by runIfNext's thread (workerBusy_ set by the caller).
   void runQueued(Queued& item);
   std::weak_ptr<Comm> self_;  // for WorkState::owner

@@ -362,6 +362,16 @@ TEST_F(IbZeroCopy, AReaderThatOnlyPeeksGetsEverythingEagerly) {
   EXPECT_EQ(direct(), 0u);
 }
 
+// A reader that only asks for small pieces says it reads eagerly, so a large sender does not hold
+// its pieces back for an advert each time the reader has caught up (100 us each, before).
+TEST_F(IbZeroCopy, AReaderOfSmallPiecesIsNotWaitedFor) {
+  // Each step the reader takes all but a few bytes of what came: the sender has always just
+  // caught up, where it holds back for an advert.
+  EXPECT_EQ(transfer(tx(), rx(), (4u << 20) + 3, {65536}, {65535}), "");
+  EXPECT_EQ(direct(), 0u);
+  EXPECT_LE(dynamic_cast<IbChannel&>(tx()).heldBack(), 1u);  // before the reader's first call at most
+}
+
 TEST_F(IbZeroCopy, ReceivingIntoOtherMemoryThanAdvertisedIsAnError) {
   std::vector<std::byte> a(1u << 20), b(1u << 20);
   auto k = rx().tryRecv(a.data(), a.size());  // nothing sent: it advertises `a`

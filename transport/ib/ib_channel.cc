@@ -444,6 +444,7 @@ bool IbChannel::awaitAdvert() {
   if (waitPos_ != sent_) {
     waitPos_ = sent_;
     waitSinceUs_ = now;
+    ++heldBack_;
   }
   return now - waitSinceUs_ < kAdvertWaitUs;
 }
@@ -538,12 +539,18 @@ Result<std::size_t> IbChannel::tryRecv(void* dst, std::size_t n) {
     consume(k);
     got += k;
   }
-  if (zcopyBytes_ && inboxView().empty() && !advMr_) {
-    // Advertise where the rest goes: what expect() announced, else this call's remainder.
+  if (zcopyBytes_ && !advMr_) {
+    // Advertise where the rest goes, once the inbox is empty: what expect() announced, else this
+    // call's remainder. A reader that asks for less than the threshold reads eagerly, and says so:
+    // a large sender would otherwise hold its pieces back for an advert that never comes.
     const std::uint64_t at = want + got;
     const bool announced = head_ >= wantPos_ && head_ < wantEnd_ && at == wantAddr_ + (head_ - wantPos_);
     const std::uint64_t len = announced ? wantEnd_ - head_ : n - got;
-    if (zeroCopy(len)) advertise(reinterpret_cast<void*>(at), static_cast<std::size_t>(len));
+    if (!zeroCopy(len)) {
+      advertiseEager();
+    } else if (inboxView().empty() && !advertise(reinterpret_cast<void*>(at), static_cast<std::size_t>(len))) {
+      advertiseEager();  // registration refused: eager
+    }
   }
   return got;
 }

@@ -78,6 +78,8 @@ class IbChannel final : public Channel {
   void disarm() { armed_ = false; }
   // Bytes received straight into the reader's buffers (rendezvous), of all received so far.
   std::uint64_t directBytes() const { return directTotal_; }
+  // How often this sender held a large piece back for the peer's advert (at most kAdvertWaitUs).
+  std::uint64_t heldBack() const { return heldBack_; }
 
  private:
   struct Credit;  // the control block's layout
@@ -145,6 +147,7 @@ class IbChannel final : public Channel {
   } zc_;
   Advert peerAdv_;                         // the peer's latest advert
   std::uint64_t eagerEnd_ = 0, directEnd_ = 0;  // where this side's last eager / direct write ended
+  std::uint64_t heldBack_ = 0;
   std::uint64_t waitPos_ = ~std::uint64_t{0};   // the position awaitAdvert() has been waiting at
   std::int64_t waitSinceUs_ = 0;
   // Receiving.

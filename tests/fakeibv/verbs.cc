@@ -35,6 +35,12 @@ Counts& counts() {
 namespace {
 
 std::mutex registry;
+// The device's largest region (ibv_device_attr::max_mr_size): FAKEIBV_MAX_MR_SIZE bytes, read at
+// each call so that a test can change it; 1 TiB without it.
+std::uint64_t maxMrSize() {
+  const char* m = setting("FAKEIBV_MAX_MR_SIZE");
+  return m && *m ? std::strtoull(m, nullptr, 10) : 1ull << 40;
+}
 std::uint64_t registeredBytes = 0;  // this process's memory regions, against RLIMIT_MEMLOCK
 
 template <typename T>
@@ -141,7 +147,7 @@ FIBV_EXPORT int ibv_query_device(ibv_context* c, ibv_device_attr* a) {
   std::snprintf(a->fw_ver, sizeof(a->fw_ver), "fakeibv 1.0");
   a->node_guid = htobe64(d->guid);
   a->sys_image_guid = htobe64(d->guid);
-  a->max_mr_size = 1ull << 40;
+  a->max_mr_size = maxMrSize();
   a->page_size_cap = 4096;
   a->vendor_id = 0;
   a->vendor_part_id = 0;
@@ -251,6 +257,7 @@ FIBV_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
 FIBV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, std::size_t length, std::uint64_t iova, unsigned access) {
   if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))
     return fail<ibv_mr*>(EINVAL, nullptr);
+  if (length > maxMrSize()) return fail<ibv_mr*>(EINVAL, nullptr);  // as a device refuses past max_mr_size
   // The kernel pins registered pages against RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK;
   // so does the emulation (tests drop the capability with setpriv to see a low `ulimit -l`).
   rlimit lim{};

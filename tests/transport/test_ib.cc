@@ -372,6 +372,18 @@ TEST_F(IbZeroCopy, AReaderOfSmallPiecesIsNotWaitedFor) {
   EXPECT_LE(dynamic_cast<IbChannel&>(tx()).heldBack(), 1u);  // before the reader's first call at most
 }
 
+// A buffer the device will not register (past its max_mr_size here; a low memlock limit does the
+// same) is received eagerly, and asked for once, not at every poll of that message.
+TEST_F(IbZeroCopy, ARefusedRegistrationIsAskedOnce) {
+  ::setenv("FAKEIBV_MAX_MR_SIZE", std::to_string(6u << 20).c_str(), 1);  // above the 4 MiB rings
+  const std::string res = transfer(tx(), rx(), (16u << 20) + 9, {1u << 20}, {(16u << 20) + 9});
+  ::unsetenv("FAKEIBV_MAX_MR_SIZE");
+  EXPECT_EQ(res, "");
+  EXPECT_EQ(direct(), 0u);
+  EXPECT_EQ(dynamic_cast<IbChannel&>(rx()).refusedAdverts(), 1u);
+  EXPECT_LE(dynamic_cast<IbChannel&>(tx()).heldBack(), 1u);  // the refusal said "eager"
+}
+
 TEST_F(IbZeroCopy, ReceivingIntoOtherMemoryThanAdvertisedIsAnError) {
   std::vector<std::byte> a(1u << 20), b(1u << 20);
   auto k = rx().tryRecv(a.data(), a.size());  // nothing sent: it advertises `a`

@@ -546,10 +546,10 @@ Result<std::size_t> IbChannel::tryRecv(void* dst, std::size_t n) {
     const std::uint64_t at = want + got;
     const bool announced = head_ >= wantPos_ && head_ < wantEnd_ && at == wantAddr_ + (head_ - wantPos_);
     const std::uint64_t len = announced ? wantEnd_ - head_ : n - got;
-    if (!zeroCopy(len)) {
+    if (!zeroCopy(len) || head_ < refusedEnd_) {
       advertiseEager();
-    } else if (inboxView().empty() && !advertise(reinterpret_cast<void*>(at), static_cast<std::size_t>(len))) {
-      advertiseEager();  // registration refused: eager
+    } else if (inboxView().empty()) {
+      advertise(reinterpret_cast<void*>(at), static_cast<std::size_t>(len));
     }
   }
   return got;
@@ -561,14 +561,20 @@ void IbChannel::expect(void* dst, std::size_t n) {
   wantEnd_ = head_ + n;
   wantAddr_ = reinterpret_cast<std::uint64_t>(dst);
   poll();
-  if (error_.ok() && inboxView().empty() && zeroCopy(n)) advertise(dst, n);
+  if (error_.ok() && inboxView().empty() && zeroCopy(n) && head_ >= refusedEnd_) advertise(dst, n);
 }
 
 bool IbChannel::advertise(void* dst, std::size_t n) {
   const std::uint64_t len = std::min<std::uint64_t>(n, kMaxDirect);
-  // A registration refused (the memlock limit, memory the device cannot take) only means eager.
+  // A registration refused (the memlock limit, memory the device cannot take) only means eager,
+  // for the rest of that buffer: it is not asked again at each poll.
   ibv_mr* mr = dev_->verbs->regMr(dev_->pd, dst, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  if (!mr) return false;
+  if (!mr) {
+    ++refused_;
+    refusedEnd_ = head_ + len;
+    advertiseEager();
+    return false;
+  }
   advMr_ = mr;
   myAdv_ = {head_, reinterpret_cast<std::uint64_t>(dst), len, mr->rkey};
   advUnsent_ = true;

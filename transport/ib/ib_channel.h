@@ -80,6 +80,8 @@ class IbChannel final : public Channel {
   std::uint64_t directBytes() const { return directTotal_; }
   // How often this sender held a large piece back for the peer's advert (at most kAdvertWaitUs).
   std::uint64_t heldBack() const { return heldBack_; }
+  // How many of this reader's adverts the device refused to register.
+  std::uint64_t refusedAdverts() const { return refused_; }
 
  private:
   struct Credit;  // the control block's layout
@@ -148,6 +150,8 @@ class IbChannel final : public Channel {
   Advert peerAdv_;                         // the peer's latest advert
   std::uint64_t eagerEnd_ = 0, directEnd_ = 0;  // where this side's last eager / direct write ended
   std::uint64_t heldBack_ = 0;
+  std::uint64_t refused_ = 0;
+  std::uint64_t refusedEnd_ = 0;  // no advert before this stream position: its buffer was refused
   std::uint64_t waitPos_ = ~std::uint64_t{0};   // the position awaitAdvert() has been waiting at
   std::int64_t waitSinceUs_ = 0;
   // Receiving.

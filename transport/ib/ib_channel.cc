@@ -546,7 +546,7 @@ Result<std::size_t> IbChannel::tryRecv(void* dst, std::size_t n) {
     const std::uint64_t at = want + got;
     const bool announced = head_ >= wantPos_ && head_ < wantEnd_ && at == wantAddr_ + (head_ - wantPos_);
     const std::uint64_t len = announced ? wantEnd_ - head_ : n - got;
-    if (!zeroCopy(len) || head_ < refusedEnd_) {
+    if (!zeroCopy(len)) {
       advertiseEager();
     } else if (inboxView().empty()) {
       advertise(reinterpret_cast<void*>(at), static_cast<std::size_t>(len));
@@ -561,25 +561,24 @@ void IbChannel::expect(void* dst, std::size_t n) {
   wantEnd_ = head_ + n;
   wantAddr_ = reinterpret_cast<std::uint64_t>(dst);
   poll();
-  if (error_.ok() && inboxView().empty() && zeroCopy(n) && head_ >= refusedEnd_) advertise(dst, n);
+  if (error_.ok() && inboxView().empty() && zeroCopy(n)) advertise(dst, n);
 }
 
-bool IbChannel::advertise(void* dst, std::size_t n) {
-  const std::uint64_t len = std::min<std::uint64_t>(n, kMaxDirect);
+void IbChannel::advertise(void* dst, std::size_t n) {
   // A registration refused (the memlock limit, memory the device cannot take) only means eager,
   // for the rest of that buffer: it is not asked again at each poll.
+  if (head_ < refusedEnd_) return advertiseEager();
+  const std::uint64_t len = std::min<std::uint64_t>(n, kMaxDirect);
   ibv_mr* mr = dev_->verbs->regMr(dev_->pd, dst, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!mr) {
     ++refused_;
     refusedEnd_ = head_ + len;
-    advertiseEager();
-    return false;
+    return advertiseEager();
   }
   advMr_ = mr;
   myAdv_ = {head_, reinterpret_cast<std::uint64_t>(dst), len, mr->rkey};
   advUnsent_ = true;
   sendCredit();
-  return true;
 }
 
 void IbChannel::advertiseEager() {

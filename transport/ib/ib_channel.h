@@ -103,7 +103,7 @@ class IbChannel final : public Channel {
   bool awaitAdvert();
   // Receiving: advertise `dst` for the next n bytes (false if it cannot be registered), or that
   // this side reads from its inbox.
-  bool advertise(void* dst, std::size_t n);
+  void advertise(void* dst, std::size_t n);  // or, for a refused buffer, advertiseEager()
   void advertiseEager();
   void endAdvert();  // the peer will write no more into the advertised buffer
   std::string where() const;  // "ib (DEV:PORT) toward rank R", the start of every error it reports

@@ -310,6 +310,11 @@ struct PlanRunner {
         auto r = recvWhole(op, ch);
         if (!r.ok() || *r) return r;
       }
+      if (op.kind == Op::kRecvCopy && !op.expected) {
+        // Before the header: a sender that waits for the payload's destination hears it sooner.
+        ch.expect(op.dst, op.bytes, kHeaderBytes - op.hdrDone);
+        op.expected = true;
+      }
       auto k = ch.tryRecv(reinterpret_cast<std::byte*>(&op.hdr) + op.hdrDone, kHeaderBytes - op.hdrDone);
       if (!k.ok()) return k.status();
       op.hdrDone += *k;
@@ -318,10 +323,6 @@ struct PlanRunner {
       Status s = checkHeader(op);
       if (!s.ok()) return s;
       op.started = true;
-    }
-    if (op.kind == Op::kRecvCopy && !op.expected) {
-      ch.expect(op.dst + op.done, op.bytes - op.done);
-      op.expected = true;
     }
     while (op.done < op.bytes) {
       std::size_t want = std::min(op.bytes - op.done, plan.chunk_);

@@ -76,7 +76,7 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
   // A send/recv forwards nothing, so nothing waits on its pieces: over a network link the largest
   // piece does best (one RDMA write per piece over ib: docs/PERFORMANCE.md). Not over shared
   // memory, where the receiver's copy of one piece overlaps the sender's copy of the next.
-  if (in.kind == CollKind::kSendRecv && !in.link.sharedMemory) c.chunk = hi;
+  if (in.kind == CollKind::kSendRecv && !in.link.sharedMemory) c.chunk = std::max(hi, in.link.maxPiece);
   // A link where one stream does best (tcp on loopback under reno): one socket, and pieces as large
   // as the staging ring. The kernel's copies and TCP stack are the cost there, per system call and
   // per stream; a second socket only paid while bbr held each connection's window down

@@ -72,6 +72,7 @@ LinkClass LinkClass::slower(const LinkClass& a, const LinkClass& b) {
   c.sameHost = a.sameHost && b.sameHost;
   c.sharedMemory = a.sharedMemory && b.sharedMemory;
   c.oneStreamBest = a.oneStreamBest && b.oneStreamBest;
+  c.maxPiece = std::min(a.maxPiece, b.maxPiece);
   return c;
 }
 

@@ -45,12 +45,15 @@ class Channel {
   // directly): so after a call that returned k < n, the caller's next tryRecv on this channel
   // goes on into dst + k, as the engine's receives always do.
   virtual Result<std::size_t> tryRecv(void* dst, std::size_t n) = 0;
-  // The next n bytes of the stream will be received into dst, by tryRecv calls that go on from
-  // dst in order (however small their pieces): a transport may let the sender place them there
-  // itself (ib). A hint; the default ignores it.
-  virtual void expect(void* dst, std::size_t n) {
+  // The n bytes of the stream that follow its next `after` bytes will be received into dst, by
+  // tryRecv calls that go on from dst in order (however small their pieces): a transport may let
+  // the sender place them there itself (ib). The engine says so before it reads a message's
+  // header (after = the header's size), so that the sender can hear it before it sends the
+  // payload. A hint; the default ignores it.
+  virtual void expect(void* dst, std::size_t n, std::size_t after) {
     (void)dst;
     (void)n;
+    (void)after;
   }
   // The same, for a piece of a message larger than the cache can hold beside everything else
   // (the engine's choice, comm/engine.h largeCopyBytes): a transport that copies out of a buffer
@@ -109,6 +112,10 @@ struct LinkClass {
   bool sharedMemory = true;          // both ranks map memory they share (the mailbox, cross-memory attach, zero copy)
   // One channel with pieces as large as the staging ring beats several (tcp on loopback under reno).
   bool oneStreamBest = false;
+  // The largest piece worth handing a send/recv's channel at once, where that exceeds what the
+  // staging ring takes: a link that writes large pieces straight into the receiver's buffer (ib
+  // with zero copy) pays per write, not per byte staged. 0: the ring decides.
+  std::size_t maxPiece = 0;
 
   // The slower of two links, which bounds a collective over both: the one with the larger latency;
   // of equal ones, what both allow.

@@ -122,7 +122,7 @@ int copyRemote(int pid, const std::vector<iovec>& local, const std::vector<iovec
   std::size_t total = 0;
   for (const iovec& v : local) total += v.iov_len;
   if (total == 0) return 0;
-  if (pid == getpid()) {  // a loopback QP: plain copies, in order
+  if (pid == selfPid()) {  // a loopback QP: plain copies, in order
     std::size_t li = 0, lo = 0;
     for (const iovec& r : remote) {
       std::size_t ro = 0;
@@ -171,7 +171,6 @@ Step execute(Qp* q, SendWr& w) {
       mtuBytes(q->attr.path_mtu) > p->mtu)
     return {Outcome::kNoResponse};
   const int pid = p->pid;
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return {Outcome::kNoResponse};
 
   // The local side of the request.
   const bool read = w.opcode == IBV_WR_RDMA_READ;
@@ -183,7 +182,7 @@ Step execute(Qp* q, SendWr& w) {
     total = w.inlineData.size();
   } else {
     for (const ibv_sge& s : w.sge) {
-      const MrSlot* m = findMr(s.lkey, getpid());
+      const MrSlot* m = findMr(s.lkey, selfPid());
       if (!m || m->pd != pd->key || s.addr < m->addr || s.addr + s.length > m->addr + m->length ||
           (read && !(m->access & IBV_ACCESS_LOCAL_WRITE)))
         return {Outcome::kError, IBV_WC_LOC_PROT_ERR};
@@ -191,6 +190,9 @@ Step execute(Qp* q, SendWr& w) {
       total += s.length;
     }
   }
+
+  // A peer that is gone: process_vm_writev says so (ESRCH) when there are bytes to move.
+  if (total == 0 && ::kill(pid, 0) != 0 && errno == ESRCH) return {Outcome::kNoResponse};
 
   const bool rdma = w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM || read;
   const bool consumes = w.opcode != IBV_WR_RDMA_WRITE && !read;

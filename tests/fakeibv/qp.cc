@@ -60,7 +60,7 @@ ibv_qp* createQp(ibv_pd* pd, ibv_qp_init_attr_ex* a) {
     return fail<ibv_qp*>(ENOMEM, nullptr);
   }
   SharedQp& s = *q->sh;
-  s.pid = getpid();
+  s.pid = selfPid();
   s.state.store(IBV_QPS_RESET);
   s.qpn = qpn;
   s.cq = q->rcq->id;

@@ -126,6 +126,15 @@ std::string channelName(std::uint32_t id, int ownerPid) {
   return "ch." + std::to_string(ownerPid) + "." + std::to_string(id);
 }
 
+int selfPid() {
+  static std::atomic<int> pid{0};
+  static const bool reset = [] { return ::pthread_atfork(nullptr, nullptr, [] { pid.store(0); }) == 0; }();
+  (void)reset;
+  int p = pid.load(std::memory_order_relaxed);
+  if (p == 0) pid.store(p = ::getpid(), std::memory_order_relaxed);
+  return p;
+}
+
 static bool dead(int pid) { return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH; }
 
 void sweepDead() {

@@ -36,6 +36,9 @@ void unmapShared(void* p, std::size_t bytes);
 void removeShared(const std::string& name);
 std::size_t sharedSize(const std::string& name);  // 0 if absent
 
+// getpid(), without a system call each time (once per process; a fork's child asks again).
+int selfPid();
+
 // A process-shared robust mutex (survives an owner that died holding it).
 void initMutex(pthread_mutex_t* m);
 void lock(pthread_mutex_t* m);

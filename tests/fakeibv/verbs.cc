@@ -278,7 +278,7 @@ FIBV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, std::size_t length,
     const std::uint32_t busy = 0xffu;  // a key no lookup matches (generation 0xff is never issued)
     if (!table[i].key.compare_exchange_strong(expected, (i << 8) | busy)) continue;
     std::uint32_t key = (i << 8) | (1 + randomKey() % 0xfe);
-    table[i].pid = getpid();
+    table[i].pid = selfPid();
     table[i].addr = iova;
     table[i].length = length;
     table[i].access = access;
@@ -330,7 +330,7 @@ FIBV_EXPORT ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, std::uint64_t, std::size_t, std::
 
 FIBV_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* c) {
   std::uint32_t id = ++ids().channel;
-  std::string path = dir() + "/" + channelName(id, getpid());
+  std::string path = dir() + "/" + channelName(id, selfPid());
   ::unlink(path.c_str());
   if (::mkfifo(path.c_str(), 0600) != 0) return nullptr;
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);  // read end; O_RDWR so it never sees EOF
@@ -348,7 +348,7 @@ FIBV_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* c) {
 FIBV_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* ch) {
   auto* c = reinterpret_cast<Channel*>(ch);
   if (ch->refcnt) return EBUSY;
-  removeShared(channelName(c->id, getpid()));
+  removeShared(channelName(c->id, selfPid()));
   ::close(ch->fd);
   delete c;
   counts().channel--;
@@ -370,7 +370,7 @@ FIBV_EXPORT ibv_cq* ibv_create_cq(ibv_context* c, int cqe, void* cqContext, ibv_
     return fail<ibv_cq*>(ENOMEM, nullptr);
   }
   initMutex(&q->sh->mu);
-  q->sh->pid = getpid();
+  q->sh->pid = selfPid();
   q->sh->cap = cap;
   q->sh->channel = channel ? reinterpret_cast<Channel*>(channel)->id : 0;
   q->sh->magic = kMagic;

@@ -384,6 +384,71 @@ TEST_F(IbZeroCopy, ARefusedRegistrationIsAskedOnce) {
   EXPECT_LE(dynamic_cast<IbChannel&>(tx()).heldBack(), 1u);  // the refusal said "eager"
 }
 
+// Messages as the engine sends them: a header, then the payload offered whole, with the reader's
+// expect() made before it reads the header. A reader there first gets the whole payload in place,
+// the header eagerly before it; one that comes late, when the sender has filled the ring eagerly,
+// advertises past that ring and gets the rest in place.
+TEST_F(IbZeroCopy, EngineShapedMessagesGoInPlaceEvenWhenTheReaderIsLate) {
+  const std::size_t ring = Config{}.buffSize, h = 64, n = 2 * ring + 4099;
+  std::vector<std::byte> hdr(h), src(n + 3), gotHdr(h), dst(n + 3);
+  for (std::size_t i = 0; i < n; ++i) src[i + 3] = static_cast<std::byte>((i * 131 + 7) % 251);
+  auto& ib = dynamic_cast<IbChannel&>(rx());
+  std::size_t sent = 0, recvd = 0;  // of header and payload together
+  auto sendStep = [&]() -> Result<std::size_t> {
+    if (sent < h) return tx().trySend(hdr.data() + sent, h - sent);
+    return tx().trySend(src.data() + 3 + (sent - h), n - (sent - h));
+  };
+  auto recvStep = [&]() -> Result<std::size_t> {
+    if (recvd < h) return rx().tryRecv(gotHdr.data() + recvd, h - recvd);
+    return rx().tryRecv(dst.data() + 3 + (recvd - h), n - (recvd - h));
+  };
+  for (int late = 0; late < 2; ++late) {
+    SCOPED_TRACE(late ? "the reader late" : "the reader first");
+    std::fill(dst.begin(), dst.end(), std::byte{0});
+    for (std::size_t i = 0; i < h; ++i) hdr[i] = static_cast<std::byte>(late * 100 + i);
+    sent = recvd = 0;
+    const std::uint64_t directBefore = ib.directBytes();
+    if (late) {
+      // The sender holds the payload back a little for an advert (the reader had caught up), then
+      // fills the ring eagerly before the reader starts on the message.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (sent < ring && std::chrono::steady_clock::now() < until) {
+        auto k = sendStep();
+        ASSERT_TRUE(k.ok()) << k.status().toString();
+        sent += *k;
+        if (*k == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      ASSERT_GE(sent, ring / 2);
+      ASSERT_LE(sent, ring);
+      EXPECT_EQ(dynamic_cast<IbChannel&>(tx()).heldBack(), 1u);
+    }
+    rx().expect(dst.data() + 3, n, h);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (recvd < h + n) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << sent << " sent, " << recvd << " received";
+      if (sent < h + n) {
+        auto k = sendStep();
+        ASSERT_TRUE(k.ok()) << k.status().toString();
+        sent += *k;
+      }
+      auto k = recvStep();
+      ASSERT_TRUE(k.ok()) << k.status().toString();
+      recvd += *k;
+    }
+    EXPECT_EQ(gotHdr, hdr);
+    EXPECT_TRUE(std::equal(src.begin() + 3, src.end(), dst.begin() + 3)) << "payload differs";
+    const std::uint64_t direct = ib.directBytes() - directBefore;
+    if (late) {
+      EXPECT_GE(direct, n - ring);  // all but the ring's worth written before the advert
+      EXPECT_LT(direct, n);
+    } else {
+      EXPECT_EQ(direct, n);
+    }
+  }
+  // Held back once, before the late reader came; never while an advert (ahead) was out.
+  EXPECT_EQ(dynamic_cast<IbChannel&>(tx()).heldBack(), 1u);
+}
+
 TEST_F(IbZeroCopy, ReceivingIntoOtherMemoryThanAdvertisedIsAnError) {
   std::vector<std::byte> a(1u << 20), b(1u << 20);
   auto k = rx().tryRecv(a.data(), a.size());  // nothing sent: it advertises `a`

@@ -482,6 +482,28 @@ TEST(Tuner, TcpOnLoopbackUsesOneSocketAndRingSizedPieces) {
   EXPECT_EQ(shmOnly.choose(CollKind::kAllReduce, 128u << 20).channels, 2);
 }
 
+// A send/recv over ib with zero copy hands the channel pieces of the link's maxPiece (one RDMA
+// write each into the receiver's buffer); without zero copy, and over tcp, the ring's half.
+TEST(Tuner, SendRecvOverIbWithZeroCopyTakesTheLinksLargestPiece) {
+  Config c;
+  c.ibZcopyBytes = 256u << 10;
+  const auto linkOfIb = [](const Config& conf) {
+    for (const auto& t : makeTransports(conf))
+      if (t->name() == "ib") return t->linkClass(infoOf(0, "a"), infoOf(1, "b"));
+    ADD_FAILURE() << "no ib transport in the registry";
+    return LinkClass{};
+  };
+  const LinkClass zc = linkOfIb(c);
+  ASSERT_GT(zc.maxPiece, c.buffSize / 2);
+  EXPECT_EQ(tune({CollKind::kSendRecv, 64u << 20, 2, 1, zc}, c).chunk, zc.maxPiece);
+  EXPECT_EQ(tune({CollKind::kAllReduce, 64u << 20, 2, 1, zc}, c).chunk, c.buffSize / 2);  // a ring forwards its pieces
+  c.ibZcopyBytes = 0;
+  const LinkClass eager = linkOfIb(c);
+  EXPECT_EQ(eager.maxPiece, 0u);
+  EXPECT_EQ(tune({CollKind::kSendRecv, 64u << 20, 2, 1, eager}, c).chunk, c.buffSize / 2);
+  EXPECT_EQ(LinkClass::slower(zc, eager).maxPiece, 0u);
+}
+
 // Across hosts of equal size the tuner takes the hierarchical all-reduce and all-gather for large
 // calls (fewer bytes over the links between hosts), never on one host or on hosts of unequal size,
 // and BRAID_ALGO=hier falls back to the ring where it does not apply.

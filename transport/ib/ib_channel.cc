@@ -295,7 +295,7 @@ void IbChannel::poll() {
       if (imm == kCreditImm) continue;
       if (imm & kDirectImm) {  // into the advertised buffer, at position tail_
         const std::uint64_t k = imm & ~kDirectImm;
-        if (!advMr_ || tail_ + k > myAdv_.pos + myAdv_.len) {
+        if (!advMr_ || tail_ < myAdv_.pos || tail_ + k > myAdv_.pos + myAdv_.len) {
           error_ = protocolError("a direct write of " + std::to_string(k) + " bytes at stream position " +
                                  std::to_string(tail_) + " that no advert covers (a bug in Braid)");
           return;
@@ -305,7 +305,9 @@ void IbChannel::poll() {
         directTotal_ += k;
         if (tail_ == myAdv_.pos + myAdv_.len) endAdvert();
       } else {
-        if (advMr_) endAdvert();  // the sender went on eagerly: the advert is void
+        // Eager bytes before the advertised position (a header) leave the advert be; past it, the
+        // sender went on eagerly and the advert is void.
+        if (advMr_ && tail_ + imm > myAdv_.pos) endAdvert();
         tail_ += imm;
       }
     } else {
@@ -403,6 +405,9 @@ Result<std::size_t> IbChannel::trySend(const void* data, std::size_t n) {
   if (inFlight >= cap_) return std::size_t{0};
   const std::size_t at = static_cast<std::size_t>(sent_ % cap_);
   std::size_t k = std::min({n, cap_ - static_cast<std::size_t>(inFlight), cap_ - at});
+  // An advert for a position ahead (the payload after a header): eager bytes stop short of it.
+  const Advert& a = peerAdv_;
+  if (a.len > 0 && sent_ < a.pos && eagerEnd_ <= a.pos) k = std::min<std::size_t>(k, a.pos - sent_);
   if (zeroCopy(k)) {
     auto posted = postZeroCopy(data, k, remote_.inbox + at, remote_.inboxKey, static_cast<std::uint32_t>(k));
     if (!posted.ok()) return posted.status();
@@ -438,6 +443,8 @@ Result<std::size_t> IbChannel::trySend(const void* data, std::size_t n) {
 bool IbChannel::awaitAdvert() {
   // The peer reads its inbox (it said so last): nothing to wait for.
   if (peerAdv_.pos != kNone && peerAdv_.len == 0) return false;
+  // Its advert is for a position ahead: eager bytes go up to it.
+  if (peerAdv_.pos != kNone && peerAdv_.pos > sent_ && eagerEnd_ <= peerAdv_.pos) return false;
   // It has eager bytes to read first: it advertises only once its inbox is empty.
   if (sent_ - std::max(peerHead_, directEnd_) > kWaitUnread) return false;
   const std::int64_t now = nowUs();
@@ -491,9 +498,11 @@ Result<std::size_t> IbChannel::finishZeroCopy(const void* data, std::size_t n) {
 }
 
 std::span<const std::byte> IbChannel::inboxView() const {
-  if (direct_ > 0) return {};  // the next bytes are in the caller's buffer, not here
+  // Direct bytes start at the advert's position; what comes before it (a header) is here.
+  if (atDirect()) return {};  // the next bytes are in the caller's buffer, not here
+  const std::uint64_t end = direct_ > 0 ? myAdv_.pos : tail_;
   const std::size_t at = static_cast<std::size_t>(head_ % cap_);
-  const std::size_t k = std::min(static_cast<std::size_t>(tail_ - head_), cap_ - at);
+  const std::size_t k = std::min(static_cast<std::size_t>(end - head_), cap_ - at);
   return std::span<const std::byte>(inbox_ + at, k);
 }
 
@@ -515,7 +524,7 @@ Result<std::size_t> IbChannel::tryRecv(void* dst, std::size_t n) {
   if (!error_.ok()) return error_;
   if (n == 0) return std::size_t{0};
   const auto want = reinterpret_cast<std::uint64_t>(dst);
-  if (direct_ > 0 || advMr_) {
+  if (atDirect() || (advMr_ && head_ >= myAdv_.pos)) {
     // An advert is out for this position: its buffer is where the caller goes on (transport.h).
     if (want != myAdv_.addr + (head_ - myAdv_.pos))
       return error_ = protocolError("tryRecv went on into other memory than the buffer it advertised");
@@ -539,44 +548,57 @@ Result<std::size_t> IbChannel::tryRecv(void* dst, std::size_t n) {
     consume(k);
     got += k;
   }
-  if (zcopyBytes_ && !advMr_) {
+  if (zcopyBytes_ && !advMr_ && direct_ == 0) {
     // Advertise where the rest goes, once the inbox is empty: what expect() announced, else this
     // call's remainder. A reader that asks for less than the threshold reads eagerly, and says so:
     // a large sender would otherwise hold its pieces back for an advert that never comes.
     const std::uint64_t at = want + got;
     const bool announced = head_ >= wantPos_ && head_ < wantEnd_ && at == wantAddr_ + (head_ - wantPos_);
     const std::uint64_t len = announced ? wantEnd_ - head_ : n - got;
-    if (!zeroCopy(len)) {
+    // Bytes before an announced payload (its header): expect() chose already for what follows.
+    const bool before = !announced && head_ <= wantPos_ && wantPos_ < wantEnd_;
+    if (before) {
+    } else if (!zeroCopy(len)) {
       advertiseEager();
-    } else if (inboxView().empty()) {
-      advertise(reinterpret_cast<void*>(at), static_cast<std::size_t>(len));
+    } else {
+      advertiseAhead(head_, at, len);
     }
   }
   return got;
 }
 
-void IbChannel::expect(void* dst, std::size_t n) {
+void IbChannel::expect(void* dst, std::size_t n, std::size_t after) {
   if (!zcopyBytes_ || direct_ > 0 || advMr_) return;  // off, or an advert is out already
-  wantPos_ = head_;
-  wantEnd_ = head_ + n;
+  wantPos_ = head_ + after;
+  wantEnd_ = wantPos_ + n;
   wantAddr_ = reinterpret_cast<std::uint64_t>(dst);
   poll();
-  if (error_.ok() && inboxView().empty() && zeroCopy(n)) advertise(dst, n);
+  if (error_.ok() && zeroCopy(n)) advertiseAhead(wantPos_, wantAddr_, n);
 }
 
-void IbChannel::advertise(void* dst, std::size_t n) {
+void IbChannel::advertiseAhead(std::uint64_t pos, std::uint64_t addr, std::uint64_t n) {
+  // From the first of these positions the sender cannot have passed: where they start while none
+  // of them has come; else one ring past what this side has read, as a sender never has more
+  // than a ring unread (it writes eagerly up to there, then into the buffer).
+  const std::uint64_t start = std::max(head_, pos);
+  const std::uint64_t from = tail_ <= start ? start : std::max(pos, head_ + cap_);
+  if (from >= pos + n || !zeroCopy(pos + n - from)) return;
+  advertise(from, reinterpret_cast<void*>(addr + (from - pos)), static_cast<std::size_t>(pos + n - from));
+}
+
+void IbChannel::advertise(std::uint64_t pos, void* dst, std::size_t n) {
   // A registration refused (the memlock limit, memory the device cannot take) only means eager,
   // for the rest of that buffer: it is not asked again at each poll.
-  if (head_ < refusedEnd_) return advertiseEager();
+  if (pos < refusedEnd_) return advertiseEager();
   const std::uint64_t len = std::min<std::uint64_t>(n, kMaxDirect);
   ibv_mr* mr = dev_->verbs->regMr(dev_->pd, dst, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!mr) {
     ++refused_;
-    refusedEnd_ = head_ + len;
+    refusedEnd_ = pos + len;
     return advertiseEager();
   }
   advMr_ = mr;
-  myAdv_ = {head_, reinterpret_cast<std::uint64_t>(dst), len, mr->rkey};
+  myAdv_ = {pos, reinterpret_cast<std::uint64_t>(dst), len, mr->rkey};
   advUnsent_ = true;
   sendCredit();
 }

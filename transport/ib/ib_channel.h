@@ -8,20 +8,25 @@
 // when they are few.
 //
 // Zero copy, for pieces of BRAID_IB_ZCOPY_BYTES and more (off by default: on the verbs emulation
-// it made collectives slower, docs/PERFORMANCE.md). Such a piece is written straight from the
-// caller's memory (registered for that write), and trySend reports it taken once the write has
-// completed. Rendezvous (zero copy on both sides): a receiver that asks for a large piece (tryRecv, or expect) while
-// its inbox is empty registers the destination and advertises it with its credits (the stream
-// position it is for, address, length, rkey). A sender at exactly that position writes the
-// caller's bytes straight into it (the immediate flags such a write), so the bytes cross once.
-// A sender that finds the peer has read (nearly) everything but no advert for its position waits
-// for one a short bounded time (kAdvertWaitUs), then sends eagerly; it does not wait once the
-// peer said "eager", which a reader that peeks (reduce on receive) says when its inbox is empty
-// and its last advert was for a buffer (or it made none yet). An eager write at or past an
-// advert's position voids it on both ends (the stream is in order, so both see the same), which
-// is what keeps a late advert harmless. Registrations are made per message and dropped at its
-// completion: no cache, so nothing can outlive the memory it describes. Completions are polled by the progress path; a waiter sleeps on the
-// completion channel (IbDevice::channel), armed when a poll finds nothing.
+// it made 4-rank all-reduce slower, docs/PERFORMANCE.md). Such a piece is written straight from
+// the caller's memory (registered for that write), and trySend reports it taken once the write
+// has completed. Rendezvous (zero copy on both sides): a receiver that is told where a large
+// payload goes (expect, which the engine calls before it reads the message's header) or asks for
+// a large piece (tryRecv) registers the destination and advertises it with its credits (the
+// stream position it is for, address, length, rkey). The position is the first one the sender
+// cannot have passed: the payload's start while none of it has come, else one ring past what
+// the receiver has read (a sender never has more than a ring unread). A sender before that
+// position writes eagerly up to it; at it, it writes the caller's bytes straight into the
+// advertised buffer (the immediate flags such a write), so the bytes cross once. A sender that
+// finds the peer has read (nearly) everything but no advert for its position waits for one a
+// short bounded time (kAdvertWaitUs), then sends eagerly; it does not wait once the peer said
+// "eager", which a reader that peeks (reduce on receive) says when its inbox is empty and its
+// last advert was for a buffer (or it made none yet). An eager write past an advert's position
+// voids it on both ends (the stream is in order, so both see the same), which is what keeps a
+// late advert harmless. Registrations are made per message and dropped at its completion: no
+// cache, so nothing can outlive the memory it describes. Completions are polled by the progress
+// path; a waiter sleeps on the completion channel (IbDevice::channel), armed when a poll finds
+// nothing for a while.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -73,7 +78,7 @@ class IbChannel final : public Channel {
   Result<std::span<const std::byte>> peek() override;
   void consume(std::size_t n) override;
   Result<std::size_t> tryRecv(void* dst, std::size_t n) override;
-  void expect(void* dst, std::size_t n) override;
+  void expect(void* dst, std::size_t n, std::size_t after) override;
   // Its CQ's event was taken (IbDevice::drainEvents): the CQ is no longer armed.
   void disarm() { armed_ = false; }
   // Bytes received straight into the reader's buffers (rendezvous), of all received so far.
@@ -101,14 +106,19 @@ class IbChannel final : public Channel {
   Result<std::size_t> finishZeroCopy(const void* data, std::size_t n);
   // Sending: whether to hold a large piece back a little for the peer's advert.
   bool awaitAdvert();
-  // Receiving: advertise `dst` for the next n bytes (false if it cannot be registered), or that
-  // this side reads from its inbox.
-  void advertise(void* dst, std::size_t n);  // or, for a refused buffer, advertiseEager()
+  // Receiving: advertise `dst` for the n bytes from stream position `pos` on (head_, or further
+  // on: the payload after a header), or, for a refused buffer, that this side reads its inbox.
+  void advertise(std::uint64_t pos, void* dst, std::size_t n);
   void advertiseEager();
+  // Advertise the part of [pos, pos + n) (at addr on) that the sender cannot have written eagerly
+  // yet, if that part is worth it (BRAID_IB_ZCOPY_BYTES).
+  void advertiseAhead(std::uint64_t pos, std::uint64_t addr, std::uint64_t n);
   void endAdvert();  // the peer will write no more into the advertised buffer
   std::string where() const;  // "ib (DEV:PORT) toward rank R", the start of every error it reports
   Status protocolError(const std::string& what) const;
   std::span<const std::byte> inboxView() const;  // what the inbox holds from head_ on
+  // Whether the bytes at head_ were written into the advertised buffer.
+  bool atDirect() const { return direct_ > 0 && head_ >= myAdv_.pos; }
 
   struct Advert {
     std::uint64_t pos = ~std::uint64_t{0};  // the stream position it is for; ~0: none
@@ -161,7 +171,7 @@ class IbChannel final : public Channel {
   Advert myAdv_;             // the last advert this side made
   ibv_mr* advMr_ = nullptr;  // its buffer's registration, while the peer may still write there
   bool advUnsent_ = false;   // made but not sent yet (the send queue was full)
-  std::uint64_t direct_ = 0; // bytes from head_ on that were written into the advertised buffer
+  std::uint64_t direct_ = 0; // bytes written into the advertised buffer and not read yet (from myAdv_.pos or head_ on)
   std::uint64_t directTotal_ = 0;
   // From expect(): stream positions [wantPos_, wantEnd_) go to wantAddr_ on.
   std::uint64_t wantPos_ = 0, wantEnd_ = 0, wantAddr_ = 0;

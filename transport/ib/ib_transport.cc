@@ -152,6 +152,10 @@ LinkClass IbTransport::linkClass(const PeerInfo& a, const PeerInfo& b) const {
   l.latencyUs = 3;
   l.bytesPerUs = 10000;
   l.minPiece = 64u << 10;
+  // With zero copy a send/recv's piece is one RDMA write into the receiver's buffer: 16 MiB
+  // makes the per-write costs (a registration on each end, a post, a completion) a few percent,
+  // where the ring's 512 KiB made them a third on the emulation (docs/PERFORMANCE.md).
+  if (config_.ibZcopyBytes) l.maxPiece = 16u << 20;
   l.sameHost = a.sameHostAs(b);
   l.sharedMemory = false;
   return l;

@@ -207,6 +207,7 @@ Status Comm::setup(InitParams& p) {
     WaitSources w = t->waitSources();
     if (w.doorbell) waiter_->setDoorbell(w.doorbell);
     for (int fd : w.fds) waiter_->addSocket(fd);
+    for (std::atomic<bool>* f : w.beforeSleep) waiter_->addSleepFlag(f);
     if (!mailbox_) mailbox_ = t->mailbox();
   }
   // The tuner's input and the shared-memory paths' condition, from every pair's link: the same on

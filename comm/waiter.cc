@@ -35,6 +35,7 @@ void Waiter::addSocket(int fd) {
 
 void Waiter::disarm() {
   bell_->sleeping.store(0, std::memory_order_relaxed);
+  for (std::atomic<bool>* f : sleepFlags_) f->store(false, std::memory_order_relaxed);
   armed_ = false;
 }
 
@@ -54,6 +55,13 @@ void Waiter::idle() {
   // that notices and aborts are picked up quickly even without a wake-up.
   long sliceUs = idleFor < 10000 ? 1000 : 20000;
   if (haveSockets_) {
+    if (!armed_ && !sleepFlags_.empty()) {
+      // First the transports that must ask for a wake-up (ib arms its CQs) do so at the caller's
+      // next pass, which also finds what came meanwhile; then the sleep.
+      for (std::atomic<bool>* f : sleepFlags_) f->store(true, std::memory_order_relaxed);
+      armed_ = true;
+      return;
+    }
     epoll_event evs[16];
     // With shared-memory peers too, nobody rings epoll for them: keep the slice at 1 ms.
     epoll_wait(epoll_.get(), evs, 16, bell_ != &ownBell_ ? 1 : static_cast<int>(sliceUs / 1000));

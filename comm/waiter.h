@@ -3,6 +3,7 @@
 // epoll (tcp peers). Slices stay short so that errors from the control plane and aborts are seen
 // within milliseconds even if nobody rings.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -18,6 +19,8 @@ class Waiter {
   void setDoorbell(Doorbell* mine) { bell_ = mine; }
   Doorbell* doorbell() { return bell_; }
   void addSocket(int fd);
+  // Raised before a sleep on the sockets, lowered when something moves (WaitSources::beforeSleep).
+  void addSleepFlag(std::atomic<bool>* flag) { sleepFlags_.push_back(flag); }
 
   // The last pass moved nothing: wait a little, according to how long nothing has moved. Before
   // the first sleep it only announces the sleep and returns, so that the caller checks its rings
@@ -37,6 +40,7 @@ class Waiter {
   net::Fd epoll_;
   net::Fd eventFd_;
   bool haveSockets_ = false;
+  std::vector<std::atomic<bool>*> sleepFlags_;
   void disarm();
   bool armed_ = false;
   std::uint32_t armedSeq_ = 0;

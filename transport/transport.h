@@ -6,6 +6,7 @@
 // caller or its progress thread). No method blocks; waiting is the Waiter's job (comm/waiter.h).
 #pragma once
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -131,6 +132,10 @@ struct SetupContext;
 struct WaitSources {
   Doorbell* doorbell = nullptr;
   std::vector<int> fds;
+  // Flags the waiter raises just before it sleeps on fds (and lowers once anything moved). A
+  // transport whose fds become readable only once asked (ib arms its completion queues) asks at
+  // its next poll while its flag is up: the waiter makes one more pass before it sleeps.
+  std::vector<std::atomic<bool>*> beforeSleep;
 };
 
 // A way to reach peers. The communicator holds one of each kind the registry lists

@@ -27,9 +27,6 @@ constexpr std::uint64_t kMaxDirect = 1u << 30;     // the most one such write (o
 constexpr std::int64_t kAdvertWaitUs = 100;
 constexpr std::uint64_t kWaitUnread = 4096;
 constexpr std::uint64_t kNone = ~std::uint64_t{0};
-// How long a channel's CQ stays unarmed after its last completion: well inside the time the
-// waiter spins and yields before it blocks (comm/waiter.cc: 250 us, 2 ms oversubscribed).
-constexpr std::int64_t kArmAfterUs = 20;
 
 constexpr std::uint64_t kCheck = 0x9e3779b97f4a7c15ull;
 
@@ -265,20 +262,15 @@ void IbChannel::poll() {
   if (!error_.ok()) return;
   ibv_wc wcs[32];
   int n = cq_->context->ops.poll_cq(cq_, 32, wcs);
-  if (n == 0 && !armed_) {
-    // Nothing for a while: arm the CQ so that a waiter sleeping on the channel wakes at the next
-    // completion, then look once more (a completion may have come in between). Not at the first
-    // empty poll: an armed CQ costs an event per completion (on the emulation, a system call on
-    // each end), and the waiter spins and yields for hundreds of microseconds before it sleeps.
-    const std::int64_t now = nowUs();
-    if (quietSinceUs_ == 0) quietSinceUs_ = now;
-    if (now - quietSinceUs_ >= kArmAfterUs) {
-      cq_->context->ops.req_notify_cq(cq_, 0);
-      armed_ = true;
-      n = cq_->context->ops.poll_cq(cq_, 32, wcs);
-    }
+  if (n == 0 && !armed_ && dev_->sleepSoon.load(std::memory_order_relaxed)) {
+    // The waiter is about to sleep on the channel: arm the CQ so that the next completion wakes
+    // it, then look once more (one may have come in between). Only then: an armed CQ costs an
+    // event per completion (on the emulation, a system call on each end), and between the pieces
+    // of a stream the waiter spins and yields instead of sleeping.
+    cq_->context->ops.req_notify_cq(cq_, 0);
+    armed_ = true;
+    n = cq_->context->ops.poll_cq(cq_, 32, wcs);
   }
-  if (n > 0) quietSinceUs_ = 0;
   if (n > 0 && armed_) {
     armed_ = false;
     dev_->drainEvents();

@@ -46,6 +46,9 @@ struct IbDevice {
   ibv_context* ctx = nullptr;
   ibv_pd* pd = nullptr;
   ibv_comp_channel* channel = nullptr;  // nonblocking; every CQ's events
+  // Raised by the waiter before it sleeps on `channel`: a channel's poll that finds nothing arms
+  // its CQ then (WaitSources::beforeSleep). Not before: an armed CQ costs an event per completion.
+  std::atomic<bool> sleepSoon{false};
   ~IbDevice();
   // Takes and acknowledges every event queued on the channel.
   void drainEvents();
@@ -144,7 +147,6 @@ class IbChannel final : public Channel {
   IbEndpoint remote_{};
   std::uint32_t maxInline_ = 0;
   bool armed_ = false;
-  std::int64_t quietSinceUs_ = 0;  // when polls started finding nothing (0: the last one found some)
   Status error_;
 
   // Sending: positions in the byte stream (the peer's inbox holds sent_ - peerHead_ of them).

@@ -165,7 +165,10 @@ WaitSources IbTransport::waitSources() const {
   WaitSources w;
   // Only with ib peers: a socket to wait on makes the waiter poll in slices instead of sleeping
   // on the shm doorbell.
-  if (device_ && connected_) w.fds.push_back(device_->channel->fd);
+  if (device_ && connected_) {
+    w.fds.push_back(device_->channel->fd);
+    w.beforeSleep.push_back(&device_->sleepSoon);
+  }
   return w;
 }
 

@@ -26,7 +26,7 @@ class ShmTransport final : public Transport {
   LinkClass linkClass(const PeerInfo& a, const PeerInfo& b) const override;
   // Connections to `peers`, all on this host and all having chosen shm with this rank.
   Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx, const std::vector<int>& peers) override;
-  WaitSources waitSources() const override { return {myBell_, {}}; }
+  WaitSources waitSources() const override { return {myBell_, {}, {}}; }
   // What a communicator of `nranks` ranks, `localRanks` of them on this host, holds in this
   // host's /dev/shm: the host's doorbell segment and one segment per pair of local ranks.
   static std::size_t hostBytes(const Config& config, int nranks, int localRanks);

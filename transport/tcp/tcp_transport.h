@@ -25,7 +25,7 @@ class TcpTransport final : public Transport {
   // Between ranks of one host with BRAID_TCP_CONGESTION=auto, loopback under reno: one stream does best.
   LinkClass linkClass(const PeerInfo& a, const PeerInfo& b) const override;
   Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx, const std::vector<int>& peers) override;
-  WaitSources waitSources() const override { return {nullptr, fds_}; }
+  WaitSources waitSources() const override { return {nullptr, fds_, {}}; }
 
  private:
   Config config_;

@@ -1,6 +1,7 @@
 // In-process unit tests of the pieces under the communicator: config parsing, interface matching,
 // unique ids, fingerprints, partitioning, the tuner, and the rendezvous store.
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include "comm/bootstrap/init.h"
 #include "comm/bootstrap/store.h"
 #include "comm/tuner.h"
+#include "comm/waiter.h"
 #include "tests/common/harness.h"
 #include "topology/topology.h"
 #include "transport/registry.h"
@@ -502,6 +504,27 @@ TEST(Tuner, SendRecvOverIbWithZeroCopyTakesTheLinksLargestPiece) {
   EXPECT_EQ(eager.maxPiece, 0u);
   EXPECT_EQ(tune({CollKind::kSendRecv, 64u << 20, 2, 1, eager}, c).chunk, c.buffSize / 2);
   EXPECT_EQ(LinkClass::slower(zc, eager).maxPiece, 0u);
+}
+
+// A waiter with sockets raises the transports' before-sleep flags (ib arms its CQs on them) one
+// pass before it sleeps, not while it spins and yields, and lowers them once something moved.
+TEST(Waiter, RaisesSleepFlagsOnlyBeforeItSleepsOnSockets) {
+  Waiter w(0, false);
+  const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  w.addSocket(fd);
+  std::atomic<bool> flag{false};
+  w.addSleepFlag(&flag);
+  w.idle();  // the first idle pass yields: far from a sleep
+  EXPECT_FALSE(flag.load());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!flag.load() && std::chrono::steady_clock::now() < until) w.idle();
+  EXPECT_TRUE(flag.load());
+  w.idle();  // the sleep itself (one short slice): the flag stays up while asleep
+  EXPECT_TRUE(flag.load());
+  w.progressed();
+  EXPECT_FALSE(flag.load());
+  ::close(fd);
 }
 
 // Across hosts of equal size the tuner takes the hierarchical all-reduce and all-gather for large

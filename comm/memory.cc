@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "comm/base/owned_memory.h"
 #include "comm/base/socket.h"
 
 namespace braid::mem {
@@ -37,9 +38,17 @@ std::uint64_t nextId() {
   return salt ^ (++counter * 0x9e3779b97f4a7c15ull);
 }
 
+std::optional<owned::Range> lookupOwned(const void* p, std::size_t n) {
+  auto a = find(p, n);
+  if (!a) return std::nullopt;
+  return owned::Range{a->base, a->bytes, a->id};
+}
+
 }  // namespace
 
 Status allocate(void** ptr, std::size_t bytes) {
+  static const bool hooked = (owned::setLookup(&lookupOwned), true);  // transports ask through it
+  (void)hooked;
   if (!ptr) return Status::InvalidArgument("braidMemAlloc: ptr is NULL");
   if (bytes == 0) return Status::InvalidArgument("braidMemAlloc: zero bytes");
   int fd = memfd_create("braid-mem", MFD_CLOEXEC);
@@ -78,6 +87,7 @@ Status release(void* ptr) {
     a = it->second;
     registry().erase(it);
   }
+  owned::releasing(a.id);  // what transports keep for it (ib registrations) goes first
   munmap(a.base, a.bytes);
   ::close(a.fd);
   return Status::Ok();

@@ -114,6 +114,7 @@ struct Counts {
   // What the NIC met as a requester (fakeibv_stats): RNR NAKs, requests that got no response
   // (each counted once), remote access errors.
   std::atomic<int> rnrNaks{0}, noResponse{0}, accessErrors{0};
+  std::atomic<int> registrations{0};  // memory regions registered in all (mr counts the live ones)
 };
 Counts& counts();
 

@@ -362,8 +362,8 @@ FIBV_EXPORT int fakeibv_live(char* out, std::size_t n) {
 // tests can tell that an injected fault happened.
 FIBV_EXPORT int fakeibv_stats(char* out, std::size_t n) {
   Counts& c = counts();
-  return std::snprintf(out, n, "rnr_naks=%d no_response=%d access_errors=%d", c.rnrNaks.load(), c.noResponse.load(),
-                       c.accessErrors.load());
+  return std::snprintf(out, n, "rnr_naks=%d no_response=%d access_errors=%d registrations=%d", c.rnrNaks.load(),
+                       c.noResponse.load(), c.accessErrors.load(), c.registrations.load());
 }
 
 // FAKEIBV_REPORT=FILE: at exit, append "PID live ..." to FILE, so a test can check that a program

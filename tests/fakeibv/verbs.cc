@@ -295,6 +295,7 @@ FIBV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, std::size_t length,
     m->mr.lkey = key;
     m->mr.rkey = key;
     counts().mr++;
+    counts().registrations++;
     return &m->mr;
   }
   std::lock_guard<std::mutex> g(registry);

@@ -449,6 +449,61 @@ TEST_F(IbZeroCopy, EngineShapedMessagesGoInPlaceEvenWhenTheReaderIsLate) {
   EXPECT_EQ(dynamic_cast<IbChannel&>(tx()).heldBack(), 1u);
 }
 
+// braidMemAlloc memory is registered once per allocation, at its first use, and that registration
+// serves every later message until braidMemFree drops it; the next allocation (maybe at the same
+// address) is registered anew. Other memory is registered per message (the tests above).
+TEST_F(IbZeroCopy, BraidMemoryIsRegisteredOnceAndDroppedAtItsFree) {
+  const std::size_t n = (2u << 20) + 5;
+  const auto liveMrs = [] {
+    const std::string s = liveVerbsObjects();
+    const std::size_t at = s.find(" mr=");
+    return at == std::string::npos ? -1 : std::atoi(s.c_str() + at + 4);
+  };
+  const auto move = [&](const std::byte* src, std::byte* dst) -> std::string {
+    rx().expect(dst, n, 0);
+    std::size_t sent = 0, recvd = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (recvd < n) {
+      if (std::chrono::steady_clock::now() > deadline) return "stuck at " + std::to_string(recvd);
+      if (sent < n) {
+        auto k = tx().trySend(src + sent, n - sent);
+        if (!k.ok()) return k.status().toString();
+        sent += *k;
+      }
+      auto k = rx().tryRecv(dst + recvd, n - recvd);
+      if (!k.ok()) return k.status().toString();
+      recvd += *k;
+    }
+    return std::memcmp(src, dst, n) == 0 ? "" : "bytes differ";
+  };
+  const int liveBefore = liveMrs();
+  ASSERT_GE(liveBefore, 0);
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("allocation " + std::to_string(round));
+    void *s = nullptr, *d = nullptr;
+    ASSERT_EQ(braidMemAlloc(&s, n), braidSuccess);
+    ASSERT_EQ(braidMemAlloc(&d, n), braidSuccess);
+    auto* src = static_cast<std::byte*>(s);
+    auto* dst = static_cast<std::byte*>(d);
+    for (std::size_t i = 0; i < n; ++i) src[i] = static_cast<std::byte>((i * 131 + 7 * round) % 251);
+    const int regBefore = emulationStat("registrations");
+    const std::uint64_t directBefore = direct();
+    for (int m = 0; m < 5; ++m) {
+      std::memset(dst, 0, n);
+      ASSERT_EQ(move(src, dst), "") << "message " << m;
+    }
+    EXPECT_EQ(emulationStat("registrations") - regBefore, 2);  // one per buffer, not per message
+    EXPECT_EQ(direct() - directBefore, 5 * n);                 // and every payload in place
+    EXPECT_EQ(liveMrs(), liveBefore + 2);
+    // Each end's device keeps its own: the reader's for dst, the sender's for src.
+    EXPECT_EQ(dynamic_cast<IbChannel&>(rx()).ownedRegistrations(), 1u);
+    EXPECT_EQ(dynamic_cast<IbChannel&>(tx()).ownedRegistrations(), 1u);
+    EXPECT_EQ(braidMemFree(d), braidSuccess);
+    EXPECT_EQ(braidMemFree(s), braidSuccess);
+    EXPECT_EQ(liveMrs(), liveBefore);  // the free dropped both
+  }
+}
+
 TEST_F(IbZeroCopy, ReceivingIntoOtherMemoryThanAdvertisedIsAnError) {
   std::vector<std::byte> a(1u << 20), b(1u << 20);
   auto k = rx().tryRecv(a.data(), a.size());  // nothing sent: it advertises `a`

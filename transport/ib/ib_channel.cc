@@ -1,6 +1,7 @@
 #include "transport/ib/ib_channel.h"
 
 #include "comm/base/deadline.h"
+#include "comm/base/owned_memory.h"
 
 #include <arpa/inet.h>
 #include <sys/resource.h>
@@ -69,9 +70,44 @@ struct IbChannel::Credit {
 };
 
 IbDevice::~IbDevice() {
+  if (listenToken_) owned::unlisten(listenToken_);
+  for (auto& [id, mr] : owned_) verbs->deregMr(mr);
   if (pd) verbs->deallocPd(pd);
   if (channel) verbs->destroyCompChannel(channel);
   if (ctx) verbs->closeDevice(ctx);
+}
+
+void IbDevice::keepOwnedRegistrations() {
+  listenToken_ = owned::listen([this](std::uint64_t id) {
+    std::lock_guard<std::mutex> g(ownedMu_);
+    refusedOwned_.erase(id);
+    auto it = owned_.find(id);
+    if (it == owned_.end()) return;
+    verbs->deregMr(it->second);
+    owned_.erase(it);
+  });
+}
+
+ibv_mr* IbDevice::ownedMr(const void* p, std::size_t n) {
+  if (!listenToken_) return nullptr;  // nothing would drop them: register per use
+  auto range = owned::find(p, n);
+  if (!range) return nullptr;
+  std::lock_guard<std::mutex> g(ownedMu_);
+  if (auto it = owned_.find(range->id); it != owned_.end()) return it->second;
+  if (refusedOwned_.count(range->id)) return nullptr;
+  ibv_mr* mr = verbs->regMr(pd, const_cast<void*>(range->base), range->bytes,
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!mr) {
+    refusedOwned_.insert(range->id);
+    return nullptr;
+  }
+  owned_[range->id] = mr;
+  return mr;
+}
+
+std::uint64_t IbDevice::ownedRegistrations() const {
+  std::lock_guard<std::mutex> g(ownedMu_);
+  return owned_.size();
 }
 
 void IbDevice::drainEvents() {
@@ -153,7 +189,7 @@ IbChannel::~IbChannel() {
   const Verbs& v = *dev_->verbs;
   if (qp_) v.destroyQp(qp_);
   if (zc_.mr) v.deregMr(zc_.mr);  // after the QP: nothing reads or writes them any more
-  if (advMr_) v.deregMr(advMr_);
+  if (advMr_ && !advKept_) v.deregMr(advMr_);
   if (ctlMr_) v.deregMr(ctlMr_);
   if (outboxMr_) v.deregMr(outboxMr_);
   if (inboxMr_) v.deregMr(inboxMr_);
@@ -450,9 +486,11 @@ bool IbChannel::awaitAdvert() {
 
 Result<bool> IbChannel::postZeroCopy(const void* data, std::size_t k, std::uint64_t remote, std::uint32_t rkey,
                                      std::uint32_t imm) {
-  // Local access only: the NIC reads these bytes. A registration refused (the memlock limit, or
-  // memory the device cannot take) is no error: the piece goes through the outbox instead.
-  ibv_mr* mr = dev_->verbs->regMr(dev_->pd, const_cast<void*>(data), k, 0);
+  // braidMemAlloc memory has a registration kept for it; other memory is registered for this
+  // write, local access only (the NIC reads these bytes). A registration refused (the memlock
+  // limit, or memory the device cannot take) is no error: the piece goes through the outbox.
+  ibv_mr* kept = dev_->ownedMr(data, k);
+  ibv_mr* mr = kept ? kept : dev_->verbs->regMr(dev_->pd, const_cast<void*>(data), k, 0);
   if (!mr) return false;
   ibv_sge sge{reinterpret_cast<std::uint64_t>(data), static_cast<std::uint32_t>(k), mr->lkey};
   ibv_send_wr wr{};
@@ -466,11 +504,11 @@ Result<bool> IbChannel::postZeroCopy(const void* data, std::size_t k, std::uint6
   wr.wr_id = sent_ + k;
   Status s = post(wr);
   if (!s.ok()) {
-    dev_->verbs->deregMr(mr);
+    if (!kept) dev_->verbs->deregMr(mr);
     return error_ = s;
   }
   sent_ += k;
-  zc_ = {data, k, sent_, mr};
+  zc_ = {data, k, sent_, kept ? nullptr : mr};
   poll();  // an emulated (or very fast) write may have completed already
   return true;
 }
@@ -483,7 +521,7 @@ Result<std::size_t> IbChannel::finishZeroCopy(const void* data, std::size_t n) {
     return error_ = protocolError("trySend went on from other bytes while a zero-copy write of " +
                                   std::to_string(zc_.bytes) + " bytes from the last ones was in flight");
   if (acked_ < zc_.end) return std::size_t{0};
-  dev_->verbs->deregMr(zc_.mr);
+  if (zc_.mr) dev_->verbs->deregMr(zc_.mr);
   const std::size_t k = zc_.bytes;
   zc_ = {};
   return k;
@@ -583,13 +621,15 @@ void IbChannel::advertise(std::uint64_t pos, void* dst, std::size_t n) {
   // for the rest of that buffer: it is not asked again at each poll.
   if (pos < refusedEnd_) return advertiseEager();
   const std::uint64_t len = std::min<std::uint64_t>(n, kMaxDirect);
-  ibv_mr* mr = dev_->verbs->regMr(dev_->pd, dst, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_mr* kept = dev_->ownedMr(dst, len);
+  ibv_mr* mr = kept ? kept : dev_->verbs->regMr(dev_->pd, dst, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!mr) {
     ++refused_;
     refusedEnd_ = pos + len;
     return advertiseEager();
   }
   advMr_ = mr;
+  advKept_ = kept != nullptr;
   myAdv_ = {pos, reinterpret_cast<std::uint64_t>(dst), len, mr->rkey};
   advUnsent_ = true;
   sendCredit();
@@ -605,7 +645,7 @@ void IbChannel::advertiseEager() {
 }
 
 void IbChannel::endAdvert() {
-  dev_->verbs->deregMr(advMr_);
+  if (!advKept_) dev_->verbs->deregMr(advMr_);  // a kept one stays until braidMemFree
   advMr_ = nullptr;
 }
 

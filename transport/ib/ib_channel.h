@@ -28,8 +28,12 @@
 // path; a waiter sleeps on the completion channel (IbDevice::channel), armed when a poll finds
 // nothing for a while.
 #pragma once
+#include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,6 +45,9 @@ namespace braid {
 
 // One opened port with the objects every channel on it shares.
 struct IbDevice {
+  IbDevice() = default;
+  IbDevice(const IbDevice&) = delete;
+  IbDevice& operator=(const IbDevice&) = delete;
   std::shared_ptr<const Verbs> verbs;
   IbPort port;
   ibv_context* ctx = nullptr;
@@ -50,8 +57,20 @@ struct IbDevice {
   // its CQ then (WaitSources::beforeSleep). Not before: an armed CQ costs an event per completion.
   std::atomic<bool> sleepSoon{false};
   ~IbDevice();
+  // braidMemAlloc memory's registrations: one per allocation (local and remote write, over all of
+  // it), made at its first use and kept until braidMemFree, which drops it (owned::listen). Null
+  // if [p, p + n) is not such memory or the device refused it; the caller then registers per use.
+  ibv_mr* ownedMr(const void* p, std::size_t n);
+  void keepOwnedRegistrations();  // once the PD exists: listens for frees
+  std::uint64_t ownedRegistrations() const;  // how many are kept now
   // Takes and acknowledges every event queued on the channel.
   void drainEvents();
+
+ private:
+  mutable std::mutex ownedMu_;
+  std::map<std::uint64_t, ibv_mr*> owned_;  // by allocation id
+  std::set<std::uint64_t> refusedOwned_;  // ids the device refused: not asked again
+  std::uint64_t listenToken_ = 0;
 };
 
 // What the peer's channel needs to reach this one.
@@ -88,6 +107,8 @@ class IbChannel final : public Channel {
   std::uint64_t directBytes() const { return directTotal_; }
   // How often this sender held a large piece back for the peer's advert (at most kAdvertWaitUs).
   std::uint64_t heldBack() const { return heldBack_; }
+  // How many braidMemAlloc registrations this channel's device keeps (IbDevice::ownedMr).
+  std::uint64_t ownedRegistrations() const { return dev_->ownedRegistrations(); }
   // How many of this reader's adverts the device refused to register.
   std::uint64_t refusedAdverts() const { return refused_; }
 
@@ -157,7 +178,7 @@ class IbChannel final : public Channel {
     const void* data = nullptr;  // the caller's bytes being written; null when none
     std::size_t bytes = 0;
     std::uint64_t end = 0;       // the stream position after them (complete once acked_ reaches it)
-    ibv_mr* mr = nullptr;
+    ibv_mr* mr = nullptr;        // its registration for this write (null: the device keeps one)
   } zc_;
   Advert peerAdv_;                         // the peer's latest advert
   std::uint64_t eagerEnd_ = 0, directEnd_ = 0;  // where this side's last eager / direct write ended
@@ -172,6 +193,7 @@ class IbChannel final : public Channel {
   std::uint64_t creditedHead_ = 0, creditedPosted_ = 0;
   Advert myAdv_;             // the last advert this side made
   ibv_mr* advMr_ = nullptr;  // its buffer's registration, while the peer may still write there
+  bool advKept_ = false;     // that registration is braidMemAlloc memory's, kept by the device
   bool advUnsent_ = false;   // made but not sent yet (the send queue was full)
   std::uint64_t direct_ = 0; // bytes written into the advertised buffer and not read yet (from myAdv_.pos or head_ on)
   std::uint64_t directTotal_ = 0;

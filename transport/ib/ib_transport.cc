@@ -119,6 +119,7 @@ Result<std::string> IbTransport::localAddress(const std::string&) {
   d->channel = d->pd ? verbs_->createCompChannel(d->ctx) : nullptr;
   if (!d->channel) return Status::SystemError("ib: " + port.device + ": cannot make a protection domain and completion channel: " + std::strerror(errno));
   ::fcntl(d->channel->fd, F_SETFL, ::fcntl(d->channel->fd, F_GETFL) | O_NONBLOCK);
+  d->keepOwnedRegistrations();
   device_ = d;
   IbAddress a;
   a.device = port.device;

@@ -23,10 +23,11 @@
 // "eager", which a reader that peeks (reduce on receive) says when its inbox is empty and its
 // last advert was for a buffer (or it made none yet). An eager write past an advert's position
 // voids it on both ends (the stream is in order, so both see the same), which is what keeps a
-// late advert harmless. Registrations are made per message and dropped at its completion: no
-// cache, so nothing can outlive the memory it describes. Completions are polled by the progress
-// path; a waiter sleeps on the completion channel (IbDevice::channel), armed when a poll finds
-// nothing for a while.
+// late advert harmless. braidMemAlloc memory is registered once per allocation and kept until its
+// free (IbDevice::ownedMr); other memory is registered per message and dropped at its completion,
+// so nothing can outlive the memory it describes. Completions are polled by the progress
+// path; a waiter sleeps on the completion channel (IbDevice::channel), armed on the pass before
+// it sleeps (IbDevice::sleepSoon).
 #pragma once
 #include <atomic>
 #include <cstdint>

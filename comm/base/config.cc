@@ -100,8 +100,17 @@ const Row kRows[] = {
      BRAID_ASSIGN_INT(ibTimeout, 1, 31)},
     {"BRAID_IB_RETRY_CNT", "7", "ib retries after a try gets no acknowledgement, 0 to 7",
      BRAID_ASSIGN_INT(ibRetryCnt, 0, 7)},
-    {"BRAID_IB_ZCOPY_BYTES", "0", "ib pieces of at least this many bytes go zero copy: written from the caller's memory, straight into the receiver's buffer when it advertised one (rendezvous); 0: off, every piece staged through the rings",
-     BRAID_ASSIGN_SIZE(ibZcopyBytes)},
+    {"BRAID_IB_ZCOPY_BYTES", "auto", "ib pieces of at least this many bytes go zero copy: written from the caller's memory, straight into the receiver's buffer when it advertised one (rendezvous); auto: pieces of more than half the inbox (BRAID_BUFFSIZE), which only send/recv hands the channel, so collectives stay staged; 0: off, every piece staged through the rings",
+     [](Config& c, const std::string& s) -> Status {
+       if (s == "auto") {
+         c.ibZcopyBytes = Config::kZcopyAuto;
+         return Status::Ok();
+       }
+       auto v = parseSize(s);
+       if (!v.ok()) return v.status();
+       c.ibZcopyBytes = *v;
+       return Status::Ok();
+     }},
     {"BRAID_SOCKET_IFNAME", "", "interfaces for tcp: prefixes (eth,ib), ^ before the list excludes (^docker,lo), = before it matches exactly (=eth0)",
      [](Config& c, const std::string& s) -> Status { c.socketIfname = s; return Status::Ok(); }},
     {"BRAID_SOCKET_BIND_ALL", "0", "1: listeners (store, tcp) bind to every address (0.0.0.0), not only the chosen interface's",

@@ -22,7 +22,9 @@ struct Config {
   int ibGidIndex = -1;               // BRAID_IB_GID_INDEX (-1: chosen per port)
   int ibTimeout = 16;                // BRAID_IB_TIMEOUT (4.096 us x 2^N per try)
   int ibRetryCnt = 7;                // BRAID_IB_RETRY_CNT
-  std::size_t ibZcopyBytes = 0;      // BRAID_IB_ZCOPY_BYTES (0: no zero-copy pieces)
+  // BRAID_IB_ZCOPY_BYTES (0: no zero-copy pieces; kZcopyAuto: more than half the channel's inbox)
+  static constexpr std::size_t kZcopyAuto = ~std::size_t{0};
+  std::size_t ibZcopyBytes = kZcopyAuto;
   std::string socketIfname;          // BRAID_SOCKET_IFNAME
   bool socketBindAll = false;        // BRAID_SOCKET_BIND_ALL
   std::string tcpCongestion = "auto";  // BRAID_TCP_CONGESTION

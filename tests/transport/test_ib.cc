@@ -335,9 +335,28 @@ class IbZeroCopyOff : public IbZeroCopy {
   std::size_t zcopyBytes() const override { return 0; }
 };
 
-TEST_F(IbZeroCopyOff, EveryPieceGoesThroughTheRingsByDefault) {
+TEST_F(IbZeroCopyOff, EveryPieceGoesThroughTheRings) {
   EXPECT_EQ(transfer(tx(), rx(), (4u << 20) + 5, {1u << 20, 65537}, {1u << 20, 0}), "");
   EXPECT_EQ(direct(), 0u);
+}
+
+// The default: pieces of at most half the inbox (what the tuner gives collectives) go through
+// the rings; larger ones (send/recv's) are written in place.
+class IbZeroCopyAuto : public IbZeroCopy {
+  std::size_t zcopyBytes() const override { return Config::kZcopyAuto; }
+};
+
+TEST_F(IbZeroCopyAuto, OnlyPiecesOfMoreThanHalfTheInboxGoInPlace) {
+  Config c;
+  const std::size_t from = IbChannel::zeroCopyFrom(c, c.buffSize);
+  ASSERT_GT(from, c.buffSize / 2);
+  ASSERT_LE(from, c.buffSize);
+  const std::size_t half = c.buffSize / 2;
+  EXPECT_EQ(transfer(tx(), rx(), 8 * half + 5, {half}, {half}), "");
+  EXPECT_EQ(direct(), 0u);
+  const std::size_t n = 4 * from + 3;
+  EXPECT_EQ(transfer(tx(), rx(), n, {n}, {n}), "");
+  EXPECT_GT(direct(), n / 2);
 }
 
 TEST_F(IbZeroCopy, LargeReceivesAreWrittenInPlace) {

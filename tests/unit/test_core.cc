@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <thread>
 
 #include "braid/braid.h"
@@ -23,6 +24,7 @@
 #include "comm/waiter.h"
 #include "tests/common/harness.h"
 #include "topology/topology.h"
+#include "transport/ib/ib_channel.h"
 #include "transport/registry.h"
 #include "comm/base/socket.h"
 
@@ -74,6 +76,25 @@ TEST(Config, EveryRowIsDocumented) {
   for (auto& r : rows) {
     EXPECT_EQ(std::string(r.name).rfind("BRAID_", 0), 0u);
     EXPECT_GT(std::string(r.meaning).size(), 10u) << r.name;
+  }
+}
+
+// docs/ENVIRONMENT.md has one row per variable, with the table's default ("(unset)" for none).
+TEST(Config, TheEnvironmentDocGivesEveryVariableItsDefault) {
+  std::ifstream doc(BRAID_SOURCE_ROOT "/docs/ENVIRONMENT.md");
+  ASSERT_TRUE(doc) << BRAID_SOURCE_ROOT "/docs/ENVIRONMENT.md";
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(doc, l);) lines.push_back(l);
+  for (auto& r : describeConfig()) {
+    const std::string head = std::string("| `") + r.name + "` | ";
+    const std::string def = *r.defaultValue ? std::string("`") + r.defaultValue + "` |" : std::string("(unset) |");
+    int rows = 0;
+    for (auto& l : lines)
+      if (l.rfind(head, 0) == 0) {
+        ++rows;
+        EXPECT_EQ(l.compare(head.size(), def.size(), def), 0) << r.name << " documented as: " << l.substr(0, 80);
+      }
+    EXPECT_EQ(rows, 1) << r.name;
   }
 }
 
@@ -504,6 +525,16 @@ TEST(Tuner, SendRecvOverIbWithZeroCopyTakesTheLinksLargestPiece) {
   EXPECT_EQ(eager.maxPiece, 0u);
   EXPECT_EQ(tune({CollKind::kSendRecv, 64u << 20, 2, 1, eager}, c).chunk, c.buffSize / 2);
   EXPECT_EQ(LinkClass::slower(zc, eager).maxPiece, 0u);
+  // By default (auto) only send/recv's pieces reach the channel's zero-copy size: collectives'
+  // stay at most half the inbox, and go through the rings.
+  c.ibZcopyBytes = Config::kZcopyAuto;
+  const LinkClass def = linkOfIb(c);
+  const std::size_t from = IbChannel::zeroCopyFrom(c, c.buffSize);
+  EXPECT_GE(tune({CollKind::kSendRecv, 64u << 20, 2, 1, def}, c).chunk, from);
+  for (CollKind k : {CollKind::kAllReduce, CollKind::kAllGather, CollKind::kReduceScatter, CollKind::kBroadcast,
+                     CollKind::kReduce})
+    for (std::size_t bytes : {std::size_t{1} << 20, std::size_t{64} << 20, std::size_t{1} << 30})
+      for (int n : {2, 4, 8}) EXPECT_LT(tune({k, bytes, n, 1, def}, c).chunk, from) << int(k) << " " << bytes << " " << n;
 }
 
 // A waiter with sockets raises the transports' before-sleep flags (ib arms its CQs on them) one

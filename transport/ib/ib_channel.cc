@@ -202,6 +202,14 @@ IbChannel::~IbChannel() {
   std::free(ctl_);
 }
 
+std::size_t IbChannel::zeroCopyFrom(const Config& config, std::size_t cap) {
+  // auto: more than half the inbox. The tuner hands collectives pieces of at most half of it
+  // (comm/tuner.cc), so only send/recv's larger pieces go zero copy: the rings' receivers copy
+  // on (reduce, forward), and on a busy host the sender's wait for their adverts cost more than
+  // the copy saved (docs/PERFORMANCE.md).
+  return config.ibZcopyBytes == Config::kZcopyAuto ? cap / 2 + 1 : config.ibZcopyBytes;
+}
+
 IbEndpoint IbChannel::endpoint() const {
   IbEndpoint e;
   e.qpn = qp_->qp_num;
@@ -215,7 +223,7 @@ IbEndpoint IbChannel::endpoint() const {
 
 Status IbChannel::connect(const IbEndpoint& remote, const IbRemotePort& port, const Config& config) {
   remote_ = remote;
-  zcopyBytes_ = config.ibZcopyBytes;
+  zcopyBytes_ = zeroCopyFrom(config, cap_);
   const Verbs& v = *dev_->verbs;
   const IbPort& me = dev_->port;
   ibv_qp_attr a{};

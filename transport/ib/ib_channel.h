@@ -7,8 +7,9 @@
 // The sender stages its bytes in an outbox that mirrors the peer's inbox, or sends them inline
 // when they are few.
 //
-// Zero copy, for pieces of BRAID_IB_ZCOPY_BYTES and more (off by default: on the verbs emulation
-// it made 4-rank all-reduce slower, docs/PERFORMANCE.md). Such a piece is written straight from
+// Zero copy, for pieces of BRAID_IB_ZCOPY_BYTES and more (by default those of more than half the
+// inbox, which only send/recv hands a channel: on the verbs emulation zero copy made 4-rank
+// all-reduce slower, docs/PERFORMANCE.md, and 2-process streaming twice as fast). Such a piece is written straight from
 // the caller's memory (registered for that write), and trySend reports it taken once the write
 // has completed. Rendezvous (zero copy on both sides): a receiver that is told where a large
 // payload goes (expect, which the engine calls before it reads the message's header) or asks for
@@ -92,6 +93,8 @@ struct IbRemotePort {
 class IbChannel final : public Channel {
  public:
   static Result<std::unique_ptr<IbChannel>> create(std::shared_ptr<IbDevice> dev, int peer, std::size_t cap);
+  // The smallest piece that goes zero copy on a channel with a `cap`-byte inbox (0: none does).
+  static std::size_t zeroCopyFrom(const Config& config, std::size_t cap);
   ~IbChannel() override;
   IbEndpoint endpoint() const;
   // INIT -> RTR -> RTS toward the peer's channel.

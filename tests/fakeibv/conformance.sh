@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Real verbs programs that no one here wrote, unmodified, over the emulation: Debian's
 # ibv_rc_pingpong (ibverbs-utils: SEND/RECV, completion channels) and perftest's ib_write_bw and
-# ib_write_lat (RDMA WRITE; the latency test spins on the last byte the peer writes) and
-# ib_read_bw, each as a server and a client process on this machine. Every run must succeed, and
+# ib_write_lat (RDMA WRITE; the latency test spins on the last byte the peer writes), ib_write_bw
+# --odp (on-demand paging) and ib_read_bw, each as a server and a client process on this machine. Every run must succeed, and
 # each process must end holding no verbs object (FAKEIBV_REPORT). Exit 77 (skip) when the programs
 # are not installed.
 #   tests/fakeibv/conformance.sh FAKEIBV_BUILD_DIR
@@ -49,6 +49,19 @@ run rc_pingpong_events_64k ibv_rc_pingpong -d fib0 -e -s 65536 -n 100 -- ibv_rc_
 FAKEIBV_DEVICES="roce0:link=eth,mtu=1024" run rc_pingpong_roce_v2 \
   ibv_rc_pingpong -d roce0 -g 1 -n 100 -- ibv_rc_pingpong -d roce0 -g 1 -n 100
 run ib_write_bw ib_write_bw -d fib0 -s 1048576 -n 200 -- ib_write_bw -d fib0 -s 1048576 -n 200
+# On-demand paging (perftest's --odp reads odp_caps, then registers its buffer with
+# IBV_ACCESS_ON_DEMAND); a device configured without it must refuse that registration.
+run ib_write_bw_odp ib_write_bw -d fib0 --odp -s 1048576 -n 200 -- ib_write_bw -d fib0 --odp -s 1048576 -n 200
+port=$((port + 1))
+FAKEIBV_DEVICES="fib0:odp=none" timeout 20 ib_write_bw -d fib0 --odp -p "$port" >/dev/null 2>&1 &
+sleep 0.3
+if FAKEIBV_DEVICES="fib0:odp=none" timeout 20 ib_write_bw -d fib0 --odp -p "$port" localhost >"$work/client.log" 2>&1 ||
+   ! grep -q "failed to create mr" "$work/client.log"; then
+  echo "FAIL ib_write_bw_odp_refused: a device without ODP took an on-demand registration"; cat "$work/client.log"; fail=1
+else
+  echo "ok   ib_write_bw_odp_refused: $(grep -m1 'failed to create mr' "$work/client.log")"
+fi
+wait
 run ib_write_bw_all_sizes ib_write_bw -d fib0 -a -n 20 -- ib_write_bw -d fib0 -a -n 20
 run ib_write_lat ib_write_lat -d fib0 -n 500 -- ib_write_lat -d fib0 -n 500
 run ib_read_bw ib_read_bw -d fib0 -s 65536 -n 200 -- ib_read_bw -d fib0 -s 65536 -n 200

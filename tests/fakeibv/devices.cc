@@ -4,6 +4,7 @@
 //   DEVICE          = NAME[:PORT[:PORT...]]      set but empty: no device at all
 //   PORT            = KEY=VALUE[,KEY=VALUE...]   (a NAME alone has one default port)
 //     state=active|down|init   link=ib|eth   mtu=256|512|1024|2048|4096   lid=N   numa=N (the device's)
+//     odp=none|explicit|implicit (the device's on-demand paging; default implicit, as ConnectX-5 on)
 //
 // LIDs not given are made from the hostname, so processes on one (test) host share a port and
 // those on different hosts do not. An Ethernet (RoCE) port's GID table holds, like a real one,
@@ -92,6 +93,7 @@ Port parsePort(const std::string& spec, Device& d, int portIndex) {
     else if (k == "mtu") p.mtu = mtuOf(std::atoi(v.c_str()));
     else if (k == "lid") p.lid = static_cast<std::uint16_t>(std::atoi(v.c_str()));
     else if (k == "numa") d.numa = std::atoi(v.c_str());
+    else if (k == "odp") d.odp = v == "none" ? 0 : v == "explicit" ? 1 : 2;
   }
   std::uint32_t h = hostHash(d.index * 16 + portIndex);
   if (p.lid == 0) p.lid = static_cast<std::uint16_t>(1 + h % 0xbffe);

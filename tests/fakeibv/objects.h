@@ -29,6 +29,7 @@ struct Device {
   ibv_device dev;  // first: programs hold &dev
   int index = 0;
   int numa = -1;
+  int odp = 2;  // on-demand paging: 0 none, 1 explicit (per range), 2 implicit too
   std::uint64_t guid = 0;
   std::vector<Port> ports;
 };
@@ -45,6 +46,7 @@ struct Pd {
 
 struct Mr {
   ibv_mr mr;
+  bool onDemand = false;  // not pinned: not counted against RLIMIT_MEMLOCK
 };
 
 struct Channel {

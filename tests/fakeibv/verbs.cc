@@ -177,6 +177,11 @@ namespace {
 int queryDeviceEx(ibv_context* c, const ibv_query_device_ex_input*, ibv_device_attr_ex* a, std::size_t size) {
   ibv_device_attr_ex out{};
   ibv_query_device(c, &out.orig_attr);
+  if (const int odp = ctxOf(c)->device->odp) {  // RC only, as mlx5 reports it
+    out.odp_caps.general_caps = IBV_ODP_SUPPORT | (odp > 1 ? IBV_ODP_SUPPORT_IMPLICIT : 0);
+    out.odp_caps.per_transport_caps.rc_odp_caps =
+        IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ;
+  }
   std::memcpy(a, &out, std::min(size, sizeof(out)));
   return 0;
 }
@@ -257,13 +262,21 @@ FIBV_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
 FIBV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, std::size_t length, std::uint64_t iova, unsigned access) {
   if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))
     return fail<ibv_mr*>(EINVAL, nullptr);
-  if (length > maxMrSize()) return fail<ibv_mr*>(EINVAL, nullptr);  // as a device refuses past max_mr_size
+  // On-demand paging: nothing is pinned, and the device follows the page tables at each access
+  // (a write to memory unmapped since fails, as a page fault the kernel cannot resolve). Implicit:
+  // NULL and SIZE_MAX register the whole address space.
+  const bool onDemand = access & IBV_ACCESS_ON_DEMAND;
+  const int odp = ctxOf(pd->context)->device->odp;
+  const bool implicit = onDemand && addr == nullptr && length == SIZE_MAX;
+  if (onDemand && (odp == 0 || (implicit && odp < 2))) return fail<ibv_mr*>(EINVAL, nullptr);
+  if (!implicit && length > maxMrSize()) return fail<ibv_mr*>(EINVAL, nullptr);  // as a device refuses past max_mr_size
+  if (implicit) iova = 0;
   // The kernel pins registered pages against RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK;
   // so does the emulation (tests drop the capability with setpriv to see a low `ulimit -l`).
-  rlimit lim{};
-  ::getrlimit(RLIMIT_MEMLOCK, &lim);
-  static const bool ipcLock = braid::hasCapability(braid::kCapIpcLock);
-  {
+  if (!onDemand) {
+    rlimit lim{};
+    ::getrlimit(RLIMIT_MEMLOCK, &lim);
+    static const bool ipcLock = braid::hasCapability(braid::kCapIpcLock);
     std::lock_guard<std::mutex> g(registry);
     if (!ipcLock && lim.rlim_cur != RLIM_INFINITY && registeredBytes + length > lim.rlim_cur)
       return fail<ibv_mr*>(ENOMEM, nullptr);
@@ -287,6 +300,7 @@ FIBV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, std::size_t length,
     table[i].base = reinterpret_cast<std::uint64_t>(addr);
     table[i].key.store(key, std::memory_order_release);
     auto* m = new Mr();
+    m->onDemand = onDemand;
     m->mr.context = pd->context;
     m->mr.pd = pd;
     m->mr.addr = addr;
@@ -299,7 +313,7 @@ FIBV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, std::size_t length,
     return &m->mr;
   }
   std::lock_guard<std::mutex> g(registry);
-  registeredBytes -= length;
+  if (!onDemand) registeredBytes -= length;
   return fail<ibv_mr*>(ENOMEM, nullptr);
 }
 
@@ -313,7 +327,7 @@ FIBV_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, std::size_t length, 
 
 FIBV_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   mrTable()[mr->handle].key.store(0, std::memory_order_release);
-  {
+  if (!reinterpret_cast<Mr*>(mr)->onDemand) {
     std::lock_guard<std::mutex> g(registry);
     registeredBytes -= mr->length;
   }

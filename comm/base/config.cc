@@ -111,6 +111,8 @@ const Row kRows[] = {
        c.ibZcopyBytes = *v;
        return Status::Ok();
      }},
+    {"BRAID_IB_ODP", "1", "1: where the device offers on-demand paging for RC writes, zero-copy memory is registered through it (implicit ODP for sources, a cache by range for receive buffers) instead of per message; 0: never",
+     [](Config& c, const std::string& s) { return parseBool(s, &c.ibOdp); }},
     {"BRAID_SOCKET_IFNAME", "", "interfaces for tcp: prefixes (eth,ib), ^ before the list excludes (^docker,lo), = before it matches exactly (=eth0)",
      [](Config& c, const std::string& s) -> Status { c.socketIfname = s; return Status::Ok(); }},
     {"BRAID_SOCKET_BIND_ALL", "0", "1: listeners (store, tcp) bind to every address (0.0.0.0), not only the chosen interface's",

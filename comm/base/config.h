@@ -25,6 +25,7 @@ struct Config {
   // BRAID_IB_ZCOPY_BYTES (0: no zero-copy pieces; kZcopyAuto: more than half the channel's inbox)
   static constexpr std::size_t kZcopyAuto = ~std::size_t{0};
   std::size_t ibZcopyBytes = kZcopyAuto;
+  bool ibOdp = true;                 // BRAID_IB_ODP
   std::string socketIfname;          // BRAID_SOCKET_IFNAME
   bool socketBindAll = false;        // BRAID_SOCKET_BIND_ALL
   std::string tcpCongestion = "auto";  // BRAID_TCP_CONGESTION

@@ -320,14 +320,48 @@ class IbZeroCopy : public ::testing::Test {
     c.timeoutSec = 20;
     c.ibverbsLib = test::fakeIbverbsLib();
     c.ibZcopyBytes = zcopyBytes();
+    c.ibOdp = odp();
+    if (devices()) ::setenv("FAKEIBV_DEVICES", devices(), 1);
     auto p = test::TransportPair::make("ib", c);
+    if (devices()) ::unsetenv("FAKEIBV_DEVICES");
     ASSERT_TRUE(p.ok()) << p.status().toString();
     pair_ = std::move(*p);
   }
   Channel& tx() { return pair_->channel(0); }
   Channel& rx() { return pair_->channel(1); }
-  std::uint64_t direct() { return dynamic_cast<IbChannel&>(rx()).directBytes(); }
+  IbChannel& ibTx() { return dynamic_cast<IbChannel&>(tx()); }
+  IbChannel& ibRx() { return dynamic_cast<IbChannel&>(rx()); }
+  std::uint64_t direct() { return ibRx().directBytes(); }
   virtual std::size_t zcopyBytes() const { return 64u << 10; }  // BRAID_IB_ZCOPY_BYTES
+  virtual bool odp() const { return true; }                      // BRAID_IB_ODP
+  virtual const char* devices() const { return nullptr; }        // FAKEIBV_DEVICES (null: its default)
+  // One message of n bytes from src into dst, which the reader expects (as the engine does).
+  std::string message(const std::byte* src, std::byte* dst, std::size_t n) {
+    rx().expect(dst, n, 0);
+    std::size_t sent = 0, recvd = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (recvd < n) {
+      if (std::chrono::steady_clock::now() > deadline) return "stuck at " + std::to_string(recvd);
+      if (sent < n) {
+        auto k = tx().trySend(src + sent, n - sent);
+        if (!k.ok()) return k.status().toString();
+        sent += *k;
+      }
+      auto k = rx().tryRecv(dst + recvd, n - recvd);
+      if (!k.ok()) return k.status().toString();
+      recvd += *k;
+    }
+    return std::memcmp(src, dst, n) == 0 ? "" : "bytes differ";
+  }
+  // The registrations five messages of 2 MiB make, after a first one, between the same buffers.
+  int registrationsOfFiveMessages(std::string* error) {
+    const std::size_t n = (2u << 20) + 5;
+    std::vector<std::byte> src(n, std::byte{7}), dst(n);
+    *error = message(src.data(), dst.data(), n);
+    const int before = emulationStat("registrations");
+    for (int m = 0; m < 5 && error->empty(); ++m) *error = message(src.data(), dst.data(), n);
+    return emulationStat("registrations") - before;
+  }
   std::unique_ptr<test::TransportPair> pair_;
 };
 
@@ -478,23 +512,6 @@ TEST_F(IbZeroCopy, BraidMemoryIsRegisteredOnceAndDroppedAtItsFree) {
     const std::size_t at = s.find(" mr=");
     return at == std::string::npos ? -1 : std::atoi(s.c_str() + at + 4);
   };
-  const auto move = [&](const std::byte* src, std::byte* dst) -> std::string {
-    rx().expect(dst, n, 0);
-    std::size_t sent = 0, recvd = 0;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (recvd < n) {
-      if (std::chrono::steady_clock::now() > deadline) return "stuck at " + std::to_string(recvd);
-      if (sent < n) {
-        auto k = tx().trySend(src + sent, n - sent);
-        if (!k.ok()) return k.status().toString();
-        sent += *k;
-      }
-      auto k = rx().tryRecv(dst + recvd, n - recvd);
-      if (!k.ok()) return k.status().toString();
-      recvd += *k;
-    }
-    return std::memcmp(src, dst, n) == 0 ? "" : "bytes differ";
-  };
   const int liveBefore = liveMrs();
   ASSERT_GE(liveBefore, 0);
   for (int round = 0; round < 2; ++round) {
@@ -509,18 +526,79 @@ TEST_F(IbZeroCopy, BraidMemoryIsRegisteredOnceAndDroppedAtItsFree) {
     const std::uint64_t directBefore = direct();
     for (int m = 0; m < 5; ++m) {
       std::memset(dst, 0, n);
-      ASSERT_EQ(move(src, dst), "") << "message " << m;
+      ASSERT_EQ(message(src, dst, n), "") << "message " << m;
     }
     EXPECT_EQ(emulationStat("registrations") - regBefore, 2);  // one per buffer, not per message
     EXPECT_EQ(direct() - directBefore, 5 * n);                 // and every payload in place
     EXPECT_EQ(liveMrs(), liveBefore + 2);
     // Each end's device keeps its own: the reader's for dst, the sender's for src.
-    EXPECT_EQ(dynamic_cast<IbChannel&>(rx()).ownedRegistrations(), 1u);
-    EXPECT_EQ(dynamic_cast<IbChannel&>(tx()).ownedRegistrations(), 1u);
+    EXPECT_EQ(ibRx().ownedRegistrations(), 1u);
+    EXPECT_EQ(ibTx().ownedRegistrations(), 1u);
     EXPECT_EQ(braidMemFree(d), braidSuccess);
     EXPECT_EQ(braidMemFree(s), braidSuccess);
     EXPECT_EQ(liveMrs(), liveBefore);  // the free dropped both
   }
+}
+
+// Other memory with on-demand paging (the emulation's default device offers implicit ODP, as
+// mlx5 from ConnectX-5 on does): the sender's writes use the one registration of the whole
+// address space, and the reader's buffer gets one per range, kept and used again; so five
+// messages make one registration, not ten. Buffers freed and allocated again are still written
+// right (ODP follows the page tables), and the cache keeps at most kOdpRanges ranges.
+TEST_F(IbZeroCopy, OnDemandPagingRegistersOrdinaryMemoryOncePerRange) {
+  const std::size_t n = (2u << 20) + 5;
+  std::vector<std::byte> src(n), dst(n);
+  for (std::size_t i = 0; i < n; ++i) src[i] = static_cast<std::byte>((i * 131 + 7) % 251);
+  ASSERT_EQ(message(src.data(), dst.data(), n), "");  // the first one makes the registrations
+  const int regBefore = emulationStat("registrations");
+  const std::uint64_t directBefore = direct();
+  for (int m = 0; m < 5; ++m) {
+    std::fill(dst.begin(), dst.end(), std::byte{0});
+    ASSERT_EQ(message(src.data(), dst.data(), n), "") << "message " << m;
+  }
+  EXPECT_EQ(emulationStat("registrations") - regBefore, 0);
+  EXPECT_EQ(direct() - directBefore, 5 * n);
+  EXPECT_EQ(ibRx().odpRanges(), 1u);
+  EXPECT_EQ(ibTx().odpRanges(), 0u);  // implicit: no range of its own
+  for (int b = 0; b < 3 * static_cast<int>(IbDevice::kOdpRanges) / 2; ++b) {
+    std::vector<std::byte> fresh(n + static_cast<std::size_t>(b) * 4096);
+    ASSERT_EQ(message(src.data(), fresh.data(), n), "") << "buffer " << b;
+    ASSERT_LE(ibRx().odpRanges(), IbDevice::kOdpRanges);
+  }
+}
+
+// Without it (a device that has none, or BRAID_IB_ODP=0) each message registers both ends' memory
+// and drops the registrations at its end; a device with explicit ODP only gives the sender a
+// cached range too.
+class IbNoOdp : public IbZeroCopy {
+  const char* devices() const override { return "fib0:odp=none"; }
+};
+class IbOdpOff : public IbZeroCopy {
+  bool odp() const override { return false; }
+};
+class IbExplicitOdp : public IbZeroCopy {
+  const char* devices() const override { return "fib0:odp=explicit"; }
+};
+
+TEST_F(IbNoOdp, EachMessageRegistersBothEnds) {
+  std::string e;
+  EXPECT_EQ(registrationsOfFiveMessages(&e), 10);
+  EXPECT_EQ(e, "");
+  EXPECT_EQ(ibRx().odpRanges(), 0u);
+}
+
+TEST_F(IbOdpOff, EachMessageRegistersBothEnds) {
+  std::string e;
+  EXPECT_EQ(registrationsOfFiveMessages(&e), 10);
+  EXPECT_EQ(e, "");
+}
+
+TEST_F(IbExplicitOdp, BothEndsKeepARange) {
+  std::string e;
+  EXPECT_EQ(registrationsOfFiveMessages(&e), 0);
+  EXPECT_EQ(e, "");
+  EXPECT_EQ(ibRx().odpRanges(), 1u);
+  EXPECT_EQ(ibTx().odpRanges(), 1u);
 }
 
 TEST_F(IbZeroCopy, ReceivingIntoOtherMemoryThanAdvertisedIsAnError) {

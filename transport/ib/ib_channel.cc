@@ -72,6 +72,8 @@ struct IbChannel::Credit {
 IbDevice::~IbDevice() {
   if (listenToken_) owned::unlisten(listenToken_);
   for (auto& [id, mr] : owned_) verbs->deregMr(mr);
+  for (auto& r : odp_) verbs->deregMr(r.mr);
+  if (odpAll_) verbs->deregMr(odpAll_);
   if (pd) verbs->deallocPd(pd);
   if (channel) verbs->destroyCompChannel(channel);
   if (ctx) verbs->closeDevice(ctx);
@@ -103,6 +105,61 @@ ibv_mr* IbDevice::ownedMr(const void* p, std::size_t n) {
   }
   owned_[range->id] = mr;
   return mr;
+}
+
+std::string IbDevice::useOnDemandPaging() {
+  ibv_device_attr_ex a{};
+  if (verbs->queryDeviceEx(ctx, &a) != 0) return "no on-demand paging (the device has no extended query)";
+  const ibv_odp_caps& odp = a.odp_caps;
+  if (!(odp.general_caps & IBV_ODP_SUPPORT) || !(odp.per_transport_caps.rc_odp_caps & IBV_ODP_SUPPORT_WRITE))
+    return "no on-demand paging for RC writes on " + port.device + ": other memory than braidMemAlloc's is registered per message";
+  odpRangesOn_ = true;
+  if (odp.general_caps & IBV_ODP_SUPPORT_IMPLICIT)
+    odpAll_ = verbs->regMr(pd, nullptr, SIZE_MAX, IBV_ACCESS_ON_DEMAND);
+  return std::string("on-demand paging: ") +
+         (odpAll_ ? "implicit (one registration for every zero-copy source)" : "per range") +
+         ", receive buffers cached by range";
+}
+
+ibv_mr* IbDevice::keptMr(const void* p, std::size_t n, bool remote) {
+  if (ibv_mr* mr = ownedMr(p, n)) return mr;
+  if (odpAll_ && !remote) return odpAll_;
+  if (!odpRangesOn_) return nullptr;
+  // Whole pages, so that a buffer used again at a small offset still hits.
+  const std::uint64_t page = 4096;
+  const std::uint64_t begin = reinterpret_cast<std::uint64_t>(p) & ~(page - 1);
+  const std::uint64_t end = (reinterpret_cast<std::uint64_t>(p) + n + page - 1) & ~(page - 1);
+  std::lock_guard<std::mutex> g(ownedMu_);
+  for (auto& r : odp_)
+    if (r.begin <= begin && end <= r.end) {
+      ++r.uses;
+      r.lastUse = ++odpClock_;
+      return r.mr;
+    }
+  if (odp_.size() >= kOdpRanges) {  // make room: the least recently used range no one uses now
+    auto victim = odp_.end();
+    for (auto it = odp_.begin(); it != odp_.end(); ++it)
+      if (it->uses == 0 && (victim == odp_.end() || it->lastUse < victim->lastUse)) victim = it;
+    if (victim == odp_.end()) return nullptr;
+    verbs->deregMr(victim->mr);
+    odp_.erase(victim);
+  }
+  ibv_mr* mr = verbs->regMr(pd, reinterpret_cast<void*>(begin), end - begin,
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_ON_DEMAND);
+  if (!mr) return nullptr;
+  odp_.push_back({begin, end, mr, 1, ++odpClock_});
+  return mr;
+}
+
+void IbDevice::releaseKept(ibv_mr* mr) {
+  std::lock_guard<std::mutex> g(ownedMu_);
+  for (auto& r : odp_)
+    if (r.mr == mr) --r.uses;
+}
+
+std::uint64_t IbDevice::odpRanges() const {
+  std::lock_guard<std::mutex> g(ownedMu_);
+  return odp_.size();
 }
 
 std::uint64_t IbDevice::ownedRegistrations() const {
@@ -189,7 +246,8 @@ IbChannel::~IbChannel() {
   const Verbs& v = *dev_->verbs;
   if (qp_) v.destroyQp(qp_);
   if (zc_.mr) v.deregMr(zc_.mr);  // after the QP: nothing reads or writes them any more
-  if (advMr_ && !advKept_) v.deregMr(advMr_);
+  if (zc_.kept) dev_->releaseKept(zc_.kept);
+  if (advMr_) advKept_ ? dev_->releaseKept(advMr_) : void(v.deregMr(advMr_));
   if (ctlMr_) v.deregMr(ctlMr_);
   if (outboxMr_) v.deregMr(outboxMr_);
   if (inboxMr_) v.deregMr(inboxMr_);
@@ -494,10 +552,11 @@ bool IbChannel::awaitAdvert() {
 
 Result<bool> IbChannel::postZeroCopy(const void* data, std::size_t k, std::uint64_t remote, std::uint32_t rkey,
                                      std::uint32_t imm) {
-  // braidMemAlloc memory has a registration kept for it; other memory is registered for this
-  // write, local access only (the NIC reads these bytes). A registration refused (the memlock
-  // limit, or memory the device cannot take) is no error: the piece goes through the outbox.
-  ibv_mr* kept = dev_->ownedMr(data, k);
+  // braidMemAlloc memory has a registration kept for it, and with on-demand paging all memory
+  // has; other memory is registered for this write, local access only (the NIC reads these
+  // bytes). A registration refused (the memlock limit, or memory the device cannot take) is no
+  // error: the piece goes through the outbox.
+  ibv_mr* kept = dev_->keptMr(data, k, false);
   ibv_mr* mr = kept ? kept : dev_->verbs->regMr(dev_->pd, const_cast<void*>(data), k, 0);
   if (!mr) return false;
   ibv_sge sge{reinterpret_cast<std::uint64_t>(data), static_cast<std::uint32_t>(k), mr->lkey};
@@ -512,11 +571,11 @@ Result<bool> IbChannel::postZeroCopy(const void* data, std::size_t k, std::uint6
   wr.wr_id = sent_ + k;
   Status s = post(wr);
   if (!s.ok()) {
-    if (!kept) dev_->verbs->deregMr(mr);
+    kept ? dev_->releaseKept(kept) : void(dev_->verbs->deregMr(mr));
     return error_ = s;
   }
   sent_ += k;
-  zc_ = {data, k, sent_, kept ? nullptr : mr};
+  zc_ = {data, k, sent_, kept ? nullptr : mr, kept};
   poll();  // an emulated (or very fast) write may have completed already
   return true;
 }
@@ -530,6 +589,7 @@ Result<std::size_t> IbChannel::finishZeroCopy(const void* data, std::size_t n) {
                                   std::to_string(zc_.bytes) + " bytes from the last ones was in flight");
   if (acked_ < zc_.end) return std::size_t{0};
   if (zc_.mr) dev_->verbs->deregMr(zc_.mr);
+  if (zc_.kept) dev_->releaseKept(zc_.kept);
   const std::size_t k = zc_.bytes;
   zc_ = {};
   return k;
@@ -629,7 +689,7 @@ void IbChannel::advertise(std::uint64_t pos, void* dst, std::size_t n) {
   // for the rest of that buffer: it is not asked again at each poll.
   if (pos < refusedEnd_) return advertiseEager();
   const std::uint64_t len = std::min<std::uint64_t>(n, kMaxDirect);
-  ibv_mr* kept = dev_->ownedMr(dst, len);
+  ibv_mr* kept = dev_->keptMr(dst, len, true);
   ibv_mr* mr = kept ? kept : dev_->verbs->regMr(dev_->pd, dst, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!mr) {
     ++refused_;
@@ -653,7 +713,7 @@ void IbChannel::advertiseEager() {
 }
 
 void IbChannel::endAdvert() {
-  if (!advKept_) dev_->verbs->deregMr(advMr_);  // a kept one stays until braidMemFree
+  advKept_ ? dev_->releaseKept(advMr_) : void(dev_->verbs->deregMr(advMr_));  // a kept one stays
   advMr_ = nullptr;
 }
 

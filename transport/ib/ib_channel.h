@@ -65,6 +65,20 @@ struct IbDevice {
   ibv_mr* ownedMr(const void* p, std::size_t n);
   void keepOwnedRegistrations();  // once the PD exists: listens for frees
   std::uint64_t ownedRegistrations() const;  // how many are kept now
+  // On-demand paging (BRAID_IB_ODP), once the PD exists, where the device offers it for RC
+  // writes: the device then follows the process's page tables instead of pinning pages, so a
+  // registration stays right when its memory is freed and the addresses are used again. With
+  // implicit ODP, one registration of the whole address space, local access only, serves every
+  // zero-copy write's source; buffers peers write into (adverts) get one per range, kept in a
+  // small cache (kOdpRanges, least recently used out). Returns what it set up, in words.
+  std::string useOnDemandPaging();
+  // A registration kept for [p, p + n), with remote write if `remote`: braidMemAlloc memory's,
+  // else an on-demand one; null: register for this use. Each non-null one is given back with
+  // releaseKept when its use ends.
+  ibv_mr* keptMr(const void* p, std::size_t n, bool remote);
+  void releaseKept(ibv_mr* mr);
+  std::uint64_t odpRanges() const;  // how many range registrations the cache holds now
+  static constexpr std::size_t kOdpRanges = 16;
   // Takes and acknowledges every event queued on the channel.
   void drainEvents();
 
@@ -73,6 +87,16 @@ struct IbDevice {
   std::map<std::uint64_t, ibv_mr*> owned_;  // by allocation id
   std::set<std::uint64_t> refusedOwned_;  // ids the device refused: not asked again
   std::uint64_t listenToken_ = 0;
+  ibv_mr* odpAll_ = nullptr;  // implicit ODP: the whole address space, local access
+  bool odpRangesOn_ = false;
+  struct OdpRange {
+    std::uint64_t begin, end;
+    ibv_mr* mr;
+    int uses;
+    std::uint64_t lastUse;
+  };
+  std::vector<OdpRange> odp_;  // under ownedMu_
+  std::uint64_t odpClock_ = 0;
 };
 
 // What the peer's channel needs to reach this one.
@@ -113,6 +137,8 @@ class IbChannel final : public Channel {
   std::uint64_t heldBack() const { return heldBack_; }
   // How many braidMemAlloc registrations this channel's device keeps (IbDevice::ownedMr).
   std::uint64_t ownedRegistrations() const { return dev_->ownedRegistrations(); }
+  // How many range registrations this channel's device caches (on-demand paging).
+  std::uint64_t odpRanges() const { return dev_->odpRanges(); }
   // How many of this reader's adverts the device refused to register.
   std::uint64_t refusedAdverts() const { return refused_; }
 
@@ -183,6 +209,7 @@ class IbChannel final : public Channel {
     std::size_t bytes = 0;
     std::uint64_t end = 0;       // the stream position after them (complete once acked_ reaches it)
     ibv_mr* mr = nullptr;        // its registration for this write (null: the device keeps one)
+    ibv_mr* kept = nullptr;      // the device's, given back when the write is done
   } zc_;
   Advert peerAdv_;                         // the peer's latest advert
   std::uint64_t eagerEnd_ = 0, directEnd_ = 0;  // where this side's last eager / direct write ended
@@ -197,7 +224,7 @@ class IbChannel final : public Channel {
   std::uint64_t creditedHead_ = 0, creditedPosted_ = 0;
   Advert myAdv_;             // the last advert this side made
   ibv_mr* advMr_ = nullptr;  // its buffer's registration, while the peer may still write there
-  bool advKept_ = false;     // that registration is braidMemAlloc memory's, kept by the device
+  bool advKept_ = false;     // that registration is one the device keeps (IbDevice::keptMr)
   bool advUnsent_ = false;   // made but not sent yet (the send queue was full)
   std::uint64_t direct_ = 0; // bytes written into the advertised buffer and not read yet (from myAdv_.pos or head_ on)
   std::uint64_t directTotal_ = 0;

@@ -120,6 +120,8 @@ Result<std::string> IbTransport::localAddress(const std::string&) {
   if (!d->channel) return Status::SystemError("ib: " + port.device + ": cannot make a protection domain and completion channel: " + std::strerror(errno));
   ::fcntl(d->channel->fd, F_SETFL, ::fcntl(d->channel->fd, F_GETFL) | O_NONBLOCK);
   d->keepOwnedRegistrations();
+  const std::string odp = config_.ibOdp ? d->useOnDemandPaging() : "on-demand paging off (BRAID_IB_ODP=0)";
+  BRAID_LOG(kInfo, kNet, "ib: %s: %s", port.device.c_str(), odp.c_str());
   device_ = d;
   IbAddress a;
   a.device = port.device;

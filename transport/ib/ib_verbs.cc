@@ -26,6 +26,14 @@ int Verbs::queryPort(ibv_context* ctx, std::uint8_t port, ibv_port_attr* attr) c
   return queryPortSym(ctx, port, attr);
 }
 
+int Verbs::queryDeviceEx(ibv_context* ctx, ibv_device_attr_ex* attr) const {
+  std::memset(attr, 0, sizeof(*attr));
+  verbs_context* v = verbs_get_ctx(ctx);
+  if (v && v->sz >= sizeof(*v) - offsetof(verbs_context, query_device_ex) && v->query_device_ex)
+    return v->query_device_ex(ctx, nullptr, attr, sizeof(*attr));
+  return EOPNOTSUPP;
+}
+
 Result<std::shared_ptr<const Verbs>> Verbs::load(const std::string& lib) {
   dlerror();
   void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);

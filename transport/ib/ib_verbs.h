@@ -41,6 +41,9 @@ struct Verbs {
   // The port's attributes, through the context's extended op when it has one (as the header's
   // ibv_query_port does), else the exported call.
   int queryPort(ibv_context* ctx, std::uint8_t port, ibv_port_attr* attr) const;
+  // The extended device attributes through the context's op; EOPNOTSUPP where it has none (the
+  // caller then knows only ibv_query_device's, without on-demand paging).
+  int queryDeviceEx(ibv_context* ctx, ibv_device_attr_ex* attr) const;
 
   // Loads `lib`; the error says what the loader said (a missing library, a missing symbol).
   static Result<std::shared_ptr<const Verbs>> load(const std::string& lib);

@@ -25,8 +25,10 @@
 // last advert was for a buffer (or it made none yet). An eager write past an advert's position
 // voids it on both ends (the stream is in order, so both see the same), which is what keeps a
 // late advert harmless. braidMemAlloc memory is registered once per allocation and kept until its
-// free (IbDevice::ownedMr); other memory is registered per message and dropped at its completion,
-// so nothing can outlive the memory it describes. Completions are polled by the progress
+// free (IbDevice::ownedMr). Other memory, on a device with on-demand paging, goes through ODP
+// registrations the device keeps (IbDevice::keptMr: nothing pinned, so they stay right across a
+// free); without it, it is registered per message and dropped at its completion, so nothing can
+// outlive the memory it describes. Completions are polled by the progress
 // path; a waiter sleeps on the completion channel (IbDevice::channel), armed on the pass before
 // it sleeps (IbDevice::sleepSoon).
 #pragma once

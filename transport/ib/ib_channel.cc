@@ -131,7 +131,7 @@ ibv_mr* IbDevice::keptMr(const void* p, std::size_t n, bool remote) {
   const std::uint64_t end = (reinterpret_cast<std::uint64_t>(p) + n + page - 1) & ~(page - 1);
   std::lock_guard<std::mutex> g(ownedMu_);
   for (auto& r : odp_)
-    if (r.begin <= begin && end <= r.end) {
+    if (r.begin <= begin && end <= r.end && (r.remote || !remote)) {
       ++r.uses;
       r.lastUse = ++odpClock_;
       return r.mr;
@@ -144,10 +144,11 @@ ibv_mr* IbDevice::keptMr(const void* p, std::size_t n, bool remote) {
     verbs->deregMr(victim->mr);
     odp_.erase(victim);
   }
+  // Remote write only for buffers peers write into (adverts), not for sources.
   ibv_mr* mr = verbs->regMr(pd, reinterpret_cast<void*>(begin), end - begin,
-                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_ON_DEMAND);
+                            IBV_ACCESS_ON_DEMAND | (remote ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : 0));
   if (!mr) return nullptr;
-  odp_.push_back({begin, end, mr, 1, ++odpClock_});
+  odp_.push_back({begin, end, mr, remote, 1, ++odpClock_});
   return mr;
 }
 

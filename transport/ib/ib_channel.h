@@ -94,6 +94,7 @@ struct IbDevice {
   struct OdpRange {
     std::uint64_t begin, end;
     ibv_mr* mr;
+    bool remote;  // registered for the peer's writes too
     int uses;
     std::uint64_t lastUse;
   };

@@ -246,9 +246,8 @@ Status IbChannel::setup() {
 IbChannel::~IbChannel() {
   const Verbs& v = *dev_->verbs;
   if (qp_) v.destroyQp(qp_);
-  if (zc_.mr) v.deregMr(zc_.mr);  // after the QP: nothing reads or writes them any more
-  if (zc_.kept) dev_->releaseKept(zc_.kept);
-  if (advMr_) advKept_ ? dev_->releaseKept(advMr_) : void(v.deregMr(advMr_));
+  dropZeroCopyMr();  // after the QP: nothing reads or writes them any more
+  if (advMr_) endAdvert();
   if (ctlMr_) v.deregMr(ctlMr_);
   if (outboxMr_) v.deregMr(outboxMr_);
   if (inboxMr_) v.deregMr(inboxMr_);
@@ -589,11 +588,16 @@ Result<std::size_t> IbChannel::finishZeroCopy(const void* data, std::size_t n) {
     return error_ = protocolError("trySend went on from other bytes while a zero-copy write of " +
                                   std::to_string(zc_.bytes) + " bytes from the last ones was in flight");
   if (acked_ < zc_.end) return std::size_t{0};
-  if (zc_.mr) dev_->verbs->deregMr(zc_.mr);
-  if (zc_.kept) dev_->releaseKept(zc_.kept);
+  dropZeroCopyMr();
   const std::size_t k = zc_.bytes;
   zc_ = {};
   return k;
+}
+
+void IbChannel::dropZeroCopyMr() {
+  if (zc_.mr) dev_->verbs->deregMr(zc_.mr);
+  if (zc_.kept) dev_->releaseKept(zc_.kept);
+  zc_.mr = zc_.kept = nullptr;
 }
 
 std::span<const std::byte> IbChannel::inboxView() const {

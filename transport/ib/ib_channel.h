@@ -161,6 +161,7 @@ class IbChannel final : public Channel {
   Result<bool> postZeroCopy(const void* data, std::size_t k, std::uint64_t remote, std::uint32_t rkey,
                             std::uint32_t imm);
   Result<std::size_t> finishZeroCopy(const void* data, std::size_t n);
+  void dropZeroCopyMr();  // the in-flight write's registration: deregistered, or given back to the device
   // Sending: whether to hold a large piece back a little for the peer's advert.
   bool awaitAdvert();
   // Receiving: advertise `dst` for the n bytes from stream position `pos` on (head_, or further

@@ -52,7 +52,11 @@ done
 # Starts `braid run` on hosts h1..hN in the background, each bounded by LIMIT s, as across
 # machines (--nnodes, --node-rank, --master-addr h1); their PIDs in `pids`, logs in $work/hK.log.
 # HOST_ENV_hK (NAME=VALUE ...) adds to host K's environment only; HOST_WRAP_hK (a command and its
-# arguments) runs host K's `braid run` under it (prlimit, setpriv).
+# arguments) runs host K's `braid run` under it (prlimit, setpriv). Every host's ranks run unpinned
+# (--bind-to none): the test hosts share this machine's cores, and each host's launcher, knowing only
+# its own ranks, would pin its first rank to the same core as every other host's. 3 hosts x 1 then
+# measured three processes on one core while the other idled, and the doctor's link figures
+# scattered by 5x from run to run (0.6 to 6 GB/s; unpinned: within 1.6x).
 start_on_hosts() {
   local hosts=$1 ranks=$2 limit=$3 k extra wrap
   shift 3
@@ -62,7 +66,7 @@ start_on_hosts() {
     wrap=HOST_WRAP_h$k
     # shellcheck disable=SC2086
     timeout "$limit" env ${!extra:-} "$testhosts" exec "h$k" ${!wrap:-} "$braid" run --nnodes "$hosts" --node-rank $((k - 1)) \
-      --master-addr "$("$testhosts" addr h1)" --master-port "$port" -n "$ranks" -- "$@" >"$work/h$k.log" 2>&1 &
+      --master-addr "$("$testhosts" addr h1)" --master-port "$port" -n "$ranks" --bind-to none -- "$@" >"$work/h$k.log" 2>&1 &
     pids+=($!)
   done
   port=$((port + 1))

@@ -312,7 +312,13 @@ class Comm final : public EngineHost, public Workspace {
   std::atomic<bool> closed_{false};
 
   std::mutex qMu_;
-  std::condition_variable qCv_;
+  // Two conditions, so that no call wakes a thread that has nothing to do: the worker waits on
+  // workerCv_ (a call queued, one it waited behind now runnable, stop); waitForQueuedCalls waits
+  // on drainedCv_ (the queue empty and nothing running). A call that its caller ran (runIfNext)
+  // therefore ends without waking the sleeping worker: on a pinned rank that wake was a context
+  // switch on the core running the rank's next call.
+  std::condition_variable workerCv_;
+  std::condition_variable drainedCv_;
   struct Queued {
     std::vector<CollArgs> calls;  // one call, or a group's
     bool group = false;

@@ -38,7 +38,7 @@ void Comm::waitForQueuedCalls() {
     // Calls run in call order: wait for queued asynchronous work first. (A thread's own earlier
     // submit() is always seen here; without one, the common case, no lock is taken.)
     std::unique_lock<std::mutex> g(qMu_);
-    qCv_.wait(g, [&] { return queue_.empty() && !workerBusy_; });
+    drainedCv_.wait(g, [&] { return queue_.empty() && !workerBusy_; });
   }
 }
 
@@ -62,7 +62,7 @@ std::shared_ptr<WorkState> Comm::enqueue(Queued item) {
   item.queuedUs = nowUs();
   queue_.push_back(std::move(item));
   asyncPending_.fetch_add(1, std::memory_order_release);
-  qCv_.notify_all();
+  workerCv_.notify_one();
   return w;
 }
 
@@ -84,7 +84,11 @@ void Comm::runQueued(Queued& item) {
   std::lock_guard<std::mutex> g(qMu_);
   workerBusy_ = false;
   asyncPending_.fetch_sub(1, std::memory_order_release);
-  qCv_.notify_all();
+  if (queue_.empty()) {
+    drainedCv_.notify_all();  // no syscall when nobody waits
+  } else {
+    workerCv_.notify_one();  // the worker may wait behind this call for the next
+  }
 }
 
 // How long the worker leaves a call it was just woken for to the thread that queued it. Most calls
@@ -102,7 +106,7 @@ void Comm::workerLoop() {
     {
       std::unique_lock<std::mutex> g(qMu_);
       // (not while runIfNext's thread runs one: the calls run in the order they were queued)
-      qCv_.wait(g, [&] { return (stopWorker_ && queue_.empty()) || (!queue_.empty() && !workerBusy_); });
+      workerCv_.wait(g, [&] { return (stopWorker_ && queue_.empty()) || (!queue_.empty() && !workerBusy_); });
       if (queue_.empty()) return;
       const std::uint64_t number = queue_.front().number;
       const std::int64_t due = queue_.front().queuedUs + kLeaveToWaiterUs;

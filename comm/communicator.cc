@@ -282,6 +282,10 @@ bool Comm::probeCma(const std::vector<PeerInfo>& infos) const {
 }
 
 Comm::~Comm() {
+  // The last handle dropped ends the communicator as destroy does, but without the farewell:
+  // asynchronous calls already queued run first (each within BRAID_TIMEOUT), as every rank queued
+  // them; failing them here instead would leave the peers waiting in them for the timeout.
+  if (!closed_.load() && !failed_.load()) waitForQueuedCalls();
   if (!closed_.exchange(true)) shutdown(failed_.load());
 }
 
@@ -727,6 +731,7 @@ Status Comm::destroy() {
   stopCudaProxy(false);  // calls queued on CUDA streams finish first
   Status left;
   if (!failed_ && !closed_) {
+    waitForQueuedCalls();  // the calls queued before destroy run first, in order
     std::lock_guard<std::mutex> g(execMu_);
     left = checkLeftovers(collSeq_);
     if (left.ok()) left = farewell();
@@ -870,7 +875,7 @@ void Comm::shutdown(bool abortive) {
   {
     std::lock_guard<std::mutex> g(qMu_);
     stopWorker_ = true;
-    qCv_.notify_all();
+    workerCv_.notify_all();
   }
   if (abortive) {
     // Queued work that never started fails now; the running call sees the failure within a slice.
@@ -878,6 +883,7 @@ void Comm::shutdown(bool abortive) {
     for (auto& item : queue_) item.work->finish(Status::Aborted("the communicator was aborted before this call ran"));
     asyncPending_.fetch_sub(static_cast<int>(queue_.size()), std::memory_order_release);
     queue_.clear();
+    if (!workerBusy_) drainedCv_.notify_all();
   }
   std::thread worker;
   {

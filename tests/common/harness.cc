@@ -171,7 +171,7 @@ std::vector<RankOutcome> runRanks(int n, const std::function<int(int, braidComm_
               return 95;
             }
         int rc = body(rank, comm);
-        if (rc < 0) return -rc;
+        if (rc < 0) return rc == kAlreadyDestroyed ? 0 : -rc;
         braidResult_t d = braidCommDestroy(comm);
         return rc ? rc : (d == braidSuccess ? 0 : 94);
       },

@@ -21,7 +21,9 @@ using Env = std::vector<std::pair<std::string, std::string>>;
 
 // Forks `n` processes; each sets `env` (values through forRank), joins the communicator, runs body(rank, comm) and exits with
 // its return value (the communicator is destroyed first unless the body returns < 0, which means
-// "already destroyed or aborted": exit with -value). Bounded by timeoutSec (then everything is killed).
+// "already destroyed or aborted": exit with -value, or 0 for kAlreadyDestroyed). Bounded by
+// timeoutSec (then everything is killed).
+constexpr int kAlreadyDestroyed = -(1 << 30);  // a body's success, the communicator destroyed by it
 std::vector<RankOutcome> runRanks(int n, const std::function<int(int, braidComm_t)>& body, const Env& env = {},
                                   double timeoutSec = 120);
 

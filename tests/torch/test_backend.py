@@ -374,6 +374,19 @@ def silent_rank_body(rank, world, port, out_path):
     os._exit(0)
 
 
+def unwaited_body(rank, world, port, out_path):
+    # Async calls on temporaries, neither the tensors nor the Works kept, then the group destroyed
+    # at once: destroying it drains the queue on Braid's worker, whose finished Works drop the last
+    # reference to tensors Python made (which takes the GIL), while torch destroys the group from
+    # Python, holding the GIL (a deadlock before ~ProcessGroupBraid let go of it).
+    init(rank, world, port)
+    for i in range(8):
+        dist.all_reduce(torch.ones(4096) * (rank + i), async_op=True)
+    dist.destroy_process_group()
+    with open(f"{out_path}.{rank}", "w") as f:
+        f.write("destroyed")
+
+
 def run_ranks(fn, world, path, limit=60):
     port = free_port()
     spawner = mp.get_context("spawn")
@@ -415,6 +428,18 @@ def check_bad_input_raises_on_every_rank():
             if float(took) > 10 or "rank 2" not in msg or "silent" not in msg:
                 raise AssertionError(f"rank {rank} after {took.strip()} s: {msg}")
             print(f"  rank {rank} after {took.strip()} s: {msg[:150]}")
+
+
+def check_destroy_with_unwaited_work():
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "unwaited")
+        start = time.monotonic()
+        run_ranks(unwaited_body, 2, path, limit=30)
+        for rank in range(2):
+            if not os.path.exists(f"{path}.{rank}"):
+                raise AssertionError(f"rank {rank}: destroy_process_group did not return within 30 s "
+                                     "with unwaited async calls queued")
+        print(f"  both ranks destroyed the group with 8 unwaited calls in {time.monotonic() - start:.1f} s")
 
 
 # ------------------------------------------------------------------ driver
@@ -467,7 +492,8 @@ def check_killed_rank_is_named():
             print(f"  survivor {rank} failed after {took.strip()} s: {msg.strip()[:160]}")
 
 
-CHECKS = [check_collectives, check_ddp_matches_gloo, check_killed_rank_is_named, check_bad_input_raises_on_every_rank]
+CHECKS = [check_collectives, check_ddp_matches_gloo, check_killed_rank_is_named, check_bad_input_raises_on_every_rank,
+          check_destroy_with_unwaited_work]
 
 if __name__ == "__main__":
     passed = failed = 0

@@ -1,5 +1,7 @@
 #include "process_group.h"
 
+#include <pybind11/pybind11.h>  // gil_scoped_release (~ProcessGroupBraid)
+
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
 
@@ -240,8 +242,18 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
 ProcessGroupBraid::~ProcessGroupBraid() {
   if (!pending_) return;
   pending_->flush();  // nothing is left unsent; Works still held elsewhere keep their results
-  std::lock_guard<std::mutex> g(pending_->mu);
-  pending_->comm = nullptr;
+  {
+    std::lock_guard<std::mutex> g(pending_->mu);
+    pending_->comm = nullptr;
+  }
+  // Destroying the communicator drains its queue on Braid's worker thread, and a Work finishing
+  // there may drop the last reference to a tensor Python made, which takes the GIL. torch destroys
+  // a process group from Python, holding the GIL: let go of it meanwhile, or each waits for the
+  // other (destroy_process_group right after async calls nobody waited on).
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    pybind11::gil_scoped_release nogil;
+    comm_.reset();
+  }
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupBraid::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,

@@ -86,7 +86,8 @@ braidResult_t braidCommInitRank(braidComm_t* comm, int nranks, braidUniqueId com
 /* Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun, braid run), else Open MPI's or
  * Slurm's variables; rank 0 hosts the rendezvous store on MASTER_PORT. */
 braidResult_t braidCommInitFromEnv(braidComm_t* comm);
-/* Releases the communicator after its last collective. Collective: each rank waits (at most
+/* Releases the communicator after its last collective (asynchronous calls of the C++ API still
+ * queued run first, in order). Collective: each rank waits (at most
  * BRAID_TIMEOUT) until every other rank has called destroy or left, and returns braidInvalidUsage,
  * naming both calls, if any rank's calls did not match (e.g. a message nobody read). Rank 0 (env
  * mode) then waits for the others to leave, so that the store outlives their last use of it. The

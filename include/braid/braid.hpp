@@ -13,7 +13,9 @@
 // (a cudaStream_t; nullptr is the legacy default stream): it starts after the work queued on the
 // stream before it, and work queued after it sees its result. The Work finishes with the call. With
 // host buffers a non-null stream is waited for first, then the call runs as without one.
-// A Communicator is a shared handle: copies refer to the same group; the last copy destroys it.
+// A Communicator is a shared handle: copies refer to the same group; the last copy ends it: the
+// asynchronous calls still queued run first, then it closes (braidCommDestroy's check that every
+// rank's calls matched, and its wait for the others, are not made).
 #pragma once
 #include <cstddef>
 #include <functional>

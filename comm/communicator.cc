@@ -285,7 +285,8 @@ Comm::~Comm() {
   // The last handle dropped ends the communicator as destroy does, but without the farewell:
   // asynchronous calls already queued run first (each within BRAID_TIMEOUT), as every rank queued
   // them; failing them here instead would leave the peers waiting in them for the timeout.
-  if (!closed_.load() && !failed_.load()) waitForQueuedCalls();
+  // (Not when the last handle was a Work callback's, dropped on the worker itself.)
+  if (!closed_.load() && !failed_.load() && std::this_thread::get_id() != worker_.get_id()) waitForQueuedCalls();
   if (!closed_.exchange(true)) shutdown(failed_.load());
 }
 

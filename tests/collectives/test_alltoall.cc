@@ -280,6 +280,24 @@ TEST(AllToAllCpp, WorkAndOnDoneCallbacks) {
 // Counts that disagree across 256 KiB, where the two ends would cut the block into different
 // numbers of pieces: the receiver still names the pair at the first header, and the sender
 // fails at its next call; neither succeeds with half a block.
+// Chains of all-reduces on 2 ranks, each reducing what the one before wrote: call k's element i
+// must be (3 + 2 (i mod 5)) 2^k (exact: doublings of small integers), and a call run before the
+// one it reads from would read the -1s. chainInput is rank's input to call 0.
+std::vector<float> chainInput(int rank, std::size_t count) {
+  std::vector<float> base(count);
+  for (std::size_t i = 0; i < count; ++i) base[i] = static_cast<float>(rank + 1 + static_cast<int>(i % 5));
+  return base;
+}
+// 0, or reports the first wrong element on this rank and returns `code`.
+int checkChain(int rank, const std::vector<std::vector<float>>& bufs, int code) {
+  for (std::size_t k = 0; k < bufs.size(); ++k)
+    for (std::size_t i = 0; i < bufs[k].size(); ++i)
+      if (bufs[k][i] != std::ldexp(static_cast<float>(3 + 2 * static_cast<int>(i % 5)), static_cast<int>(k)))
+        return report(rank, "call " + std::to_string(k) + " element " + std::to_string(i) + " is " +
+                                std::to_string(bufs[k][i])), code;
+  return 0;
+}
+
 // Work::wait runs a call that has not started on the waiting thread when it is next in line:
 // calls still run in the order they were made, whichever Work is waited on first, and each result
 // is exact. (Which thread runs a call is a race with the worker, so only the order is checked, and
@@ -289,8 +307,7 @@ TEST(AllToAllCpp, WaitingRunsCallsInOrderWhicheverIsWaitedFirst) {
     Communicator comm(c->impl);
     constexpr int kCalls = 24;
     constexpr std::size_t kCount = 4099;
-    std::vector<float> base(kCount);
-    for (std::size_t i = 0; i < kCount; ++i) base[i] = static_cast<float>(rank + 1 + static_cast<int>(i % 5));
+    const std::vector<float> base = chainInput(rank, kCount);
     std::vector<std::vector<float>> bufs(kCalls, std::vector<float>(kCount, -1.0f));
     std::vector<Work> works(kCalls);
     // Callbacks run after wait() returns (WorkState::finish wakes the waiters first): what they
@@ -298,8 +315,6 @@ TEST(AllToAllCpp, WaitingRunsCallsInOrderWhicheverIsWaitedFirst) {
     auto ranHere = std::make_shared<std::atomic<int>>(0);
     const std::thread::id me = std::this_thread::get_id();
     for (int k = 0; k < kCalls; ++k) {
-      // Each call reduces what the one before wrote (exact: doublings of small integers); run
-      // before it, it would read the -1s.
       const float* in = k == 0 ? base.data() : bufs[k - 1].data();
       works[k] = comm.allReduce(in, bufs[k].data(), kCount, DataType::kFloat32, ReduceOp::kSum);
       works[k].onDone([ranHere, me](const Status&) {
@@ -311,11 +326,7 @@ TEST(AllToAllCpp, WaitingRunsCallsInOrderWhicheverIsWaitedFirst) {
     }
     for (int k = kCalls - 1; k >= 0; --k)  // the rest, last first
       if (Status s = works[k].wait(); !s.ok()) return report(rank, "wait: " + s.toString()), 2;
-    for (int k = 0; k < kCalls; ++k)
-      for (std::size_t i = 0; i < kCount; ++i)
-        if (bufs[k][i] != std::ldexp(static_cast<float>(3 + 2 * static_cast<int>(i % 5)), k))
-          return report(rank, "call " + std::to_string(k) + " element " + std::to_string(i) + " is " +
-                                  std::to_string(bufs[k][i])), 3;
+    if (int rc = checkChain(rank, bufs, 3)) return rc;
     std::printf("rank %d: %d of %d calls ran on the waiting thread\n", rank, ranHere->load(), kCalls);
     return 0;
   });
@@ -331,8 +342,7 @@ TEST(AllToAllCpp, DestroyRunsQueuedCallsFirst) {
     Communicator comm(c->impl);
     constexpr int kCalls = 12;
     constexpr std::size_t kCount = (1 << 18) + 3;
-    std::vector<float> base(kCount);
-    for (std::size_t i = 0; i < kCount; ++i) base[i] = static_cast<float>(rank + 1 + static_cast<int>(i % 5));
+    const std::vector<float> base = chainInput(rank, kCount);
     std::vector<std::vector<float>> bufs(kCalls, std::vector<float>(kCount, -1.0f));
     std::vector<Work> works(kCalls);
     for (int k = 0; k < kCalls; ++k)
@@ -340,13 +350,9 @@ TEST(AllToAllCpp, DestroyRunsQueuedCallsFirst) {
                                 ReduceOp::kSum);
     if (braidResult_t r = braidCommDestroy(c); r != braidSuccess)
       return report(rank, std::string("destroy: ") + braidGetLastError(c)), 1;
-    for (int k = 0; k < kCalls; ++k) {
+    for (int k = 0; k < kCalls; ++k)
       if (!works[k].test()) return report(rank, "call " + std::to_string(k) + " not done after destroy"), 2;
-      for (std::size_t i = 0; i < kCount; ++i)
-        if (bufs[k][i] != std::ldexp(static_cast<float>(3 + 2 * static_cast<int>(i % 5)), k))
-          return report(rank, "call " + std::to_string(k) + " element " + std::to_string(i) + " is " +
-                                  std::to_string(bufs[k][i])), 3;
-    }
+    if (int rc = checkChain(rank, bufs, 3)) return rc;
     return kAlreadyDestroyed;
   });
   expectEveryRankSucceeded(outcome);

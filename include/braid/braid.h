@@ -27,6 +27,8 @@
 
 #include <stddef.h>
 
+#include "braid/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -76,16 +78,16 @@ typedef enum { braidSum = 0, braidProd = 1, braidMax = 2, braidMin = 3, braidAvg
 /* Opens a rendezvous listener in this process (on BRAID_COMM_ID's host:port if set) and describes
  * it in *uniqueId. Pass the id to every rank out of band (MPI_Bcast, a file, ...). The listener
  * lives until every rank of the communicator has left. */
-braidResult_t braidGetUniqueId(braidUniqueId* uniqueId);
+BRAID_EXPORT braidResult_t braidGetUniqueId(braidUniqueId* uniqueId);
 /* "host:port/nonce" form of an id, for command lines and logs; buf needs 128 bytes. */
-braidResult_t braidUniqueIdToString(const braidUniqueId* uniqueId, char* buf, size_t bufSize);
-braidResult_t braidUniqueIdFromString(const char* text, braidUniqueId* uniqueId);
+BRAID_EXPORT braidResult_t braidUniqueIdToString(const braidUniqueId* uniqueId, char* buf, size_t bufSize);
+BRAID_EXPORT braidResult_t braidUniqueIdFromString(const char* text, braidUniqueId* uniqueId);
 
 /* Collective over nranks processes; blocks until all have joined or BRAID_TIMEOUT passes. */
-braidResult_t braidCommInitRank(braidComm_t* comm, int nranks, braidUniqueId commId, int rank);
+BRAID_EXPORT braidResult_t braidCommInitRank(braidComm_t* comm, int nranks, braidUniqueId commId, int rank);
 /* Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun, braid run), else Open MPI's or
  * Slurm's variables; rank 0 hosts the rendezvous store on MASTER_PORT. */
-braidResult_t braidCommInitFromEnv(braidComm_t* comm);
+BRAID_EXPORT braidResult_t braidCommInitFromEnv(braidComm_t* comm);
 /* Releases the communicator after its last collective (asynchronous calls of the C++ API still
  * queued run first, in order). Collective: each rank waits (at most
  * BRAID_TIMEOUT) until every other rank has called destroy or left, and returns braidInvalidUsage,
@@ -93,37 +95,37 @@ braidResult_t braidCommInitFromEnv(braidComm_t* comm);
  * mode) then waits for the others to leave, so that the store outlives their last use of it. The
  * handle itself stays valid: any later call on it returns braidInvalidUsage ("destroyed or
  * aborted"). */
-braidResult_t braidCommDestroy(braidComm_t comm);
+BRAID_EXPORT braidResult_t braidCommDestroy(braidComm_t comm);
 /* Stops at once: calls in flight on other threads return braidAborted within a few milliseconds,
  * other ranks get an error naming this rank, and everything the communicator held (sockets, shared
  * memory, threads) is released. Later calls on the handle return braidInvalidUsage. */
-braidResult_t braidCommAbort(braidComm_t comm);
-braidResult_t braidCommCount(const braidComm_t comm, int* count);
-braidResult_t braidCommUserRank(const braidComm_t comm, int* rank);
+BRAID_EXPORT braidResult_t braidCommAbort(braidComm_t comm);
+BRAID_EXPORT braidResult_t braidCommCount(const braidComm_t comm, int* count);
+BRAID_EXPORT braidResult_t braidCommUserRank(const braidComm_t comm, int* rank);
 /* braidSuccess, or the error that ended the communicator (also one raised by another rank). */
-braidResult_t braidCommGetAsyncError(braidComm_t comm, braidResult_t* asyncError);
+BRAID_EXPORT braidResult_t braidCommGetAsyncError(braidComm_t comm, braidResult_t* asyncError);
 
-braidResult_t braidAllReduce(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype,
+BRAID_EXPORT braidResult_t braidAllReduce(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype,
                              braidRedOp_t op, braidComm_t comm, void* stream);
-braidResult_t braidAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, braidDataType_t datatype,
+BRAID_EXPORT braidResult_t braidAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, braidDataType_t datatype,
                              braidComm_t comm, void* stream);
-braidResult_t braidReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, braidDataType_t datatype,
+BRAID_EXPORT braidResult_t braidReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, braidDataType_t datatype,
                                  braidRedOp_t op, braidComm_t comm, void* stream);
-braidResult_t braidBroadcast(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype, int root,
+BRAID_EXPORT braidResult_t braidBroadcast(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype, int root,
                              braidComm_t comm, void* stream);
-braidResult_t braidReduce(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype,
+BRAID_EXPORT braidResult_t braidReduce(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype,
                           braidRedOp_t op, int root, braidComm_t comm, void* stream);
 /* Point to point: a send completes when its data has been handed to the transport (small) or
  * received (large); match every send with a recv on the peer, in the same order. */
-braidResult_t braidSend(const void* sendbuff, size_t count, braidDataType_t datatype, int peer, braidComm_t comm,
+BRAID_EXPORT braidResult_t braidSend(const void* sendbuff, size_t count, braidDataType_t datatype, int peer, braidComm_t comm,
                         void* stream);
-braidResult_t braidRecv(void* recvbuff, size_t count, braidDataType_t datatype, int peer, braidComm_t comm,
+BRAID_EXPORT braidResult_t braidRecv(void* recvbuff, size_t count, braidDataType_t datatype, int peer, braidComm_t comm,
                         void* stream);
-braidResult_t braidBarrier(braidComm_t comm);
+BRAID_EXPORT braidResult_t braidBarrier(braidComm_t comm);
 /* All-to-all: block p of this rank's send buffer (count elements at sendbuff + p*count) goes to
  * rank p, which puts it at recvbuff + r*count, r being this rank. In place: sendbuff == recvbuff.
  * Host buffers; CUDA device buffers are braidInvalidArgument for now. */
-braidResult_t braidAllToAll(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype,
+BRAID_EXPORT braidResult_t braidAllToAll(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype,
                             braidComm_t comm, void* stream);
 /* All-to-all with per-peer counts and displacements, in elements (MPI_Alltoallv's four arrays, one
  * entry per rank): sendcounts[p] elements from sendbuff + sdispls[p] go to rank p, which puts them
@@ -131,7 +133,7 @@ braidResult_t braidAllToAll(const void* sendbuff, void* recvbuff, size_t count, 
  * not match its peer's gets braidInvalidUsage naming both, and the communicator ends, as for any
  * mismatch). sendcounts[r] == recvcounts[r] for this rank r. In place: sendbuff == recvbuff (the
  * send side is copied first). Host buffers only, as braidAllToAll. */
-braidResult_t braidAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
+BRAID_EXPORT braidResult_t braidAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
                              const size_t* recvcounts, const size_t* rdispls, braidDataType_t datatype,
                              braidComm_t comm, void* stream);
 
@@ -146,21 +148,21 @@ braidResult_t braidAllToAllv(const void* sendbuff, const size_t* sendcounts, con
  * communicators whose grouped sends and receives wait on each other (they run one communicator
  * after the other), and device buffers in a group (braidInvalidArgument). Groups nest;
  * braidGroupEnd returns the first error of the group. */
-braidResult_t braidGroupStart(void);
-braidResult_t braidGroupEnd(void);
+BRAID_EXPORT braidResult_t braidGroupStart(void);
+BRAID_EXPORT braidResult_t braidGroupEnd(void);
 
 /* Host memory that the other ranks of this host can map (NCCL has ncclMemAlloc for the same
  * reason): an all-reduce of 256 KiB or more whose buffers on every rank come from braidMemAlloc
  * reads and reduces straight from the peers' buffers instead of copying through staging rings.
  * Any other memory still works, through the staged path. The memory is zeroed and its pages are
  * resident on return. Thread-safe. */
-braidResult_t braidMemAlloc(void** ptr, size_t bytes);
+BRAID_EXPORT braidResult_t braidMemAlloc(void** ptr, size_t bytes);
 /* Frees memory from braidMemAlloc (NULL is ignored). Not while a collective uses it. */
-braidResult_t braidMemFree(void* ptr);
+BRAID_EXPORT braidResult_t braidMemFree(void* ptr);
 
-const char* braidGetErrorString(braidResult_t result);
+BRAID_EXPORT const char* braidGetErrorString(braidResult_t result);
 /* The last error's message on this communicator (or, for comm == NULL, on this thread). */
-const char* braidGetLastError(braidComm_t comm);
+BRAID_EXPORT const char* braidGetLastError(braidComm_t comm);
 
 #ifdef __cplusplus
 }

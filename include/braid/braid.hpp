@@ -32,7 +32,7 @@ namespace braid {
 class Comm;
 struct WorkState;
 
-class Work {
+class BRAID_EXPORT Work {
  public:
   Work() = default;
   // Waits at most timeoutSec (negative: until done; every call is bounded by BRAID_TIMEOUT anyway).
@@ -66,8 +66,8 @@ struct StoreOptions {
 };
 
 // braidMemAlloc / braidMemFree (see braid.h): memory that makes large all-reduces zero-copy.
-Result<void*> memAlloc(std::size_t bytes);
-Status memFree(void* ptr);
+BRAID_EXPORT Result<void*> memAlloc(std::size_t bytes);
+BRAID_EXPORT Status memFree(void* ptr);
 
 // One send or receive of a batch (Communicator::sendRecvBatch).
 struct PeerOp {
@@ -82,7 +82,7 @@ struct PeerOp {
   int tag = 0;
 };
 
-class Communicator {
+class BRAID_EXPORT Communicator {
  public:
   static Result<Communicator> fromEnv(const CommOptions& options = {});
   static Result<Communicator> fromUniqueId(const braidUniqueId& id, int nranks, int rank,

@@ -111,7 +111,7 @@ struct GradSyncState;
 
 // While alive, the GradSync runs in accumulation mode (see noSync()). Movable, not copyable; must
 // not outlive its GradSync.
-class [[nodiscard]] NoSyncGuard {
+class [[nodiscard]] BRAID_EXPORT NoSyncGuard {
  public:
   NoSyncGuard(NoSyncGuard&& other) noexcept;
   NoSyncGuard& operator=(NoSyncGuard&&) = delete;
@@ -125,7 +125,7 @@ class [[nodiscard]] NoSyncGuard {
   detail::GradSyncState* state_ = nullptr;
 };
 
-class GradSync {
+class BRAID_EXPORT GradSync {
  public:
   // Collective: every rank of `comm` calls it with the same parameters (count, dtype, memory, in
   // the same order) and the same options. Checks that they agree (the error names the first
@@ -181,7 +181,7 @@ struct SamplerOptions {
 // seed + epoch (the same on every rank), padded or cut to a multiple of the world size, and dealt
 // out rank by rank (rank r gets positions r, r + ranks, ...). Call setEpoch() at the start of every
 // epoch, or every epoch sees the same order. A plain value: copyable, no communication.
-class DistributedSampler {
+class BRAID_EXPORT DistributedSampler {
  public:
   // Invalid argument unless ranks > 0 and 0 <= rank < ranks.
   static Result<DistributedSampler> create(std::size_t datasetSize, int ranks, int rank,

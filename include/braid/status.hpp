@@ -6,6 +6,8 @@
 #include <string>
 #include <utility>
 
+#include "braid/export.h"
+
 namespace braid {
 
 // Codes equal braid.h's braidResult_t.
@@ -14,7 +16,7 @@ enum class Code : int {
   kInvalidUsage = 5, kRemoteError = 6, kInProgress = 7, kTimeout = 8, kAborted = 9,
 };
 
-class [[nodiscard]] Status {
+class [[nodiscard]] BRAID_EXPORT Status {
  public:
   Status() = default;
   static Status Ok() { return {}; }
@@ -44,7 +46,7 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-const char* codeName(Code c);
+BRAID_EXPORT const char* codeName(Code c);
 
 template <typename T>
 class [[nodiscard]] Result {

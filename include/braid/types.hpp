@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "braid/export.h"
+
 namespace braid {
 
 enum class DataType : int {
@@ -32,7 +34,7 @@ constexpr bool isFloating(DataType t) {
 }
 
 // "float32", "sum", ...; "?" for a value outside the enum.
-const char* dataTypeName(DataType t);
-const char* reduceOpName(ReduceOp o);
+BRAID_EXPORT const char* dataTypeName(DataType t);
+BRAID_EXPORT const char* reduceOpName(ReduceOp o);
 
 }  // namespace braid

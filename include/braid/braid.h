@@ -106,27 +106,27 @@ BRAID_EXPORT braidResult_t braidCommUserRank(const braidComm_t comm, int* rank);
 BRAID_EXPORT braidResult_t braidCommGetAsyncError(braidComm_t comm, braidResult_t* asyncError);
 
 BRAID_EXPORT braidResult_t braidAllReduce(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype,
-                             braidRedOp_t op, braidComm_t comm, void* stream);
+                                          braidRedOp_t op, braidComm_t comm, void* stream);
 BRAID_EXPORT braidResult_t braidAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, braidDataType_t datatype,
-                             braidComm_t comm, void* stream);
+                                          braidComm_t comm, void* stream);
 BRAID_EXPORT braidResult_t braidReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, braidDataType_t datatype,
-                                 braidRedOp_t op, braidComm_t comm, void* stream);
+                                              braidRedOp_t op, braidComm_t comm, void* stream);
 BRAID_EXPORT braidResult_t braidBroadcast(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype, int root,
-                             braidComm_t comm, void* stream);
+                                          braidComm_t comm, void* stream);
 BRAID_EXPORT braidResult_t braidReduce(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype,
-                          braidRedOp_t op, int root, braidComm_t comm, void* stream);
+                                       braidRedOp_t op, int root, braidComm_t comm, void* stream);
 /* Point to point: a send completes when its data has been handed to the transport (small) or
  * received (large); match every send with a recv on the peer, in the same order. */
 BRAID_EXPORT braidResult_t braidSend(const void* sendbuff, size_t count, braidDataType_t datatype, int peer, braidComm_t comm,
-                        void* stream);
+                                     void* stream);
 BRAID_EXPORT braidResult_t braidRecv(void* recvbuff, size_t count, braidDataType_t datatype, int peer, braidComm_t comm,
-                        void* stream);
+                                     void* stream);
 BRAID_EXPORT braidResult_t braidBarrier(braidComm_t comm);
 /* All-to-all: block p of this rank's send buffer (count elements at sendbuff + p*count) goes to
  * rank p, which puts it at recvbuff + r*count, r being this rank. In place: sendbuff == recvbuff.
  * Host buffers; CUDA device buffers are braidInvalidArgument for now. */
 BRAID_EXPORT braidResult_t braidAllToAll(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype,
-                            braidComm_t comm, void* stream);
+                                         braidComm_t comm, void* stream);
 /* All-to-all with per-peer counts and displacements, in elements (MPI_Alltoallv's four arrays, one
  * entry per rank): sendcounts[p] elements from sendbuff + sdispls[p] go to rank p, which puts them
  * at its recvbuff + rdispls[r]; its recvcounts[r] must be the same number (a rank whose counts do
@@ -134,8 +134,8 @@ BRAID_EXPORT braidResult_t braidAllToAll(const void* sendbuff, void* recvbuff, s
  * mismatch). sendcounts[r] == recvcounts[r] for this rank r. In place: sendbuff == recvbuff (the
  * send side is copied first). Host buffers only, as braidAllToAll. */
 BRAID_EXPORT braidResult_t braidAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
-                             const size_t* recvcounts, const size_t* rdispls, braidDataType_t datatype,
-                             braidComm_t comm, void* stream);
+                                          const size_t* recvcounts, const size_t* rdispls, braidDataType_t datatype,
+                                          braidComm_t comm, void* stream);
 
 /* Groups, as NCCL's ncclGroupStart/ncclGroupEnd: calls made between them on this thread are
  * checked at once (a bad argument is returned then and leaves the group as it was) and run at the

@@ -48,6 +48,9 @@ if [ "$(id -u)" != 0 ]; then echo "skipped: test hosts need root (network namesp
 for tool in ip unshare nsenter tc; do
   command -v "$tool" >/dev/null || { echo "skipped: '$tool' is missing (apt-get install iproute2 util-linux)"; exit 77; }
 done
+# The whole run holds the test hosts' lock: a benchmark or another run started meanwhile is refused
+# rather than tearing these hosts down (and this run waits up to 120 s for one already going).
+[ -n "${TESTHOSTS_SESSION:-}" ] || exec "$testhosts" session --wait 120 "$0" "$@"
 
 # Starts `braid run` on hosts h1..hN in the background, each bounded by LIMIT s, as across
 # machines (--nnodes, --node-rank, --master-addr h1); their PIDs in `pids`, logs in $work/hK.log.
@@ -373,6 +376,21 @@ doctor_interfaces() {
   return "$st"
 }
 check "doctor, a second interface routed to a blackhole, and a BRAID_SOCKET_IFNAME matching nothing: names both" doctor_interfaces
+
+# The lock: from outside this run's session (descriptor 9 closed, as an unrelated process has it),
+# `down` and `up` are refused naming the holder, and the hosts stay; inside it `link` works.
+outsiders_refused() {
+  local cmd out
+  for cmd in down "up 2"; do
+    # shellcheck disable=SC2086
+    out=$( (exec 9>&-; unset TESTHOSTS_SESSION; "$testhosts" $cmd) 2>&1 ) &&
+      { echo "  '$cmd' from outside the session was not refused"; return 1; }
+    grep -q "the test hosts are in use by PID [0-9]* (.*test_hosts.sh" <<<"$out" || { echo "  '$cmd' refused as: $out"; return 1; }
+  done
+  [ -e /run/netns/braid-h3 ] && "$testhosts" addr h3 >/dev/null || { echo "  the hosts went"; return 1; }
+  "$testhosts" link h1 rate 1gbit && "$testhosts" link h1 clear
+}
+check "the test hosts' lock: down and up from outside the session refused, naming it; the hosts stay" outsiders_refused
 
 rm -rf "$work"
 echo "$passed passed, $fail failed"

@@ -124,6 +124,20 @@ braidResult_t braidCommGetAsyncError(braidComm_t comm, braidResult_t* asyncError
   return braidSuccess;
 }
 
+braidResult_t braidCommSplit(braidComm_t comm, int color, int key, braidComm_t* newcomm) {
+  if (!comm || !comm->impl) return toResult(braid::Status::InvalidArgument("communicator is NULL"));
+  std::shared_ptr<braid::Comm> impl = comm->impl;
+  if (impl->closed()) return toResult(kAlreadyClosed(), impl.get());
+  if (tGroupDepth > 0)
+    return toResult(braid::Status::InvalidUsage("braidCommSplit between braidGroupStart and braidGroupEnd: call it "
+                                                "outside the group"), impl.get());
+  if (newcomm) *newcomm = nullptr;
+  auto r = braid::splitComm(*impl, color, key, {}, newcomm ? "" : "braidCommSplit: newcomm is NULL");
+  if (!r.ok()) return toResult(r.status(), impl.get());
+  if (*r) *newcomm = new braidComm{*r};
+  return braidSuccess;
+}
+
 braidResult_t braidAllReduce(const void* s, void* r, size_t count, braidDataType_t t, braidRedOp_t op, braidComm_t comm,
                              void* stream) {
   return run(comm, {braid::CollKind::kAllReduce, s, r, count, dt(t), rop(op)}, stream);

@@ -69,6 +69,12 @@ Result<Communicator> Communicator::fromStore(const StoreOptions& store, int nran
 
 int Communicator::rank() const { return impl_->rank(); }
 int Communicator::size() const { return impl_->nranks(); }
+Result<std::optional<Communicator>> Communicator::split(int color, int key, const CommOptions& options) {
+  auto r = splitComm(*impl_, color, key, options);
+  if (!r.ok()) return r.status();
+  if (!*r) return std::optional<Communicator>();
+  return std::optional<Communicator>(Communicator(*r));
+}
 std::string Communicator::transportTo(int peer) const {
   return peer >= 0 && peer < impl_->nranks() ? impl_->transportOf(peer) : "";
 }

@@ -351,5 +351,10 @@ Result<std::shared_ptr<Comm>> initFromUniqueId(const braidUniqueId& id, int nran
 Result<std::shared_ptr<Comm>> initFromEnv(const CommOptions& options = {});
 Result<std::shared_ptr<Comm>> initFromStore(const std::string& host, int port, bool isHost, int nranks, int rank,
                                             const CommOptions& options = {});
+// braidCommSplit (comm/split.cc): nullptr for BRAID_SPLIT_NOCOLOR. A non-empty `refusal` (this
+// rank's arguments are bad) still takes part in the parent's exchange, so that every rank returns
+// invalid argument rather than waiting for this one.
+Result<std::shared_ptr<Comm>> splitComm(Comm& parent, int color, int key, const CommOptions& options,
+                                        const std::string& refusal = "");
 
 }  // namespace braid

@@ -59,10 +59,8 @@ Result<InitParams> paramsWith(InitParams p, int nranks, int rank, const CommOpti
   auto cfg = Config::fromEnvironment();
   if (!cfg.ok()) return cfg.status();
   p.config = *cfg;
-  if (options.timeoutSec < 0 || options.timeoutSec != options.timeoutSec)
-    return Status::InvalidArgument("CommOptions::timeoutSec must be seconds > 0, or 0 for BRAID_TIMEOUT (got " +
-                                   std::to_string(options.timeoutSec) + ")");
-  if (options.timeoutSec > 0 && !environmentValue("BRAID_TIMEOUT")) p.config.timeoutSec = options.timeoutSec;
+  Status s = applyOptions(options, &p.config);
+  if (!s.ok()) return s;
   p.rank = rank;
   p.nranks = nranks;
   return p;
@@ -70,26 +68,11 @@ Result<InitParams> paramsWith(InitParams p, int nranks, int rank, const CommOpti
 
 }  // namespace
 
-Status makeUniqueId(braidUniqueId* id) {
-  auto cfg = Config::fromEnvironment();
-  if (!cfg.ok()) return cfg.status();
-  log::configure(cfg->debug, cfg->debugSubsys);
-  std::string ip;
-  int port = 0;
-  if (!cfg->commId.empty()) {
-    auto hp = splitHostPort(cfg->commId);
-    if (!hp.ok()) return hp.status().withContext("BRAID_COMM_ID");
-    auto resolved = net::resolve(hp->first);
-    if (!resolved.ok()) return resolved.status();
-    ip = *resolved;
-    port = hp->second;
-  } else {
-    auto chosen = defaultListenIp(*cfg);
-    if (!chosen.ok()) return chosen.status();
-    ip = *chosen;
-  }
+namespace {
+// Starts a detached store on ip:port (0: any free port) and writes its unique id.
+Status startIdStore(const Config& cfg, const std::string& ip, int port, braidUniqueId* id) {
   std::string nonce = randomHex(16);
-  auto server = StoreServer::start(cfg->socketBindAll ? "0.0.0.0" : ip, port, nonce);
+  auto server = StoreServer::start(cfg.socketBindAll ? "0.0.0.0" : ip, port, nonce);
   if (!server.ok()) return server.status();
   IdLayout layout{};
   std::memcpy(layout.magic, kIdMagic, sizeof(kIdMagic));
@@ -99,6 +82,33 @@ Status makeUniqueId(braidUniqueId* id) {
   (*server)->detach();
   server->release();  // the detached thread keeps running; the object is intentionally leaked
   std::memcpy(id->internal, &layout, sizeof(layout));
+  return Status::Ok();
+}
+}  // namespace
+
+Status makeUniqueId(braidUniqueId* id) {
+  auto cfg = Config::fromEnvironment();
+  if (!cfg.ok()) return cfg.status();
+  log::configure(cfg->debug, cfg->debugSubsys);
+  if (cfg->commId.empty()) return makeUniqueIdFor(*cfg, id);
+  auto hp = splitHostPort(cfg->commId);
+  if (!hp.ok()) return hp.status().withContext("BRAID_COMM_ID");
+  auto resolved = net::resolve(hp->first);
+  if (!resolved.ok()) return resolved.status();
+  return startIdStore(*cfg, *resolved, hp->second, id);
+}
+
+Status makeUniqueIdFor(const Config& config, braidUniqueId* id) {
+  auto chosen = defaultListenIp(config);
+  if (!chosen.ok()) return chosen.status();
+  return startIdStore(config, *chosen, 0, id);
+}
+
+Status applyOptions(const CommOptions& options, Config* config) {
+  if (options.timeoutSec < 0 || options.timeoutSec != options.timeoutSec)
+    return Status::InvalidArgument("CommOptions::timeoutSec must be seconds > 0, or 0 for BRAID_TIMEOUT (got " +
+                                   std::to_string(options.timeoutSec) + ")");
+  if (options.timeoutSec > 0 && !environmentValue("BRAID_TIMEOUT")) config->timeoutSec = options.timeoutSec;
   return Status::Ok();
 }
 

@@ -24,6 +24,11 @@ struct InitParams {
 };
 
 Status makeUniqueId(braidUniqueId* id);
+// A unique id whose store listens on an ephemeral port of `config`'s interface (BRAID_COMM_ID,
+// meant for one job's rank 0, is not used): the new communicators of braidCommSplit.
+Status makeUniqueIdFor(const Config& config, braidUniqueId* id);
+// CommOptions over a Config (BRAID_TIMEOUT, when set, still wins over timeoutSec).
+Status applyOptions(const CommOptions& options, Config* config);
 std::string uniqueIdToString(const braidUniqueId& id);
 Result<braidUniqueId> uniqueIdFromString(const std::string& text);
 

@@ -105,6 +105,17 @@ BRAID_EXPORT braidResult_t braidCommUserRank(const braidComm_t comm, int* rank);
 /* braidSuccess, or the error that ended the communicator (also one raised by another rank). */
 BRAID_EXPORT braidResult_t braidCommGetAsyncError(braidComm_t comm, braidResult_t* asyncError);
 
+/* The color of a rank that takes part in braidCommSplit but joins no new communicator. */
+#define BRAID_SPLIT_NOCOLOR (-1)
+/* Splits `comm` as ncclCommSplit does: every rank of `comm` calls it; those passing the same color
+ * (>= 0) form a new communicator, ranked by `key` (ties by their rank in `comm`), with `comm`'s
+ * settings (BRAID_TIMEOUT, interfaces, ...). A rank passing BRAID_SPLIT_NOCOLOR gets *newcomm =
+ * NULL. Runs two all-gathers on `comm`, then each new communicator's init; `comm` stays usable and
+ * independent of the new ones. A rank's bad arguments (a color below -1, newcomm NULL) make every
+ * rank return braidInvalidArgument naming it, and no communicator is made. Not inside
+ * braidGroupStart/End. */
+BRAID_EXPORT braidResult_t braidCommSplit(braidComm_t comm, int color, int key, braidComm_t* newcomm);
+
 BRAID_EXPORT braidResult_t braidAllReduce(const void* sendbuff, void* recvbuff, size_t count, braidDataType_t datatype,
                                           braidRedOp_t op, braidComm_t comm, void* stream);
 BRAID_EXPORT braidResult_t braidAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, braidDataType_t datatype,

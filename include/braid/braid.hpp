@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,9 @@ class BRAID_EXPORT Communicator {
   int size() const;
   // "shm", "tcp" or "self": how this rank reaches `peer`.
   std::string transportTo(int peer) const;
+  // braidCommSplit (see braid.h): every rank calls it; nullopt for BRAID_SPLIT_NOCOLOR. `options`
+  // adjust the new communicator's settings, which start as this one's.
+  Result<std::optional<Communicator>> split(int color, int key, const CommOptions& options = {});
 
   Work allReduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op, void* stream = nullptr);
   Work allGather(const void* send, void* recv, std::size_t sendCount, DataType t, void* stream = nullptr);

@@ -28,7 +28,7 @@ def batch_isend_irecv(p2p_op_list):
     Torch 1.13 groups a batch only for NCCL and otherwise issues the operations one by one, which
     deadlocks on a backend whose calls run in order once two ranks both send a large message
     before receiving. This runs the batch as braidGroupStart/End would; other backends' batches go
-    to torch's own function. Returns one request per operation (all the same Work).
+    to torch's own function. Returns one request per operation.
     """
     if not p2p_op_list:
         return _torch_batch_isend_irecv(p2p_op_list)
@@ -42,8 +42,7 @@ def batch_isend_irecv(p2p_op_list):
             raise RuntimeError("braid: all operations of a batch_isend_irecv must use the same group")
         peer = op.peer if group is None else _dist.distributed_c10d._get_group_rank(group, op.peer)
         ops.append((op.op in (_dist.isend, _dist.send), op.tensor, peer, op.tag))
-    work = pg._batch_isend_irecv(ops)
-    return [work for _ in p2p_op_list]
+    return pg._batch_isend_irecv(ops)
 
 
 _dist.batch_isend_irecv = batch_isend_irecv

@@ -211,15 +211,33 @@ def collectives_body(rank, world, port):
             req.wait()
         expect_equal(ins[0], torch.full((big,), float(left * 10)), "batch_isend_irecv from the left")
         expect_equal(ins[1], torch.full((big,), float(right * 10 + 1)), "batch_isend_irecv from the right")
-        # Tags: messages between two ranks match in call order (as NCCL's do) and each carries its
-        # tag; a receive must name the tag of the send it meets (bad_input_body: when it does not).
+        # Tags, as gloo and MPI match them: a receive takes the oldest message of its tag from its
+        # source, whatever order the sends were made in (bad_input_body: a size that differs, a
+        # tag never sent).
         sends = [dist.isend(torch.full((5,), float(rank * 100 + t)), dst=right, tag=t) for t in (3, 4)]
         got = [torch.zeros(5), torch.zeros(5)]
-        recvs = [dist.irecv(got[i], src=left, tag=t) for i, t in enumerate((3, 4))]
-        for req in sends + recvs:
+        for i, t in ((1, 4), (0, 3)):  # tag 4 first: tag 3 arrives with it and is held
+            dist.irecv(got[i], src=left, tag=t).wait()
+        for req in sends:
             req.wait()
         for i, t in enumerate((3, 4)):
-            expect_equal(got[i], torch.full((5,), float(left * 100 + t)), f"isend/irecv with tag {t}")
+            expect_equal(got[i], torch.full((5,), float(left * 100 + t)), f"isend tags 3, 4 received as 4, 3: tag {t}")
+        for t in (7, 8, 9):  # blocking sends, received in reverse, into non-contiguous views
+            dist.send(torch.full((3,), float(rank * 100 + t)), dst=right, tag=t)
+        for t in (9, 8, 7):
+            view = torch.zeros(6)[::2]
+            dist.recv(view, src=left, tag=t)
+            expect_equal(view, torch.full((3,), float(left * 100 + t)), f"blocking sends received in reverse: tag {t}")
+        # 40 messages on 5 tags, more than one manifest lists, each tag's received in order, the
+        # tags in the reverse of their order.
+        sends = [dist.isend(torch.full((2,), float(i), dtype=torch.float64), dst=right, tag=i % 5) for i in range(40)]
+        for t in reversed(range(5)):
+            for k in range(8):
+                x = torch.zeros(2, dtype=torch.float64)
+                dist.recv(x, src=left, tag=t)
+                expect_equal(x, torch.full((2,), float(t + 5 * k), dtype=torch.float64), f"message {k} of tag {t}")
+        for req in sends:
+            req.wait()
         ops = [dist.P2POp(dist.isend, outs[0][:9], right, tag=11), dist.P2POp(dist.irecv, ins[0][:9], left, tag=11)]
         for req in dist.batch_isend_irecv(ops):
             req.wait()
@@ -331,18 +349,39 @@ def bad_input_body(rank, world, port, out_path):
     t = torch.ones(4)
     dist.all_reduce(t)
     assert t.tolist() == [float(world)] * 4, t
-    # A receive whose tag differs from the send it meets: both ranks raise naming the tags. On a
-    # group of its own, which that ends, so that the world group goes on.
-    pair = dist.new_group(list(range(world)))
+    # A receive of another size or dtype than the send of its tag: it raises on the receiver,
+    # naming both, and the group goes on.
+    if rank == 0:
+        dist.send(torch.ones(3), dst=1, tag=5)
+        dist.send(torch.ones(3), dst=1, tag=6)
+        msgs.append("size: (the sender)")
+    else:
+        try:
+            dist.recv(torch.zeros(4), src=0, tag=5)
+            msgs.append("a receive of 4 elements took a send of 3")
+        except RuntimeError as e:
+            msgs.append(f"size: {e}".replace("\n", " "))
+        try:
+            dist.recv(torch.zeros(3, dtype=torch.int32), src=0, tag=6)
+            msgs.append("an int32 receive took a float32 send")
+        except RuntimeError as e:
+            msgs[-1] += f" | dtype: {e}".replace("\n", " ")
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    assert t.tolist() == [float(world)] * 4, t
+    # A receive of a tag that is never sent: it times out naming the tag it waits for and the tags
+    # that came instead. On a group of its own, which that ends, so that the world group goes on.
+    pair = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=5))
+    start = time.monotonic()
     try:
         if rank == 0:
             dist.send(torch.ones(3), dst=1, tag=5, group=pair)
             dist.barrier(group=pair)  # the sender learns at its next call
         elif rank == 1:
             dist.recv(torch.zeros(3), src=0, tag=6, group=pair)
-        msgs.append("a receive with another tag than its send succeeded")
+        msgs.append("a receive of a tag never sent succeeded")
     except RuntimeError as e:
-        msgs.append(f"tags: {e}".replace("\n", " "))
+        msgs.append(f"tags after {time.monotonic() - start:.1f} s: {e}".replace("\n", " "))
     try:  # ranks disagree on the size: every rank raises, naming both calls
         dist.all_reduce(torch.ones(10 + rank))
         msgs.append("mismatched sizes succeeded")
@@ -407,12 +446,21 @@ def check_bad_input_raises_on_every_rank():
         run_ranks(bad_input_body, 2, path)
         for rank in range(2):
             with open(f"{path}.{rank}") as f:
-                out_of_range, tags, mismatch = f.read().split("\n", 2)
+                out_of_range, size, tags, mismatch = f.read().split("\n", 3)
             if "outside 0..1" not in out_of_range:
                 raise AssertionError(f"rank {rank}: {out_of_range}")
-            if "tag=6" not in tags or "has tag 5" not in tags:
-                raise AssertionError(f"rank {rank}: the tags are not named: {tags}")
-            print(f"  rank {rank}: {tags[:200]}")
+            if rank == 1:
+                for want in ("rank 0 sent 3 elements of Float with that tag, this receive takes 4 of Float",
+                             "rank 0 sent 3 elements of Float with that tag, this receive takes 3 of Int"):
+                    if want not in size:
+                        raise AssertionError(f"rank 1: the size or dtype mismatch is not named ({want}): {size}")
+                if "recv from rank 0 with tag 6 on rank 1, waiting for a message with that tag" not in tags or \
+                        "tag 5 (1 message)" not in tags or "timed out" not in tags:
+                    raise AssertionError(f"rank 1: the tag waited for and the tag held are not named: {tags}")
+            elif "tags after" not in tags:  # the sender's barrier fails: rank 1 is gone from it
+                raise AssertionError(f"rank 0: the barrier after the send succeeded: {tags}")
+            print(f"  rank {rank}: {size[:200]}")
+            print(f"  rank {rank}: {tags[:240]}")
             if "allreduce(count=10, float32, sum)" not in mismatch or "allreduce(count=11, float32, sum)" not in mismatch:
                 raise AssertionError(f"rank {rank}: the mismatch does not name both calls: {mismatch}")
             print(f"  rank {rank}: {mismatch[:150]}")

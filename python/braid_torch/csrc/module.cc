@@ -18,7 +18,7 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
       .def("_batch_isend_irecv", &ProcessGroupBraid::batchSendRecv, py::arg("ops"), py::call_guard<py::gil_scoped_release>(),
-           "[(is_send, tensor, group rank)] as one Braid group; one Work for all");
+           "[(is_send, tensor, group rank, tag)] as one Braid group; one Work per operation");
   m.def("create", &ProcessGroupBraid::create, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
         py::call_guard<py::gil_scoped_release>(),
         "The creator torch.distributed.Backend.register_backend calls: (store, rank, size, timeout) -> process group");

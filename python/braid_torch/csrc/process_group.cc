@@ -2,38 +2,17 @@
 
 #include <pybind11/pybind11.h>  // gil_scoped_release (~ProcessGroupBraid)
 
-#include <ATen/core/ivalue.h>
-#include <ATen/core/jit_type.h>
-
-#include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <mutex>
-#include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "p2p.h"
+#include "tensors.h"
+#include "work.h"
+
 namespace braid::torch_backend {
 namespace {
-
-// Braid's element type for a tensor's dtype; bool travels as uint8 (its reductions: below).
-braid::DataType braidType(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return braid::DataType::kFloat32;
-    case at::kDouble: return braid::DataType::kFloat64;
-    case at::kHalf: return braid::DataType::kFloat16;
-    case at::kBFloat16: return braid::DataType::kBfloat16;
-    case at::kInt: return braid::DataType::kInt32;
-    case at::kLong: return braid::DataType::kInt64;
-    case at::kChar: return braid::DataType::kInt8;
-    case at::kByte:
-    case at::kBool: return braid::DataType::kUint8;
-    default: break;
-  }
-  TORCH_CHECK(false, "braid: tensors of type ", t.scalar_type(),
-              " are not supported (Braid has float32, float64, float16, bfloat16, int8, uint8, int32, int64 and bool)");
-}
 
 // Braid's reduction for c10d's op on this tensor. On bool, sum is logical or (max) and product
 // logical and (min), as NCCL and Gloo make them.
@@ -68,10 +47,6 @@ at::Tensor& single(std::vector<at::Tensor>& tensors, const char* what) {
 // call for outputs).
 at::Tensor dense(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
-void* ptr(const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; }
-
-std::size_t count(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()); }
-
 // All tensors of a list flattened end to end into one new contiguous buffer of their dtype.
 at::Tensor concat(const std::vector<at::Tensor>& ts) {
   std::vector<at::Tensor> flat;
@@ -95,125 +70,7 @@ void split(const at::Tensor& from, std::vector<at::Tensor>& to) {
 
 std::chrono::milliseconds braidTimeout(std::chrono::milliseconds timeout) { return timeout; }
 
-// A c10d::Work over a braid::Work: done when Braid's is, with a future that completes then (DDP's
-// comm hooks wait on it). `after` runs first, on success (copies results into non-contiguous or
-// list outputs); `keep` holds the buffers Braid uses until then.
-class WorkBraid : public c10d::Work {
- public:
-  static c10::intrusive_ptr<c10d::Work> start(int rank, c10d::OpType type, braid::Work work, std::vector<at::Tensor> outputs,
-                                              std::vector<at::Tensor> keep = {}, std::function<void()> after = {}) {
-    auto w = deferred(rank, type, std::move(outputs), std::move(keep), std::move(after), {});
-    attach(w, std::move(work));
-    return w;
-  }
-  // A Work whose Braid call is made later (attach): until then wait(), isCompleted() and
-  // getFuture() first call `flush`, which makes it (the pending sends and receives, see send()).
-  static c10::intrusive_ptr<WorkBraid> deferred(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
-                                                std::vector<at::Tensor> keep, std::function<void()> after,
-                                                std::function<void()> flush) {
-    auto w = c10::make_intrusive<WorkBraid>(rank, type, std::move(outputs));
-    w->keep_ = std::move(keep);
-    w->after_ = std::move(after);
-    w->flush_ = std::move(flush);
-    return w;
-  }
-  static void attach(const c10::intrusive_ptr<WorkBraid>& self, braid::Work work) {
-    {
-      std::lock_guard<std::mutex> g(self->flushMu_);
-      self->flush_ = nullptr;
-    }
-    self->work_ = std::move(work);
-    self->work_.onDone([self](const braid::Status& s) { self->complete(s); });
-  }
-
-  WorkBraid(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
-      : c10d::Work(rank, type), outputs_(std::move(outputs)),
-        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
-
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    kick();
-    return future_;
-  }
-  bool isCompleted() override {
-    kick();
-    return c10d::Work::isCompleted();
-  }
-  bool wait(std::chrono::milliseconds timeout) override {
-    kick();
-    // A call that has not started runs here, on the waiting thread (braid::Work::wait): a
-    // blocking collective then costs no hand-off to the worker thread and back.
-    (void)work_.wait(timeout.count() > 0 ? static_cast<double>(timeout.count()) / 1000.0 : -1);  // (its status: complete() has it)
-    return c10d::Work::wait(timeout);
-  }
-  std::vector<at::Tensor> result() override { return outputs_; }
-
- private:
-  void kick() {
-    std::function<void()> flush;
-    {
-      std::lock_guard<std::mutex> g(flushMu_);
-      flush = flush_;
-    }
-    if (flush) flush();
-  }
-  void complete(const braid::Status& s) {
-    std::exception_ptr error;
-    if (s.ok() && after_) {
-      try {
-        after_();
-      } catch (const std::exception& e) {
-        error = std::make_exception_ptr(std::runtime_error(std::string("braid: copying the result out failed: ") + e.what()));
-      }
-    }
-    if (!s.ok()) error = std::make_exception_ptr(std::runtime_error("braid: " + s.toString()));
-    keep_.clear();
-    finish(error);
-    if (error) future_->setError(error);
-    else future_->markCompleted(c10::IValue(outputs_));
-  }
-
-  braid::Work work_;
-  std::vector<at::Tensor> outputs_;
-  std::vector<at::Tensor> keep_;
-  std::function<void()> after_;
-  std::mutex flushMu_;
-  std::function<void()> flush_;  // set until attach
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
-
 }  // namespace
-
-// isend and irecv (and the blocking send and recv, which torch makes of them) are held back until
-// their Work is waited on or polled, or another call is made on this group, and then all that
-// are pending go to Braid together as one group (Communicator::sendRecvBatch): so two ranks that
-// both isend before they irecv, or isend and then recv, do not wait on each other whatever the
-// sizes, where one call at a time would (a send past the channels' buffering waits for its
-// receive). Order between two ranks is kept: Braid matches a pair's messages in order.
-struct ProcessGroupBraid::PendingP2p {
-  struct Entry {
-    braid::PeerOp op;
-    c10::intrusive_ptr<WorkBraid> work;
-  };
-  std::mutex mu;
-  braid::Communicator* comm = nullptr;
-  std::vector<Entry> entries;
-
-  void flush() {
-    std::vector<Entry> batch;
-    braid::Communicator* c = nullptr;
-    {
-      std::lock_guard<std::mutex> g(mu);
-      batch.swap(entries);
-      c = comm;
-    }
-    if (batch.empty() || !c) return;
-    std::vector<braid::PeerOp> ops;
-    ops.reserve(batch.size());
-    for (const Entry& e : batch) ops.push_back(e.op);
-    braid::Work w = c->sendRecvBatch(ops);
-    for (Entry& e : batch) WorkBraid::attach(e.work, w);
-  }
-};
 
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout)
@@ -233,19 +90,14 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   braid::CommOptions options;
   options.timeoutSec = std::max(0.001, static_cast<double>(timeout.count()) / 1000.0);
   auto c = braid::Communicator::fromUniqueId(id, size, rank, options);
-  pending_ = std::make_shared<PendingP2p>();
   TORCH_CHECK(c.ok(), "braid: rank ", rank, " could not join the communicator of ", size, " ranks: ", c.status().toString());
   comm_ = std::make_unique<braid::Communicator>(std::move(*c));
-  pending_->comm = comm_.get();
+  p2p_ = std::make_shared<P2pQueue>(comm_.get(), rank);
 }
 
 ProcessGroupBraid::~ProcessGroupBraid() {
-  if (!pending_) return;
-  pending_->flush();  // nothing is left unsent; Works still held elsewhere keep their results
-  {
-    std::lock_guard<std::mutex> g(pending_->mu);
-    pending_->comm = nullptr;
-  }
+  if (!p2p_) return;
+  p2p_->close();  // nothing is left unsent; Works still held elsewhere keep their results
   // Destroying the communicator drains its queue on Braid's worker thread, and a Work finishing
   // there may drop the last reference to a tensor Python made, which takes the GIL. torch destroys
   // a process group from Python, holding the GIL: let go of it meanwhile, or each waits for the
@@ -263,25 +115,32 @@ c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupBraid::create(const c10::intr
 }
 
 braid::Communicator& ProcessGroupBraid::comm() {
-  pending_->flush();  // calls run in the order they were made
+  p2p_->flush();  // calls run in the order they were made
   return *comm_;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::deferPeerOp(braid::PeerOp op, c10d::OpType type, at::Tensor user,
-                                                              at::Tensor buf) {
-  // Checked here, so that a bad one is refused alone instead of failing the batch it would join.
-  const char* what = type == c10d::OpType::SEND ? "send to" : "recv from";
-  TORCH_CHECK(op.peer >= 0 && op.peer < getSize(), "braid: ", what, " rank ", op.peer, " on rank ", getRank(),
+void ProcessGroupBraid::checkPeerOp(bool isSend, const at::Tensor& user, int peer, int tag) const {
+  const char* what = isSend ? "send to" : "recv from";
+  checkCpu(user);
+  (void)braidType(user);
+  TORCH_CHECK(peer >= 0 && peer < getSize(), "braid: ", what, " rank ", peer, " on rank ", getRank(),
               ": the peer is outside 0..", getSize() - 1, " (this group's ranks)");
-  TORCH_CHECK(op.peer != getRank(), "braid: ", what, " rank ", op.peer, ": that is this rank itself");
+  TORCH_CHECK(peer != getRank(), "braid: ", what, " rank ", peer, ": that is this rank itself");
+  TORCH_CHECK(tag != kManifestTag, "braid: ", what, " rank ", peer, ": tag ", tag, " is reserved by Braid (any other int is a tag)");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::deferPeerOp(bool isSend, at::Tensor user, int peer, int tag) {
+  // Checked here, so that a bad one is refused alone instead of failing the batch it would join.
+  checkPeerOp(isSend, user, peer, tag);
+  at::Tensor buf = dense(user);
   std::function<void()> after;  // a receive into a non-contiguous tensor lands in `buf` first
-  if (type == c10d::OpType::RECV && !buf.is_same(user)) after = [user, buf]() mutable { user.copy_(buf); };
-  std::weak_ptr<PendingP2p> weak = pending_;
-  auto w = WorkBraid::deferred(getRank(), type, {user}, {buf}, std::move(after), [weak] {
-    if (auto p = weak.lock()) p->flush();
-  });
-  std::lock_guard<std::mutex> g(pending_->mu);
-  pending_->entries.push_back({op, w});
+  if (!isSend && !buf.is_same(user)) after = [user, buf]() mutable { user.copy_(buf); };
+  std::weak_ptr<P2pQueue> weak = p2p_;
+  auto w = WorkBraid::deferred(getRank(), isSend ? c10d::OpType::SEND : c10d::OpType::RECV, {user}, {buf}, std::move(after),
+                               [weak] {
+                                 if (auto p = weak.lock()) p->flush();
+                               });
+  p2p_->push(isSend, buf, peer, tag, w);
   return w;
 }
 
@@ -519,36 +378,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tenso
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
-  at::Tensor& t = single(tensors, "send");
-  at::Tensor src = dense(t);
-  return deferPeerOp({braid::PeerOp::kSend, ptr(src), count(src), braidType(t), dstRank, tag}, c10d::OpType::SEND, t, src);
+  return deferPeerOp(true, single(tensors, "send"), dstRank, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
-  at::Tensor& t = single(tensors, "recv");
-  at::Tensor buf = dense(t);
-  return deferPeerOp({braid::PeerOp::kRecv, ptr(buf), count(buf), braidType(t), srcRank, tag}, c10d::OpType::RECV, t, buf);
+  return deferPeerOp(false, single(tensors, "recv"), srcRank, tag);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::batchSendRecv(const std::vector<std::tuple<bool, at::Tensor, int, int>>& ops) {
-  std::vector<braid::PeerOp> batch;
-  std::vector<at::Tensor> outputs, keep;
-  std::vector<std::pair<at::Tensor, at::Tensor>> copyBack;  // (user's tensor, dense buffer)
-  for (const auto& [isSend, tensor, peer, tag] : ops) {
-    checkCpu(tensor);
-    at::Tensor buf = dense(tensor);
-    keep.push_back(buf);
-    outputs.push_back(tensor);
-    if (!isSend && !buf.is_same(tensor)) copyBack.emplace_back(tensor, buf);
-    batch.push_back({isSend ? braid::PeerOp::kSend : braid::PeerOp::kRecv, ptr(buf), count(buf), braidType(tensor), peer, tag});
-  }
-  braid::Work w = comm().sendRecvBatch(batch);
-  std::function<void()> after;
-  if (!copyBack.empty())
-    after = [copyBack]() mutable {
-      for (auto& [t, buf] : copyBack) t.copy_(buf);
-    };
-  return WorkBraid::start(getRank(), c10d::OpType::SEND, std::move(w), std::move(outputs), std::move(keep), std::move(after));
+std::vector<c10::intrusive_ptr<c10d::Work>> ProcessGroupBraid::batchSendRecv(
+    const std::vector<std::tuple<bool, at::Tensor, int, int>>& ops) {
+  for (const auto& [isSend, tensor, peer, tag] : ops) checkPeerOp(isSend, tensor, peer, tag);  // all or none
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (const auto& [isSend, tensor, peer, tag] : ops) works.push_back(deferPeerOp(isSend, tensor, peer, tag));
+  p2p_->flush();  // as one: a batch's sends and receives go to Braid together whatever their order
+  return works;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOptions&) {

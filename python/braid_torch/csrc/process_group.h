@@ -18,6 +18,8 @@
 
 namespace braid::torch_backend {
 
+class P2pQueue;
+
 class ProcessGroupBraid : public c10d::ProcessGroup {
  public:
   // Rendezvous through the store torch hands the backend: rank 0 makes a Braid unique id and
@@ -58,21 +60,22 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
   // torch.distributed.batch_isend_irecv on this group (braid_torch routes it here): the batch of
   // (is_send, tensor, peer as a rank of this group, tag) runs as one Braid group, so that no order of
-  // sends and receives deadlocks. One Work for all of them.
-  c10::intrusive_ptr<c10d::Work> batchSendRecv(const std::vector<std::tuple<bool, at::Tensor, int, int>>& ops);
+  // sends and receives deadlocks. One Work per operation, in order.
+  std::vector<c10::intrusive_ptr<c10d::Work>> batchSendRecv(const std::vector<std::tuple<bool, at::Tensor, int, int>>& ops);
 
   // For torch.distributed.Backend.register_backend: (store, rank, size, timeout) -> process group.
   static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                        const std::chrono::duration<float>& timeout);
 
  private:
-  // The communicator, after handing Braid the pending sends and receives (PendingP2p).
+  // The communicator, after handing Braid the pending sends and receives (p2p.h).
   braid::Communicator& comm();
-  // Queues one send or receive (buf: the dense memory Braid uses; user: the tensor it belongs to).
-  c10::intrusive_ptr<c10d::Work> deferPeerOp(braid::PeerOp op, c10d::OpType type, at::Tensor user, at::Tensor buf);
-  struct PendingP2p;
-  std::shared_ptr<PendingP2p> pending_;
+  // Refuses a send or receive that cannot be made (peer, tag, tensor), on this rank alone.
+  void checkPeerOp(bool isSend, const at::Tensor& user, int peer, int tag) const;
+  // Queues one send or receive of the user's tensor (p2p.h: held back until flushed).
+  c10::intrusive_ptr<c10d::Work> deferPeerOp(bool isSend, at::Tensor user, int peer, int tag);
   std::unique_ptr<braid::Communicator> comm_;
+  std::shared_ptr<P2pQueue> p2p_;  // (weak references in its Works: they flush it)
   c10::intrusive_ptr<c10d::Store> store_;  // the group's: monitoredBarrier meets through it
   std::chrono::milliseconds timeout_;
   std::uint64_t monitoredRounds_ = 0;

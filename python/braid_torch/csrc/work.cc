@@ -1,0 +1,103 @@
+#include "work.h"
+
+#include <ATen/core/ivalue.h>
+#include <ATen/core/jit_type.h>
+
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace braid::torch_backend {
+
+c10::intrusive_ptr<c10d::Work> WorkBraid::start(int rank, c10d::OpType type, braid::Work work, std::vector<at::Tensor> outputs,
+                                                std::vector<at::Tensor> keep, std::function<void()> after) {
+  auto w = deferred(rank, type, std::move(outputs), std::move(keep), std::move(after), {});
+  attach(w, std::move(work));
+  return w;
+}
+
+c10::intrusive_ptr<WorkBraid> WorkBraid::deferred(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
+                                                  std::vector<at::Tensor> keep, std::function<void()> after,
+                                                  std::function<void()> flush) {
+  auto w = c10::make_intrusive<WorkBraid>(rank, type, std::move(outputs));
+  w->keep_ = std::move(keep);
+  w->after_ = std::move(after);
+  w->flush_ = std::move(flush);
+  return w;
+}
+
+void WorkBraid::attach(const c10::intrusive_ptr<WorkBraid>& self, braid::Work work) {
+  {
+    std::lock_guard<std::mutex> g(self->flushMu_);
+    self->flush_ = nullptr;
+  }
+  self->work_ = std::move(work);
+  self->work_.onDone([self](const braid::Status& s) { self->complete(s); });
+}
+
+void WorkBraid::fail(const c10::intrusive_ptr<WorkBraid>& self, const braid::Status& error) {
+  {
+    std::lock_guard<std::mutex> g(self->flushMu_);
+    self->flush_ = nullptr;
+  }
+  self->complete(error);
+}
+
+void WorkBraid::before(std::function<void()> f) {
+  std::function<void()> then = std::move(after_);
+  after_ = [f = std::move(f), then = std::move(then)] {
+    f();
+    if (then) then();
+  };
+}
+
+WorkBraid::WorkBraid(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, type), outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkBraid::getFuture() {
+  kick();
+  return future_;
+}
+
+bool WorkBraid::isCompleted() {
+  kick();
+  return c10d::Work::isCompleted();
+}
+
+bool WorkBraid::wait(std::chrono::milliseconds timeout) {
+  kick();
+  // A call that has not started runs here, on the waiting thread (braid::Work::wait): a
+  // blocking collective then costs no hand-off to the worker thread and back. (An empty work_:
+  // one that fail() ended, which has no call.)
+  (void)work_.wait(timeout.count() > 0 ? static_cast<double>(timeout.count()) / 1000.0 : -1);  // (its status: complete() has it)
+  return c10d::Work::wait(timeout);
+}
+
+void WorkBraid::kick() {
+  std::function<void()> flush;
+  {
+    std::lock_guard<std::mutex> g(flushMu_);
+    flush = flush_;
+  }
+  if (flush) flush();
+}
+
+void WorkBraid::complete(const braid::Status& s) {
+  std::exception_ptr error;
+  if (s.ok() && after_) {
+    try {
+      after_();
+    } catch (const std::exception& e) {
+      error = std::make_exception_ptr(std::runtime_error(std::string("braid: copying the result out failed: ") + e.what()));
+    }
+  }
+  if (!s.ok()) error = std::make_exception_ptr(std::runtime_error("braid: " + s.toString()));
+  keep_.clear();
+  finish(error);
+  if (error) future_->setError(error);
+  else future_->markCompleted(c10::IValue(outputs_));
+}
+
+}  // namespace braid::torch_backend

@@ -1,0 +1,54 @@
+// WorkBraid: the c10d::Work that every call of ProcessGroupBraid returns, over one braid::Work.
+#pragma once
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "braid/braid.hpp"
+
+namespace braid::torch_backend {
+
+// Done when Braid's work is, with a future that completes then (DDP's comm hooks wait on it).
+// `after` runs first, on success (copies results into non-contiguous or list outputs); `keep`
+// holds the buffers Braid uses until then.
+class WorkBraid : public c10d::Work {
+ public:
+  static c10::intrusive_ptr<c10d::Work> start(int rank, c10d::OpType type, braid::Work work, std::vector<at::Tensor> outputs,
+                                              std::vector<at::Tensor> keep = {}, std::function<void()> after = {});
+  // A Work whose Braid call is made later (attach or fail): until then wait(), isCompleted() and
+  // getFuture() first call `flush`, which makes it (the pending sends and receives: p2p.h).
+  static c10::intrusive_ptr<WorkBraid> deferred(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
+                                                std::vector<at::Tensor> keep, std::function<void()> after,
+                                                std::function<void()> flush);
+  // A deferred Work's call: it completes when `work` does.
+  static void attach(const c10::intrusive_ptr<WorkBraid>& self, braid::Work work);
+  // A deferred Work that ends now with `error` (its call is not made).
+  static void fail(const c10::intrusive_ptr<WorkBraid>& self, const braid::Status& error);
+  // Before attach: `f` runs on success ahead of `after` (a receive met by a message that arrived
+  // earlier copies it into the receive's buffer).
+  void before(std::function<void()> f);
+
+  WorkBraid(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  bool isCompleted() override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  std::vector<at::Tensor> result() override { return outputs_; }
+
+ private:
+  void kick();
+  void complete(const braid::Status& s);
+
+  braid::Work work_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> keep_;
+  std::function<void()> after_;
+  std::mutex flushMu_;
+  std::function<void()> flush_;  // set until attach or fail
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace braid::torch_backend

@@ -79,7 +79,8 @@ struct PeerOp {
   DataType type;
   int peer;
   // Messages between two ranks match in order, as NCCL's do; a tag must equal the tag of the call
-  // it matches, or both ranks fail naming both calls (a tag never reorders: see docs/PYTORCH.md).
+  // it matches, or both ranks fail naming both calls (a tag never reorders here; the torch
+  // backend matches by tag on top, as gloo does: docs/PYTORCH.md).
   int tag = 0;
 };
 

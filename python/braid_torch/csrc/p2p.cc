@@ -32,9 +32,14 @@ void P2pQueue::push(bool isSend, at::Tensor buf, int peer, int tag, c10::intrusi
   entries_.push_back({isSend, std::move(buf), peer, tag, std::move(work)});
 }
 
-void P2pQueue::flush() {
+void P2pQueue::flush() { drain(false); }
+
+void P2pQueue::close() { drain(true); }
+
+void P2pQueue::drain(bool closing) {
   // The manifest exchange waits on this thread. A caller holding the GIL (is_completed() from
-  // Python) lets go of it meanwhile: Braid's worker may need it to drop a Python-made tensor.
+  // Python, or torch destroying the group) lets go of it meanwhile: Braid's worker may need it to
+  // drop a Python-made tensor.
   std::optional<pybind11::gil_scoped_release> nogil;
   if (Py_IsInitialized() && PyGILState_Check()) nogil.emplace();
   Outcome out;
@@ -45,25 +50,12 @@ void P2pQueue::flush() {
       std::lock_guard<std::mutex> g(mu_);
       batch.swap(entries_);
     }
-    if (!batch.empty()) run(batch, false, out);
-  }
-  for (auto& [w, work] : out.attach) WorkBraid::attach(w, std::move(work));
-  for (auto& [w, s] : out.fail) WorkBraid::fail(w, s);
-}
-
-void P2pQueue::close() {
-  Outcome out;
-  {
-    std::lock_guard<std::mutex> one(flushMu_);
-    std::vector<Entry> batch;
-    {
+    if (!batch.empty()) run(batch, closing, out);
+    if (closing) {
       std::lock_guard<std::mutex> g(mu_);
-      batch.swap(entries_);
+      comm_ = nullptr;
+      held_.clear();
     }
-    if (!batch.empty()) run(batch, true, out);
-    std::lock_guard<std::mutex> g(mu_);
-    comm_ = nullptr;
-    held_.clear();
   }
   for (auto& [w, work] : out.attach) WorkBraid::attach(w, std::move(work));
   for (auto& [w, s] : out.fail) WorkBraid::fail(w, s);

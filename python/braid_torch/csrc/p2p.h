@@ -69,6 +69,8 @@ class P2pQueue {
     std::vector<std::pair<c10::intrusive_ptr<WorkBraid>, braid::Status>> fail;
   };
 
+  // flush and close: takes what is queued, runs it (closing: receives fail), then completes Works.
+  void drain(bool closing);
   void run(std::vector<Entry>& batch, bool closing, Outcome& out);
   // Step 1 for one receive: true when a held message met it (or failed it).
   bool fromHeld(const Entry& r, Outcome& out);

@@ -12,7 +12,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "Braid as a torch.distributed backend (import braid_torch; init_process_group(\"braid\"))";
   // c10d's classes are registered with pybind11 when torch.distributed is imported.
   py::module::import("torch.distributed");
-  py::class_<ProcessGroupBraid, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupBraid>>(m, "ProcessGroupBraid")
+  py::class_<ProcessGroupBraid, braid::torch_backend::Base, c10::intrusive_ptr<ProcessGroupBraid>>(m, "ProcessGroupBraid")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout) {
              return c10::make_intrusive<ProcessGroupBraid>(store, rank, size, timeout);
            }),

@@ -74,7 +74,7 @@ std::chrono::milliseconds braidTimeout(std::chrono::milliseconds timeout) { retu
 
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout)
-    : c10d::ProcessGroup(rank, size), store_(store), timeout_(braidTimeout(timeout)) {
+    : Base(rank, size), store_(store), timeout_(braidTimeout(timeout)) {
   const std::string key = "braid/unique_id";
   braidUniqueId id;
   if (rank == 0) {
@@ -108,7 +108,7 @@ ProcessGroupBraid::~ProcessGroupBraid() {
   }
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupBraid::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+c10::intrusive_ptr<Base> ProcessGroupBraid::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                                  int size, const std::chrono::duration<float>& timeout) {
   return c10::make_intrusive<ProcessGroupBraid>(store, rank, size,
                                                 std::chrono::duration_cast<std::chrono::milliseconds>(timeout));

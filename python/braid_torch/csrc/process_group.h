@@ -2,12 +2,17 @@
 // public C++ API (braid/braid.hpp): every collective becomes one braid::Work on the communicator's
 // worker thread, wrapped in a c10d::Work whose future completes when Braid's work does.
 //
-// Written for torch 1.13's c10d::ProcessGroup (Debian's python3-torch); torch 2.x moves the
-// collectives to c10d::Backend with the same signatures, so this class is what a 2.x build derives
-// from c10d::Backend instead.
+// torch 1.13 (Debian 12's python3-torch) has the collectives on c10d::ProcessGroup; torch 2.x moved
+// them, with the same signatures, to c10d::Backend, which a ProcessGroup holds one of per device
+// type. The class derives from whichever of the two the torch it is built against calls on (Base).
 #pragma once
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/api/include/torch/version.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
 
 #include <chrono>
 #include <memory>
@@ -20,7 +25,13 @@ namespace braid::torch_backend {
 
 class P2pQueue;
 
-class ProcessGroupBraid : public c10d::ProcessGroup {
+#if TORCH_VERSION_MAJOR >= 2
+using Base = c10d::Backend;
+#else
+using Base = c10d::ProcessGroup;
+#endif
+
+class ProcessGroupBraid : public Base {
  public:
   // Rendezvous through the store torch hands the backend: rank 0 makes a Braid unique id and
   // publishes it there; every rank then joins the communicator. `timeout` bounds every call (the
@@ -64,7 +75,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   std::vector<c10::intrusive_ptr<c10d::Work>> batchSendRecv(const std::vector<std::tuple<bool, at::Tensor, int, int>>& ops);
 
   // For torch.distributed.Backend.register_backend: (store, rank, size, timeout) -> process group.
-  static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+  static c10::intrusive_ptr<Base> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                        const std::chrono::duration<float>& timeout);
 
  private:

@@ -1,6 +1,6 @@
 // WorkBraid: the c10d::Work that every call of ProcessGroupBraid returns, over one braid::Work.
 #pragma once
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
 #include <functional>

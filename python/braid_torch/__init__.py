@@ -12,7 +12,7 @@ import inspect
 import torch
 import torch.distributed as _dist
 
-from ._C import ProcessGroupBraid, create as _create
+from ._C import ProcessGroupBraid, create as _create, cuda as _cuda
 
 
 def _create_braid(store, rank, size, timeout):
@@ -20,9 +20,10 @@ def _create_braid(store, rank, size, timeout):
 
 
 if not hasattr(_dist.Backend, "BRAID"):
-    # torch 2.1 and later ask which device types a backend serves (and warn when not told).
+    # torch 2.1 and later ask which device types a backend serves (and warn when not told); CUDA
+    # tensors where this build takes them (torch with CUDA, Braid with -Dcuda).
     if "devices" in inspect.signature(_dist.Backend.register_backend).parameters:
-        _dist.Backend.register_backend("braid", _create_braid, devices=["cpu"])
+        _dist.Backend.register_backend("braid", _create_braid, devices=["cpu", "cuda"] if _cuda else ["cpu"])
     else:
         _dist.Backend.register_backend("braid", _create_braid)
 

@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>  // c10::intrusive_ptr as a pybind11 holder
 
 #include "process_group.h"
+#include "tensors.h"  // BRAID_TORCH_CUDA
 
 namespace py = pybind11;
 using braid::torch_backend::ProcessGroupBraid;
@@ -19,6 +20,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
       .def("_batch_isend_irecv", &ProcessGroupBraid::batchSendRecv, py::arg("ops"), py::call_guard<py::gil_scoped_release>(),
            "[(is_send, tensor, group rank, tag)] as one Braid group; one Work per operation");
+  m.attr("cuda") = py::bool_(BRAID_TORCH_CUDA != 0);  // CUDA tensors too (python/meson.build says when)
   m.def("create", &ProcessGroupBraid::create, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
         py::call_guard<py::gil_scoped_release>(),
         "The creator torch.distributed.Backend.register_backend calls: (store, rank, size, timeout) -> process group");

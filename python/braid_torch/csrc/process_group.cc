@@ -32,14 +32,10 @@ braid::ReduceOp braidOp(const c10d::ReduceOp& op, const at::Tensor& t) {
               "PRODUCT, MIN, MAX and AVG)");
 }
 
-void checkCpu(const at::Tensor& t) {
-  TORCH_CHECK(t.device().is_cpu(), "braid: ", t.device(), " tensors are not supported by this backend yet (CPU tensors are)");
-}
-
 // The one tensor a call takes (c10d passes lists: one tensor per device in the old multi-device API).
 at::Tensor& single(std::vector<at::Tensor>& tensors, const char* what) {
   TORCH_CHECK(tensors.size() == 1, "braid: ", what, " takes exactly one tensor per call, got ", tensors.size());
-  checkCpu(tensors[0]);
+  checkDevice(tensors[0]);
   return tensors[0];
 }
 
@@ -52,7 +48,7 @@ at::Tensor concat(const std::vector<at::Tensor>& ts) {
   std::vector<at::Tensor> flat;
   flat.reserve(ts.size());
   for (const at::Tensor& t : ts) {
-    checkCpu(t);
+    checkSameDevice(ts[0], t, "a call");
     TORCH_CHECK(t.scalar_type() == ts[0].scalar_type(), "braid: the tensors of one call must have one dtype");
     flat.push_back(t.reshape({-1}));
   }
@@ -121,7 +117,11 @@ braid::Communicator& ProcessGroupBraid::comm() {
 
 void ProcessGroupBraid::checkPeerOp(bool isSend, const at::Tensor& user, int peer, int tag) const {
   const char* what = isSend ? "send to" : "recv from";
-  checkCpu(user);
+  checkDevice(user);
+  // The tag matching (p2p.h) holds early messages and manifests in host memory; device tensors would
+  // need it on the device too.
+  TORCH_CHECK(user.device().is_cpu(), "braid: ", what, " rank ", peer, ": ", user.device(),
+              " tensors are not supported by send and recv yet (collectives take them; copy to the CPU to send)");
   (void)braidType(user);
   TORCH_CHECK(peer >= 0 && peer < getSize(), "braid: ", what, " rank ", peer, " on rank ", getRank(),
               ": the peer is outside 0..", getSize() - 1, " (this group's ranks)");
@@ -164,7 +164,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tens
   at::Tensor& t = single(tensors, "broadcast");
   const braid::DataType dt = braidType(t);
   return inPlace(getRank(), c10d::OpType::BROADCAST, t, [&](const at::Tensor& b) {
-    return comm().broadcast(ptr(b), ptr(b), count(b), dt, static_cast<int>(opts.rootRank));
+    return comm().broadcast(ptr(b), ptr(b), count(b), dt, static_cast<int>(opts.rootRank), braidStream(b));
   });
 }
 
@@ -174,7 +174,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
   const braid::DataType dt = braidType(t);
   const braid::ReduceOp op = braidOp(opts.reduceOp, t);
   return inPlace(getRank(), c10d::OpType::ALLREDUCE, t,
-                 [&](const at::Tensor& b) { return comm().allReduce(ptr(b), ptr(b), count(b), dt, op); });
+                 [&](const at::Tensor& b) { return comm().allReduce(ptr(b), ptr(b), count(b), dt, op, braidStream(b)); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -182,7 +182,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(std::vecto
   TORCH_CHECK(!tensors.empty(), "braid: allreduce_coalesced of no tensors");
   at::Tensor buf = concat(tensors);
   const braid::ReduceOp op = braidOp(opts.reduceOp, tensors[0]);
-  braid::Work w = comm().allReduce(ptr(buf), ptr(buf), count(buf), braidType(buf), op);
+  braid::Work w = comm().allReduce(ptr(buf), ptr(buf), count(buf), braidType(buf), op, braidStream(buf));
   return WorkBraid::start(getRank(), c10d::OpType::ALLREDUCE_COALESCED, std::move(w), tensors, {buf},
                           [tensors, buf]() mutable { split(buf, tensors); });
 }
@@ -192,7 +192,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>
   const braid::DataType dt = braidType(t);
   const braid::ReduceOp op = braidOp(opts.reduceOp, t);
   return inPlace(getRank(), c10d::OpType::REDUCE, t, [&](const at::Tensor& b) {
-    return comm().reduce(ptr(b), ptr(b), count(b), dt, op, static_cast<int>(opts.rootRank));
+    return comm().reduce(ptr(b), ptr(b), count(b), dt, op, static_cast<int>(opts.rootRank), braidStream(b));
   });
 }
 
@@ -201,12 +201,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(std::vector<std::vec
   at::Tensor& in = single(inputs, "allgather");
   TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(), "braid: allgather needs one list of ",
               getSize(), " output tensors");
-  for (const at::Tensor& o : outputs[0])
+  for (const at::Tensor& o : outputs[0]) {
+    checkSameDevice(in, o, "allgather");
     TORCH_CHECK(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
                 "braid: allgather's output tensors must match the input's size and dtype");
+  }
   at::Tensor src = dense(in);
   at::Tensor all = at::empty({getSize() * in.numel()}, in.options());
-  braid::Work w = comm().allGather(ptr(src), ptr(all), count(src), braidType(in));
+  braid::Work w = comm().allGather(ptr(src), ptr(all), count(src), braidType(in), braidStream(src));
   std::vector<at::Tensor> outs = outputs[0];
   return WorkBraid::start(getRank(), c10d::OpType::ALLGATHER, std::move(w), outs, {src, all},
                           [outs, all]() mutable { split(all, outs); });
@@ -214,13 +216,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(std::vector<std::vec
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions&) {
-  checkCpu(input);
-  checkCpu(output);
+  checkSameDevice(input, output, "_allgather_base");
   TORCH_CHECK(output.numel() == getSize() * input.numel() && output.scalar_type() == input.scalar_type(),
               "braid: _allgather_base's output must hold world_size times the input, in its dtype");
   at::Tensor src = dense(input);
   return inPlace(getRank(), c10d::OpType::_ALLGATHER_BASE, output, [&](const at::Tensor& b) {
-    return comm().allGather(ptr(src), ptr(b), count(src), braidType(input));
+    return comm().allGather(ptr(src), ptr(b), count(src), braidType(input), braidStream(b));
   }, {src});
 }
 
@@ -231,7 +232,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_coalesced(std::vecto
               "braid: allgather_coalesced needs world_size lists of outputs");
   at::Tensor src = concat(inputs);
   at::Tensor all = at::empty({getSize() * src.numel()}, src.options());
-  braid::Work w = comm().allGather(ptr(src), ptr(all), count(src), braidType(src));
+  braid::Work w = comm().allGather(ptr(src), ptr(all), count(src), braidType(src), braidStream(src));
   std::vector<at::Tensor> outs;
   for (auto& list : outputs) outs.insert(outs.end(), list.begin(), list.end());
   return WorkBraid::start(getRank(), c10d::OpType::ALLGATHER_COALESCED, std::move(w), outs, {src, all},
@@ -246,8 +247,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(std::vector<std::vector
   TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "braid: gather's root ", opts.rootRank, " is outside 0..",
               getSize() - 1);
   const bool isRoot = getRank() == opts.rootRank;
-  if (isRoot)
+  if (isRoot) {
     TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == n, "braid: gather's root needs one list of ", n, " outputs");
+    for (const at::Tensor& o : outputs[0]) checkSameDevice(in, o, "gather");
+  }
   at::Tensor src = dense(in);
   at::Tensor all = at::empty({isRoot ? getSize() * in.numel() : 0}, in.options());
   std::vector<std::size_t> sc(n, 0), sd(n, 0), rc(n, 0), rd(n, 0);
@@ -256,7 +259,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(std::vector<std::vector
     rc[q] = count(src);
     rd[q] = q * count(src);
   }
-  braid::Work w = comm().allToAllv(ptr(src), sc, sd, ptr(all), rc, rd, braidType(in));
+  braid::Work w = comm().allToAllv(ptr(src), sc, sd, ptr(all), rc, rd, braidType(in), braidStream(src));
   std::vector<at::Tensor> outs = isRoot ? outputs[0] : std::vector<at::Tensor>{};
   return WorkBraid::start(getRank(), c10d::OpType::GATHER, std::move(w), outs, {src, all},
                           [outs, all]() mutable { split(all, outs); });
@@ -273,7 +276,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor
   at::Tensor src = at::empty({0}, out.options());
   if (isRoot) {
     TORCH_CHECK(inputs.size() == 1 && inputs[0].size() == n, "braid: scatter's root needs one list of ", n, " inputs");
-    for (const at::Tensor& t : inputs[0]) TORCH_CHECK(t.numel() == out.numel(), "braid: scatter's inputs must match the output's size");
+    for (const at::Tensor& t : inputs[0]) {
+      checkSameDevice(out, t, "scatter");
+      TORCH_CHECK(t.numel() == out.numel(), "braid: scatter's inputs must match the output's size");
+    }
     src = concat(inputs[0]);
   }
   std::vector<std::size_t> sc(n, 0), sd(n, 0), rc(n, 0), rd(n, 0);
@@ -283,7 +289,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor
   }
   rc[root] = count(out);
   return inPlace(getRank(), c10d::OpType::SCATTER, out, [&](const at::Tensor& b) {
-    return comm().allToAllv(ptr(src), sc, sd, ptr(b), rc, rd, braidType(out));
+    return comm().allToAllv(ptr(src), sc, sd, ptr(b), rc, rd, braidType(out), braidStream(b));
   }, {src});
 }
 
@@ -293,24 +299,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at:
   at::Tensor& out = single(outputs, "reduce_scatter");
   TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(), "braid: reduce_scatter needs one list of ",
               getSize(), " input tensors");
-  for (const at::Tensor& t : inputs[0])
+  for (const at::Tensor& t : inputs[0]) {
+    checkSameDevice(out, t, "reduce_scatter");
     TORCH_CHECK(t.numel() == out.numel(), "braid: reduce_scatter's inputs must match the output's size");
+  }
   at::Tensor src = concat(inputs[0]);
   const braid::ReduceOp op = braidOp(opts.reduceOp, out);
   return inPlace(getRank(), c10d::OpType::REDUCE_SCATTER, out, [&](const at::Tensor& b) {
-    return comm().reduceScatter(ptr(src), ptr(b), count(b), braidType(out), op);
+    return comm().reduceScatter(ptr(src), ptr(b), count(b), braidType(out), op, braidStream(b));
   }, {src});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
-  checkCpu(input);
-  checkCpu(output);
+  checkSameDevice(input, output, "_reduce_scatter_base");
   TORCH_CHECK(input.numel() == getSize() * output.numel(), "braid: _reduce_scatter_base's input must hold world_size times the output");
   at::Tensor src = dense(input);
   const braid::ReduceOp op = braidOp(opts.reduceOp, output);
   return inPlace(getRank(), c10d::OpType::_REDUCE_SCATTER_BASE, output, [&](const at::Tensor& b) {
-    return comm().reduceScatter(ptr(src), ptr(b), count(b), braidType(output), op);
+    return comm().reduceScatter(ptr(src), ptr(b), count(b), braidType(output), op, braidStream(b));
   }, {src});
 }
 
@@ -318,15 +325,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(at::Tensor& outp
                                                                 std::vector<int64_t>& outputSplits,
                                                                 std::vector<int64_t>& inputSplits,
                                                                 const c10d::AllToAllOptions&) {
-  checkCpu(input);
-  checkCpu(output);
+  checkSameDevice(input, output, "all_to_all_single");
   const std::size_t n = static_cast<std::size_t>(getSize());
   at::Tensor src = dense(input);
   if (outputSplits.empty() && inputSplits.empty()) {
     TORCH_CHECK(input.numel() % getSize() == 0 && output.numel() == input.numel(),
                 "braid: all_to_all_single without split sizes needs equal tensors divisible by world_size");
     return inPlace(getRank(), c10d::OpType::ALLTOALL_BASE, output, [&](const at::Tensor& b) {
-      return comm().allToAll(ptr(src), ptr(b), count(src) / n, braidType(input));
+      return comm().allToAll(ptr(src), ptr(b), count(src) / n, braidType(input), braidStream(b));
     }, {src});
   }
   // Split sizes count rows (the first dimension); an empty list means equal rows.
@@ -350,7 +356,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(at::Tensor& outp
   layout(input, inputSplits, sc, sd);
   layout(output, outputSplits, rc, rd);
   return inPlace(getRank(), c10d::OpType::ALLTOALL_BASE, output, [&](const at::Tensor& b) {
-    return comm().allToAllv(ptr(src), sc, sd, ptr(b), rc, rd, braidType(input));
+    return comm().allToAllv(ptr(src), sc, sd, ptr(b), rc, rd, braidType(input), braidStream(b));
   }, {src});
 }
 
@@ -365,13 +371,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tenso
     sc.push_back(count(inputs[p]));
     sd.push_back(so);
     so += sc.back();
-    checkCpu(outputs[p]);
+    checkSameDevice(src, outputs[p], "all_to_all");
     rc.push_back(count(outputs[p]));
     rd.push_back(ro);
     ro += rc.back();
   }
   at::Tensor all = at::empty({static_cast<int64_t>(ro)}, src.options());
-  braid::Work w = comm().allToAllv(ptr(src), sc, sd, ptr(all), rc, rd, braidType(src));
+  braid::Work w = comm().allToAllv(ptr(src), sc, sd, ptr(all), rc, rd, braidType(src), braidStream(src));
   std::vector<at::Tensor> outs = outputs;
   return WorkBraid::start(getRank(), c10d::OpType::ALLTOALL, std::move(w), outs, {src, all},
                           [outs, all]() mutable { split(all, outs); });

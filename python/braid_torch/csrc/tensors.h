@@ -1,8 +1,17 @@
 // What ProcessGroupBraid and its point-to-point queue (p2p.h) need to hand tensors to Braid.
 #pragma once
 #include <ATen/ATen.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#ifndef BRAID_TORCH_CUDA
+#define BRAID_TORCH_CUDA 0
+#endif
+#if BRAID_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <cstddef>
+#include <optional>
 
 #include "braid/braid.hpp"
 
@@ -30,5 +39,41 @@ inline braid::DataType braidType(const at::Tensor& t) { return braidType(t.scala
 inline void* ptr(const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; }
 
 inline std::size_t count(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()); }
+
+// Refuses a tensor this build cannot hand Braid: CPU tensors always go; CUDA tensors where the
+// backend was built against a torch with CUDA (BRAID_TORCH_CUDA: python/meson.build).
+inline void checkDevice(const at::Tensor& t) {
+#if BRAID_TORCH_CUDA
+  if (t.is_cuda()) return;
+#endif
+  TORCH_CHECK(t.device().is_cpu(), "braid: ", t.device(), " tensors are not supported by this build of the backend (CPU",
+              BRAID_TORCH_CUDA ? " and CUDA" : "", " tensors are; CUDA needs a torch built with CUDA and Braid built with -Dcuda)");
+}
+
+// The stream a call on a device tensor is ordered with: torch's current stream on its device, as
+// NCCL's calls are (none for a CPU tensor). The call starts after the work queued there before it,
+// and work queued there after it sees its result.
+inline std::optional<c10::Stream> currentStream(const at::Tensor& t) {
+  if (t.device().is_cpu()) return std::nullopt;
+  return c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device());
+}
+
+// Both tensors of a call on one device (Braid's call reads one and writes the other there).
+inline void checkSameDevice(const at::Tensor& a, const at::Tensor& b, const char* what) {
+  checkDevice(a);
+  checkDevice(b);
+  TORCH_CHECK(a.device() == b.device(), "braid: ", what, "'s tensors are on ", a.device(), " and ", b.device(),
+              ": they must be on one device");
+}
+
+// That stream as Braid's `stream` argument (a cudaStream_t), or nullptr.
+inline void* braidStream(const at::Tensor& t) {
+#if BRAID_TORCH_CUDA
+  if (t.is_cuda()) return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+#else
+  (void)t;
+#endif
+  return nullptr;
+}
 
 }  // namespace braid::torch_backend

@@ -2,17 +2,24 @@
 
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
+#include <c10/core/StreamGuard.h>
 
 #include <exception>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "tensors.h"
+
 namespace braid::torch_backend {
 
 c10::intrusive_ptr<c10d::Work> WorkBraid::start(int rank, c10d::OpType type, braid::Work work, std::vector<at::Tensor> outputs,
                                                 std::vector<at::Tensor> keep, std::function<void()> after) {
   auto w = deferred(rank, type, std::move(outputs), std::move(keep), std::move(after), {});
+  if (w->onDevice() && w->after_) {  // stream-ordered behind the call (above)
+    w->after_();
+    w->after_ = nullptr;
+  }
   attach(w, std::move(work));
   return w;
 }
@@ -52,9 +59,17 @@ void WorkBraid::before(std::function<void()> f) {
   };
 }
 
+namespace {
+std::optional<c10::Stream> streamOfOutputs(const std::vector<at::Tensor>& outputs) {
+  return outputs.empty() ? std::nullopt : currentStream(outputs[0]);
+}
+}  // namespace
+
 WorkBraid::WorkBraid(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
-    : c10d::Work(rank, type), outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+    : c10d::Work(rank, type), outputs_(std::move(outputs)), stream_(streamOfOutputs(outputs_)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()),
+          stream_ ? std::vector<c10::Device>{stream_->device()} : std::vector<c10::Device>{})) {}
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkBraid::getFuture() {
   kick();
@@ -72,7 +87,9 @@ bool WorkBraid::wait(std::chrono::milliseconds timeout) {
   // blocking collective then costs no hand-off to the worker thread and back. (An empty work_:
   // one that fail() ended, which has no call.)
   (void)work_.wait(timeout.count() > 0 ? static_cast<double>(timeout.count()) / 1000.0 : -1);  // (its status: complete() has it)
-  return c10d::Work::wait(timeout);
+  const bool done = c10d::Work::wait(timeout);
+  if (done && onDevice()) future_->wait();  // the waiter's current stream waits for the call's
+  return done;
 }
 
 void WorkBraid::kick() {
@@ -96,6 +113,10 @@ void WorkBraid::complete(const braid::Status& s) {
   if (!s.ok()) error = std::make_exception_ptr(std::runtime_error("braid: " + s.toString()));
   keep_.clear();
   finish(error);
+  // A device future records its completion on the current stream: make that the caller's, behind
+  // the call and `after`'s copies (this runs on Braid's threads, whose current stream is another).
+  std::optional<c10::StreamGuard> onCallersStream;
+  if (onDevice()) onCallersStream.emplace(*stream_);
   if (error) future_->setError(error);
   else future_->markCompleted(c10::IValue(outputs_));
 }

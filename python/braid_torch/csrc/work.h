@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "braid/braid.hpp"
@@ -14,6 +15,11 @@ namespace braid::torch_backend {
 // Done when Braid's work is, with a future that completes then (DDP's comm hooks wait on it).
 // `after` runs first, on success (copies results into non-contiguous or list outputs); `keep`
 // holds the buffers Braid uses until then.
+//
+// Outputs on a device (CUDA): the call was ordered on torch's current stream there, so `after`
+// runs at once, on the caller's thread, queued on that stream behind the call; the future is a
+// device future whose completion is recorded on that stream, and wait() (and the future's wait)
+// make the waiter's current stream wait for it, as NCCL's Works do.
 class WorkBraid : public c10d::Work {
  public:
   static c10::intrusive_ptr<c10d::Work> start(int rank, c10d::OpType type, braid::Work work, std::vector<at::Tensor> outputs,
@@ -41,6 +47,7 @@ class WorkBraid : public c10d::Work {
  private:
   void kick();
   void complete(const braid::Status& s);
+  bool onDevice() const { return stream_.has_value(); }
 
   braid::Work work_;
   std::vector<at::Tensor> outputs_;
@@ -48,6 +55,7 @@ class WorkBraid : public c10d::Work {
   std::function<void()> after_;
   std::mutex flushMu_;
   std::function<void()> flush_;  // set until attach or fail
+  std::optional<c10::Stream> stream_;  // device outputs: the caller's stream the call is ordered on
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 

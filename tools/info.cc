@@ -8,6 +8,7 @@
 #include "comm/communicator.h"
 #include "comm/base/config.h"
 #include "comm/engine.h"
+#include "kernels/copy.h"
 #include "kernels/reduce.h"
 #include "tools/tools.h"
 #include "topology/topology.h"
@@ -46,6 +47,7 @@ int runInfo(int, char**) {
               "when they outnumber them; --bind-to none leaves them free)\n",
               topology::cpuListText(cpus).c_str(), topology::allowedCores().size());
   std::printf("reduce kernels: %s\n", kernels::isaName());
+  std::printf("copies: %s\n", kernels::plainCopyName());
   auto cfg = Config::fromEnvironment();
   if (!cfg.ok()) {
     std::printf("configuration error: %s\n", cfg.status().message().c_str());

@@ -23,6 +23,7 @@
 #include "comm/c_handle.h"
 #include "comm/communicator.h"
 #include "comm/base/config.h"
+#include "kernels/copy.h"
 #include "kernels/reduce.h"
 #include "tools/pattern.h"
 #include "tools/perf_device.h"
@@ -359,6 +360,7 @@ int runPerf(int argc, char** argv) {
   }
 
   PerfHeader h = describeRun(run.comm, rank, n, o, BRAID_VERSION_TAG, kernels::isaName());
+  h.copies = kernels::plainCopyName();
   PerfReport report(h);
   bool plotFailed = false;
   if (rank == 0) report.printHeader();

@@ -65,7 +65,8 @@ void PerfReport::printHeader() const {
   std::printf("# braid perf %s: %d ranks on %d host(s), iters %d, warmup %d, validation %d, root %d, memory %s\n",
               o.coll.c_str(), h_.nranks, h_.hosts, o.iters, o.warmup, o.check, o.root,
               o.device == "cuda" ? ("cuda device: " + o.deviceName).c_str() : o.mem.c_str());
-  std::printf("# algorithm: %s; reduce kernels: %s; commit %s\n", h_.algo.c_str(), h_.isa.c_str(), h_.commit.c_str());
+  std::printf("# algorithm: %s; reduce kernels: %s; copies: %s; commit %s\n", h_.algo.c_str(), h_.isa.c_str(),
+              h_.copies.c_str(), h_.commit.c_str());
   for (const std::string& t : h_.transports) std::printf("#   %s\n", t.c_str());
   std::printf("#\n# %10s %12s %8s %6s %6s %9s %8s %8s %6s %9s %8s %8s %6s\n", "", "", "", "", "", "out-of-place", "", "",
               "", "in-place", "", "", "");
@@ -98,9 +99,9 @@ bool PerfReport::writeJson(const std::string& path, std::uint64_t wrong) const {
   const PerfOptions& o = h_.options;
   std::fprintf(f, "{\n  \"tool\": \"braid perf\",\n  \"collective\": %s,\n  \"nranks\": %d,\n  \"hosts\": %d,\n",
                jsonString(o.coll).c_str(), h_.nranks, h_.hosts);
-  std::fprintf(f, "  \"host\": %s,\n  \"commit\": %s,\n  \"started_at\": %s,\n  \"algorithm\": %s,\n  \"reduce_isa\": %s,\n",
+  std::fprintf(f, "  \"host\": %s,\n  \"commit\": %s,\n  \"started_at\": %s,\n  \"algorithm\": %s,\n  \"reduce_isa\": %s,\n  \"copies\": %s,\n",
                jsonString(h_.host).c_str(), jsonString(h_.commit).c_str(), jsonString(h_.startedAt).c_str(),
-               jsonString(h_.algo).c_str(), jsonString(h_.isa).c_str());
+               jsonString(h_.algo).c_str(), jsonString(h_.isa).c_str(), jsonString(h_.copies).c_str());
   std::fprintf(f, "  \"settings\": {\"iters\": %d, \"warmup\": %d, \"check\": %d, \"root\": %d, \"transport\": %s, "
                "\"mem\": %s, \"device\": %s},\n", o.iters, o.warmup, o.check, o.root,
                jsonString(o.transport.empty() ? "auto" : o.transport).c_str(), jsonString(o.mem).c_str(),

@@ -39,7 +39,7 @@ struct PerfHeader {
   PerfOptions options;
   int nranks = 0, hosts = 0;
   std::vector<std::string> transports;  // one line per rank: "rank 0: shm x3"
-  std::string algo, host, commit, isa, startedAt;
+  std::string algo, host, commit, isa, copies, startedAt;  // copies: kernels::plainCopyName()
 };
 
 // Collective: every rank calls it; only rank 0's result is complete.

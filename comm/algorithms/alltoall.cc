@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "comm/algorithms/algorithms.h"
+#include "kernels/copy.h"
 
 namespace braid {
 
@@ -41,7 +42,7 @@ void buildAllToAll(const CollArgs& a, Workspace& ws, int channels, Plan& plan) {
     // In place: a block received may land where a block still to be sent lies. Send from a copy.
     const std::size_t extent = (v ? a.v->sendExtent() : a.count * static_cast<std::size_t>(n)) * es;
     std::byte* copy = ws.scratch(extent);
-    if (extent) std::memcpy(copy, send, extent);
+    if (extent) kernels::plainCopy(copy, send, extent);
     send = copy;
   }
   // All-to-allv: every message carries its pair's count, so that the receiver checks it at the

@@ -17,6 +17,7 @@
 #include "comm/communicator.h"
 #include "comm/base/log.h"
 #include "comm/memory.h"
+#include "kernels/copy.h"
 #include "kernels/reduce.h"
 
 namespace braid {
@@ -92,7 +93,7 @@ Result<bool> Comm::tryZeroCopyAllReduce(const CollArgs& a, const Fingerprint& fp
   for (std::size_t q = 0; q < n; ++q) {
     if (q == r) continue;
     Range b = split(a.count, n, q);
-    if (b.len) std::memcpy(recvs[r] + b.off * es, recvs[q] + b.off * es, b.len * es);
+    if (b.len) kernels::plainCopy(recvs[r] + b.off * es, recvs[q] + b.off * es, b.len * es);
   }
   s = barrier(fp);
   if (!s.ok()) return s;

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -464,23 +465,35 @@ TEST(Dispatch, InvalidTypeOrOpDoesNothing) {
   for (std::int32_t v : d) EXPECT_EQ(v, 9);
 }
 
-// The streaming copy: every byte of the destination between guard bytes, for every pair of source
-// and destination offsets within a 16-byte line and sizes around its 16- and 64-byte steps.
-TEST(StreamingCopy, CopiesExactlyAtEveryAlignment) {
-  const std::size_t sizes[] = {0, 1, 7, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1009, 4096, 65537};
+// A copy function: every byte of the destination between guard bytes, for every pair of source
+// and destination offsets within a 16-byte line and sizes around its 16- and 64-byte steps and
+// around kRepMovsbMinBytes.
+void expectExactCopies(void (*copyFn)(void*, const void*, std::size_t), const char* name) {
+  const std::size_t sizes[] = {0, 1, 7, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1009, 4096,
+                               kRepMovsbMinBytes - 1, kRepMovsbMinBytes, kRepMovsbMinBytes + 1, 65537};
   std::vector<unsigned char> src(65537 + 64), dst(65537 + 64);
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
   for (std::size_t so = 0; so < 16; ++so)
     for (std::size_t d = 0; d < 16; ++d)
       for (std::size_t n : sizes) {
         std::fill(dst.begin(), dst.end(), 0xEE);
-        streamingCopy(dst.data() + 16 + d, src.data() + so, n);
+        copyFn(dst.data() + 16 + d, src.data() + so, n);
         for (std::size_t i = 0; i < dst.size(); ++i) {
           const bool inside = i >= 16 + d && i < 16 + d + n;
           const unsigned char want = inside ? src[so + i - 16 - d] : 0xEE;
-          ASSERT_EQ(dst[i], want) << "byte " << i << ", size " << n << ", source offset " << so << ", destination offset " << d;
+          ASSERT_EQ(dst[i], want) << name << ": byte " << i << ", size " << n << ", source offset " << so
+                                  << ", destination offset " << d;
         }
       }
+}
+
+TEST(StreamingCopy, CopiesExactlyAtEveryAlignment) { expectExactCopies(streamingCopy, "streamingCopy"); }
+
+// plainCopy as this machine chose it (braid info says which), and both of its ways whatever it chose.
+TEST(PlainCopy, CopiesExactlyAtEveryAlignment) {
+  std::printf("plainCopy here: %s\n", plainCopyName());
+  expectExactCopies(plainCopy, "plainCopy");
+  expectExactCopies(repMovsbCopy, "repMovsbCopy");
 }
 
 }  // namespace

@@ -17,8 +17,8 @@ Result<std::size_t> ShmChannel::trySend(const void* data, std::size_t n) {
   if (k == 0) return std::size_t{0};
   std::size_t pos = static_cast<std::size_t>(outHead_) & mask_;
   std::size_t first = std::min(k, cap_ - pos);
-  std::memcpy(out_.data + pos, data, first);
-  if (k > first) std::memcpy(out_.data, static_cast<const std::byte*>(data) + first, k - first);
+  kernels::plainCopy(out_.data + pos, data, first);
+  if (k > first) kernels::plainCopy(out_.data, static_cast<const std::byte*>(data) + first, k - first);
   outHead_ += k;
   out_.ctl->head.store(outHead_, std::memory_order_release);
   peerBell_->ring();

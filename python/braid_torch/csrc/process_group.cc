@@ -104,8 +104,8 @@ ProcessGroupBraid::~ProcessGroupBraid() {
   }
 }
 
-c10::intrusive_ptr<Base> ProcessGroupBraid::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                                 int size, const std::chrono::duration<float>& timeout) {
+c10::intrusive_ptr<Base> ProcessGroupBraid::create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                   const std::chrono::duration<float>& timeout) {
   return c10::make_intrusive<ProcessGroupBraid>(store, rank, size,
                                                 std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
 }

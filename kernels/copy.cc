@@ -108,8 +108,10 @@ CopyChoice choose() {
   // on a VM, which alone flipped the choice between processes of one job.
   const double mean = std::cbrt(ratio[0] * ratio[1] * ratio[2]);
   c.repMovsb = mean >= 1.2 && ratio[0] >= 0.95 && ratio[1] >= 0.95 && ratio[2] >= 0.95;
-  std::snprintf(c.name, sizeof c.name, "%s (rep movsb %.1fx memcpy aligned, %.1fx and %.1fx unaligned)",
-                c.repMovsb ? "rep movsb from 32 KiB" : "memcpy", ratio[0], ratio[1], ratio[2]);
+  char what[32] = "memcpy";
+  if (c.repMovsb) std::snprintf(what, sizeof what, "rep movsb from %zu KiB", kRepMovsbMinBytes >> 10);
+  std::snprintf(c.name, sizeof c.name, "%s (rep movsb %.1fx memcpy aligned, %.1fx and %.1fx unaligned)", what, ratio[0],
+                ratio[1], ratio[2]);
   return c;
 }
 #else

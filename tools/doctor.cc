@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <sched.h>
+
 #include "braid/braid.h"
 #include "braid_version.h"
 #include "comm/base/config.h"
@@ -36,7 +38,8 @@ const char* kUsage =
     "  run it like any Braid program: braid run -n 4 braid doctor; torchrun ... --no_python braid doctor; mpirun\n"
     "  --bytes SIZE   what each pair sends both ways per iteration, and the ring all-reduce's size (default 4M)\n"
     "  --iters N      timed iterations per pair and per ring, after one warm-up; the best counts (default 3)\n"
-    "  --slow RATIO   a link between hosts is slow below RATIO x the fastest one of its transport (default 0.5)\n"
+    "  --slow RATIO   a link between hosts is slow below RATIO x the fastest one of its transport (default 0.5;\n"
+    "                 half of it between hosts on one kernel, namespaces or containers of one machine)\n"
     "  --baseline FILE  an earlier healthy run's --json: links between hosts are also held to its fastest\n"
     "                 (so that a system where every link is equally slow is found)\n"
     "  --json FILE    everything, for tools;  --svg FILE: the pair bandwidth matrix as a heatmap\n"
@@ -126,6 +129,37 @@ struct Doctor {
   braidComm_t comm = nullptr;
   int rank = 0, n = 1;
   std::string error;  // what stopped the run
+  const std::vector<RankFacts>* facts = nullptr;  // every rank's, once gathered
+
+  // While a rank pair on different hosts of one machine (namespaces or containers sharing a kernel:
+  // the same boot id) measures their link, each runs on a CPU of its own: unpinned, the scheduler
+  // may put both on one core, and the figures then measure it, not the link (3 test hosts on the
+  // 2-core CI machine: latency 66-142 us for half the links, 6.6-8.8 us for every link pinned).
+  struct PairPin {
+    cpu_set_t saved;
+    bool pinned = false;
+    PairPin(const std::vector<RankFacts>* facts, int me, int peer) {
+      if (!facts || facts->size() <= static_cast<std::size_t>(std::max(me, peer))) return;
+      const RankFacts& a = (*facts)[static_cast<std::size_t>(std::min(me, peer))];
+      const RankFacts& b = (*facts)[static_cast<std::size_t>(std::max(me, peer))];
+      if (a.host == b.host || a.bootId.empty() || a.bootId != b.bootId) return;
+      const std::vector<int> ca = topology::parseCpuList(a.cpus), cb = topology::parseCpuList(b.cpus);
+      if (ca.empty()) return;
+      int cpu = ca[0];  // the lower rank's first CPU; the higher rank's first other one
+      if (me != std::min(me, peer)) {
+        auto other = std::find_if(cb.begin(), cb.end(), [&](int c) { return c != ca[0]; });
+        if (other == cb.end()) return;
+        cpu = *other;
+      }
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpu, &set);
+      pinned = ::sched_getaffinity(0, sizeof(saved), &saved) == 0 && ::sched_setaffinity(0, sizeof(set), &set) == 0;
+    }
+    ~PairPin() {
+      if (pinned) ::sched_setaffinity(0, sizeof(saved), &saved);
+    }
+  };
 
   bool ok(braidResult_t r, const char* what) {
     if (r == braidSuccess) return true;
@@ -189,6 +223,7 @@ struct Doctor {
       for (auto [a, b] : roundPairs(n, r)) {
         if (a != rank && b != rank) continue;
         const int peer = a == rank ? b : a;
+        PairPin pin(facts, rank, peer);
         PairFigure f = measurePair(peer);
         double* cell = &row[static_cast<std::size_t>(peer) * 3];
         cell[0] = f.latUs, cell[1] = f.gbps, cell[2] = f.clockOffsetUs;
@@ -223,6 +258,7 @@ struct Doctor {
         const int a = h.ranks[which[i].first][0], b = h.ranks[which[i].second][0];
         if (rank == a || rank == b) {
           const int peer = rank == a ? b : a;
+          PairPin pin(facts, rank, peer);
           if (rep == 0 && !exchange(out.data(), o.bytes, in.data(), o.bytes, peer, peer)) break;  // warm-up
           const double t0 = now();
           if (!exchange(out.data(), o.bytes, in.data(), o.bytes, peer, peer)) break;
@@ -421,6 +457,7 @@ int runDoctor(int argc, char** argv) {
     d.error = texts.status().message();
   }
   const HostLayout hosts = layOut(data.ranks);
+  d.facts = &data.ranks;
   if (d.error.empty()) data.pairs = d.measurePairs();
   if (d.error.empty()) {
     // Which pairs crossed between hosts in the same round: they shared the busier host's link.

@@ -117,6 +117,9 @@ std::string textReport(const Data& d, const std::vector<Finding>& findings) {
         << (l.confirmed > 0 ? "; measured again alone: " + fmt("%.3f", l.confirmed) + " GB/s (best " +
                                     fmt("%.3f", l.confirmedBest) + ")"
                               : std::string())
+        << (l.oneKernel ? "; both hosts on one kernel: slow below " + fmt("%.0f%%", 100 * slowRatioOf(l, d.slowRatio)) +
+                              " of the fastest"
+                        : std::string())
         << "\n";
     for (std::size_t k = 1; k < h.names.size(); ++k)
       o << "    clock of " << h.names[k] << ": " << fmt("%+.6f", d.pairs[0][h.ranks[k][0]].clockOffsetUs / 1e6)
@@ -205,7 +208,7 @@ std::string jsonReport(const Data& d, const std::vector<Finding>& findings) {
   for (std::size_t i = 0; i < links.size(); ++i)
     o << (i ? ", " : "") << "{\"a\": " << q(h.names[links[i].a]) << ", \"b\": " << q(h.names[links[i].b]) << ", \"transport\": "
       << q(links[i].transport) << ", \"gbps\": " << num(links[i].raw) << ", \"shared_gbps\": " << num(links[i].gbps) << ", \"confirmed_gbps\": " << num(links[i].confirmed) << ", \"confirmed_best_gbps\": " << num(links[i].confirmedBest) << ", \"lat_us\": " << num(links[i].latUs)
-      << ", \"pairs\": " << links[i].pairs << "}";
+      << ", \"pairs\": " << links[i].pairs << ", \"one_kernel\": " << (links[i].oneKernel ? "true" : "false") << "}";
   o << "],\n \"rings\": [";
   for (std::size_t i = 0; i < d.rings.size(); ++i) {
     o << (i ? ", " : "") << "{\"order\": [";

@@ -360,11 +360,15 @@ std::vector<HostLink> hostLinks(const Data& d, const HostLayout& h) {
     l.raw = median(&Figure::own);
     l.latUs = median(&Figure::latUs);
     l.transport = transport[key];
+    const std::string& bootA = d.ranks[h.ranks[l.a][0]].bootId;
+    l.oneKernel = !bootA.empty() && bootA == d.ranks[h.ranks[l.b][0]].bootId;
     if (auto c = d.confirmed.find(key); c != d.confirmed.end()) l.confirmed = c->second.median, l.confirmedBest = c->second.best;
     out.push_back(l);
   }
   return out;
 }
+
+double slowRatioOf(const HostLink& link, double ratio) { return link.oneKernel ? ratio / 2 : ratio; }
 
 std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std::vector<HostLink>& links, double ratio,
                                 const Baseline& baseline) {
@@ -381,11 +385,11 @@ std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std
     const double ref = std::max(best.confirmed > 0 ? best.confirmed : best.raw, base);
     std::vector<HostLink> slow;
     for (HostLink l : ls) {
-      if (!(l.gbps < ratio * first)) continue;
+      if (!(l.gbps < slowRatioOf(l, ratio) * first)) continue;
       // Measured again, alone and alternately with the fastest: those figures decide.
       if (l.confirmed > 0) {
         const double kindest = std::max(l.confirmed, l.confirmedBest);
-        if (!(kindest < ratio * ref)) continue;
+        if (!(kindest < slowRatioOf(l, ratio) * ref)) continue;
         l.gbps = kindest;
       }
       slow.push_back(l);
@@ -448,7 +452,7 @@ std::vector<std::pair<int, int>> linksToConfirm(const std::vector<HostLink>& lin
     const double first = std::max(best.raw, b == baseline.best.end() ? 0.0 : b->second);
     bool any = false;
     for (const HostLink& l : ls)
-      if (l.gbps < ratio * first) out.emplace_back(l.a, l.b), any = true;
+      if (l.gbps < slowRatioOf(l, ratio) * first) out.emplace_back(l.a, l.b), any = true;
     if (any) out.emplace_back(best.a, best.b);
   }
   std::sort(out.begin(), out.end());

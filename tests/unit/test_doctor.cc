@@ -105,6 +105,28 @@ TEST(Doctor, MeasuredAgainDecides) {
   EXPECT_NE(f[0].text.find("runs at 0.10 GB/s (10%)"), std::string::npos) << f[0].text;
 }
 
+TEST(Doctor, HostsOnOneKernelAreHeldToHalfTheRatio) {
+  // One host's links at 47% of the third: a finding between machines, the scatter of the shared
+  // CPUs between namespaces of one machine (the same boot id), where 20% is still one.
+  for (const bool oneKernel : {false, true}) {
+    Data d = healthy(3, 1);
+    if (oneKernel)
+      for (RankFacts& f : d.ranks) f.bootId = "one-boot-id";
+    setPair(d, 0, 1, 0.47);
+    setPair(d, 0, 2, 0.47);
+    const HostLayout h = layOut(d.ranks);
+    for (const HostLink& l : hostLinks(d, h)) {
+      EXPECT_EQ(l.oneKernel, oneKernel);
+      EXPECT_EQ(slowRatioOf(l, d.slowRatio), oneKernel ? 0.25 : 0.5);
+    }
+    EXPECT_EQ(subjects(analyse(d)), oneKernel ? "" : "[host braid-h1]");
+    EXPECT_EQ(linksToConfirm(hostLinks(d, h), d.slowRatio).size(), oneKernel ? 0u : 3u);
+    setPair(d, 0, 1, 0.2);
+    setPair(d, 0, 2, 0.2);
+    EXPECT_EQ(subjects(analyse(d)), "[host braid-h1]") << (oneKernel ? "one kernel" : "three");
+  }
+}
+
 TEST(Doctor, UnreachablePeerIsNamed) {
   Data d = healthy(2, 1);
   d.ranks[1].unreachable = "rank 0 (braid-h1) at 10.213.0.1: no route to 10.213.0.1: Network is unreachable";

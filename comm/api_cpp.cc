@@ -11,8 +11,8 @@ namespace braid {
 
 Status Work::wait(double timeoutSec) {
   if (!state_) return Status::InvalidUsage("wait() on an empty Work");
-  // Not started yet and next in line: run it here rather than wake the worker and wait for it.
-  if (auto owner = state_->owner.lock()) owner->runIfNext(state_);
+  // Not started yet: run it here (and what was queued before it) rather than wait for the worker.
+  if (auto owner = state_->owner.lock()) owner->runQueuedThrough(state_);
   std::unique_lock<std::mutex> g(state_->mu);
   if (timeoutSec < 0) {
     state_->cv.wait(g, [&] { return state_->done; });

@@ -203,6 +203,7 @@ Status Comm::setup(InitParams& p) {
   const int hostCpus = cpusKnown ? static_cast<int>(localCpus.size()) : topology::summary().pus;
   const bool oversubscribed = localRanks > hostCpus;
   waiter_ = std::make_unique<Waiter>(config_.spinUs, oversubscribed);
+  lazyWorkerWake_ = oversubscribed;
   for (auto& t : transports_) {
     WaitSources w = t->waitSources();
     if (w.doorbell) waiter_->setDoorbell(w.doorbell);
@@ -876,7 +877,7 @@ void Comm::shutdown(bool abortive) {
   {
     std::lock_guard<std::mutex> g(qMu_);
     stopWorker_ = true;
-    workerCv_.notify_all();
+    workerAlarm_.wakeNow();
   }
   if (abortive) {
     // Queued work that never started fails now; the running call sees the failure within a slice.
@@ -892,6 +893,7 @@ void Comm::shutdown(bool abortive) {
     worker = std::move(worker_);
   }
   if (worker.joinable()) worker.join();
+  workerAlarm_.close();
   std::lock_guard<std::mutex> g(execMu_);  // waits for a blocking call on another thread to leave
   if (store_) store_->close();               // also joins the watcher: nothing else touches us now
   if (storeServer_) storeServer_->waitUntilAllLeft(Deadline::after(abortive ? 0 : config_.timeoutSec));

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comm/algorithms/algorithms.h"
+#include "comm/alarm.h"
 #include "comm/bootstrap/init.h"
 #include "comm/base/config.h"
 #include "comm/engine.h"
@@ -47,7 +48,7 @@ std::size_t cmaMinBytes(CollKind kind, int nranks, std::size_t l3Bytes);
 // Shared state of one asynchronous operation.
 struct WorkState {
   // The communicator whose queue holds it: wait() runs it on the waiting thread when it has not
-  // started yet (Comm::runIfNext).
+  // started yet (Comm::runQueuedThrough).
   std::weak_ptr<Comm> owner;
   std::mutex mu;
   std::condition_variable cv;
@@ -90,10 +91,11 @@ class Comm final : public EngineHost, public Workspace {
   std::shared_ptr<WorkState> submit(const CollArgs& a);
   // Queues a group (as runGroup runs it) for the worker thread: one Work for all of its calls.
   std::shared_ptr<WorkState> submitGroup(std::vector<CollArgs> calls);
-  // Runs `w` on this thread, if it is next in the queue and the worker is not running a call:
-  // a blocking wait right after a submit then costs no hand-off to the worker and back. Returns
-  // whether it ran it (false: the worker has it or will; wait as usual).
-  bool runIfNext(const std::shared_ptr<WorkState>& w);
+  // Runs `w` on this thread if it is still queued, with the calls queued before it, in order,
+  // while the worker is not running a call: a blocking wait right after a submit then costs no
+  // hand-off to the worker and back. (w null: every queued call.) What it did not run, the worker
+  // has or will: wait as usual.
+  void runQueuedThrough(const std::shared_ptr<WorkState>& w);
 
   // Stops everything: pending and later calls fail with aborted; other ranks are told.
   void abort();
@@ -312,12 +314,12 @@ class Comm final : public EngineHost, public Workspace {
   std::atomic<bool> closed_{false};
 
   std::mutex qMu_;
-  // Two conditions, so that no call wakes a thread that has nothing to do: the worker waits on
-  // workerCv_ (a call queued, one it waited behind now runnable, stop); waitForQueuedCalls waits
-  // on drainedCv_ (the queue empty and nothing running). A call that its caller ran (runIfNext)
-  // therefore ends without waking the sleeping worker: on a pinned rank that wake was a context
-  // switch on the core running the rank's next call.
-  std::condition_variable workerCv_;
+  // Nothing wakes a thread that has nothing to do: the worker sleeps on workerAlarm_ (a call
+  // queued, at once or within a bound, see work_queue.cc; the end of a call with another queued
+  // behind it; stop); waitForQueuedCalls waits on drainedCv_ (the queue empty and nothing running).
+  Alarm workerAlarm_;
+  bool workerSleeping_ = false;  // under qMu_: on workerAlarm_
+  bool lazyWorkerWake_ = false;  // this host's ranks outnumber its CPUs (set at init)
   std::condition_variable drainedCv_;
   struct Queued {
     std::vector<CollArgs> calls;  // one call, or a group's
@@ -328,7 +330,7 @@ class Comm final : public EngineHost, public Workspace {
   };
   std::shared_ptr<WorkState> enqueue(Queued item);
   std::uint64_t queuedCount_ = 0;  // under qMu_
-  // A queued item's run, by the worker or by runIfNext's thread (workerBusy_ set by the caller).
+  // A queued item's run, by the worker or by runQueuedThrough's thread (workerBusy_ set by the caller).
   void runQueued(Queued& item);
   std::weak_ptr<Comm> self_;  // for WorkState::owner
   // runGroup's body, with execMu_ held.

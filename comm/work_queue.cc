@@ -1,6 +1,22 @@
 // The communicator's queue of asynchronous calls (braid::Work): one worker thread per communicator
-// runs them in call order; a wait() on the next one, while the worker is idle, runs it on the
-// waiting thread instead (runIfNext). Blocking calls wait for the queue first (waitForQueuedCalls).
+// runs them in call order; a wait() on one not started, while the worker is idle, runs it (and
+// those queued before it) on the waiting thread instead (runQueuedThrough). Blocking calls run or
+// wait for the queue first (waitForQueuedCalls).
+//
+// The worker leaves a call to the thread that queued it for kLeaveToWaiterUs: most calls are
+// waited on at once (torch makes every blocking collective as an asynchronous one and waits on it),
+// and that thread then runs it itself instead of sleeping while the worker runs it. How the worker
+// learns of a call depends on the host:
+// - Spare cores: the queue wakes it (when it sleeps), and it yields through the window before it
+//   takes the call. A timer instead costs more than the wake: arming one is a VM exit here (two
+//   per call, armed and disarmed, made an 8 B all-reduce through torch 31 us against 4.4).
+// - Oversubscribed (the host's ranks outnumber its CPUs): no wake per call. A worker woken to
+//   yield through the window takes the core from the ranks sharing it: 34 us of a 55 us 8 B
+//   all-reduce through torch at 4 ranks on 2 cores. The queue arms the worker's alarm to ring
+//   within kLazyWakeUs unless it is armed already (one timer per kLazyWakeUs of calls, however
+//   many), and a later call queued behind one its caller left wakes the worker at once.
+//   A call nobody waits on thus starts within kLazyWakeUs, or at the next call.
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -9,6 +25,10 @@
 #include "comm/communicator.h"
 
 namespace braid {
+
+// The caller's window: long enough for a thread that waits at once to claim its call.
+constexpr std::int64_t kLeaveToWaiterUs = 50;
+constexpr std::int64_t kLazyWakeUs = 2000;
 
 void WorkState::finish(Status s) {
   std::vector<std::function<void(const Status&)>> callbacks;
@@ -35,8 +55,10 @@ void WorkState::whenDone(std::function<void(const Status&)> f) {
 
 void Comm::waitForQueuedCalls() {
   if (asyncPending_.load(std::memory_order_acquire) > 0) {
-    // Calls run in call order: wait for queued asynchronous work first. (A thread's own earlier
+    // Calls run in call order: queued asynchronous work first, run here while the worker is not
+    // running one (it would be woken for them otherwise), then waited for. (A thread's own earlier
     // submit() is always seen here; without one, the common case, no lock is taken.)
+    runQueuedThrough(nullptr);
     std::unique_lock<std::mutex> g(qMu_);
     drainedCv_.wait(g, [&] { return queue_.empty() && !workerBusy_; });
   }
@@ -62,7 +84,13 @@ std::shared_ptr<WorkState> Comm::enqueue(Queued item) {
   item.queuedUs = nowUs();
   queue_.push_back(std::move(item));
   asyncPending_.fetch_add(1, std::memory_order_release);
-  workerCv_.notify_one();
+  if (!lazyWorkerWake_) {
+    if (workerSleeping_) workerAlarm_.wakeNow();
+  } else if (!workerBusy_ && workerSleeping_ && nowUs() - queue_.front().queuedUs >= kLeaveToWaiterUs) {
+    workerAlarm_.wakeNow();  // its caller left the call in front: no reason to wait for the alarm
+  } else {
+    workerAlarm_.ringIn(kLazyWakeUs);  // (nothing when armed already)
+  }
   return w;
 }
 
@@ -86,38 +114,36 @@ void Comm::runQueued(Queued& item) {
   asyncPending_.fetch_sub(1, std::memory_order_release);
   if (queue_.empty()) {
     drainedCv_.notify_all();  // no syscall when nobody waits
-  } else {
-    workerCv_.notify_one();  // the worker may wait behind this call for the next
+  } else if (workerSleeping_) {
+    workerAlarm_.wakeNow();  // the worker may wait behind this call for the next
   }
 }
-
-// How long the worker leaves a call it was just woken for to the thread that queued it. Most calls
-// are waited on at once (torch makes every blocking collective as an asynchronous one and waits on
-// it): that thread then runs it itself (runIfNext) instead of sleeping while the worker runs it,
-// which saves two thread wake-ups on the call's path (at 8 B through torch, 45 us a call became
-// 4 us here). Meanwhile the worker yields; it does not sleep on a timer, which cost as much as the
-// wake-ups on this VM (a timerfd variant took 40 us a call). A call nobody waits on starts this
-// much later, and the worker spends up to this long yielding for it.
-constexpr std::int64_t kLeaveToWaiterUs = 50;
 
 void Comm::workerLoop() {
   for (;;) {
     Queued item;
     {
       std::unique_lock<std::mutex> g(qMu_);
-      // (not while runIfNext's thread runs one: the calls run in the order they were queued)
-      workerCv_.wait(g, [&] { return (stopWorker_ && queue_.empty()) || (!queue_.empty() && !workerBusy_); });
-      if (queue_.empty()) return;
-      const std::uint64_t number = queue_.front().number;
-      const std::int64_t due = queue_.front().queuedUs + kLeaveToWaiterUs;
-      bool taken = false;
-      while (!stopWorker_ && !taken && nowUs() < due) {
+      for (;;) {
+        if (stopWorker_ && queue_.empty()) return;
+        // (not while runQueuedThrough's thread runs one: the calls run in the order they were queued)
+        if (!queue_.empty() && !workerBusy_) {
+          const std::int64_t left = queue_.front().queuedUs + kLeaveToWaiterUs - nowUs();
+          if (stopWorker_ || left <= 0) break;
+          if (!lazyWorkerWake_) {  // the caller's window, yielding (see above)
+            g.unlock();
+            std::this_thread::yield();
+            g.lock();
+            continue;
+          }
+          workerAlarm_.ringIn(left);  // (queued as the alarm rang: it may not be armed for it)
+        }
+        workerSleeping_ = true;
         g.unlock();
-        std::this_thread::yield();
+        workerAlarm_.sleep();
         g.lock();
-        taken = workerBusy_ || queue_.empty() || queue_.front().number != number;
+        workerSleeping_ = false;
       }
-      if (taken || workerBusy_ || queue_.empty()) continue;  // its caller runs it (or: stop, see the wait)
       item = std::move(queue_.front());
       queue_.pop_front();
       workerBusy_ = true;
@@ -126,17 +152,21 @@ void Comm::workerLoop() {
   }
 }
 
-bool Comm::runIfNext(const std::shared_ptr<WorkState>& w) {
-  Queued item;
-  {
-    std::lock_guard<std::mutex> g(qMu_);
-    if (workerBusy_ || queue_.empty() || queue_.front().work != w) return false;
-    item = std::move(queue_.front());
-    queue_.pop_front();
-    workerBusy_ = true;
+void Comm::runQueuedThrough(const std::shared_ptr<WorkState>& w) {
+  for (;;) {
+    Queued item;
+    {
+      std::lock_guard<std::mutex> g(qMu_);
+      if (workerBusy_ || queue_.empty()) return;
+      if (w && std::none_of(queue_.begin(), queue_.end(), [&](const Queued& q) { return q.work == w; })) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      workerBusy_ = true;
+    }
+    const bool last = item.work == w;
+    runQueued(item);
+    if (last) return;
   }
-  runQueued(item);
-  return true;
 }
 
 }  // namespace braid

@@ -4,6 +4,7 @@
 // place, from the wrong rank, or shifted, is found. Buffers are misaligned by 1 to 3 bytes; counts
 // include 0, 1, primes and blocks of 256 KiB and more (cut into one piece per channel).
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -357,6 +358,47 @@ TEST(AllToAllCpp, DestroyRunsQueuedCallsFirst) {
   });
   expectEveryRankSucceeded(outcome);
 }
+
+// A call nobody waits on starts on its own, whether the worker is woken for each call (spare
+// cores) or by its timer (ranks outnumbering their CPUs: here both pinned to one), and a wait on
+// the last of several queued calls runs those queued before it too. Nothing else calls Braid
+// while a rank polls: a lost wake-up would leave the call queued and miss the 10 s bound.
+class UnwaitedCalls : public ::testing::TestWithParam<bool> {};
+TEST_P(UnwaitedCalls, StartOnTheirOwnAndAWaitRunsThoseBeforeIt) {
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  if (GetParam()) {  // (the ranks inherit it)
+    int first = 0;
+    while (!CPU_ISSET(first, &saved)) ++first;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  }
+  auto outcome = runRanks(2, [&](int rank, braidComm_t c) {
+    Communicator comm(c->impl);
+    constexpr std::size_t kCount = 1027;
+    const std::vector<float> base = chainInput(rank, kCount);
+    std::vector<std::vector<float>> bufs(4, std::vector<float>(kCount, -1.0f));
+    // One waited on at once first: the worker has started and gone to sleep by the next.
+    if (Status s = comm.allReduce(base.data(), bufs[0].data(), kCount, DataType::kFloat32, ReduceOp::kSum).wait(); !s.ok())
+      return report(rank, "wait: " + s.toString()), 1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    Work first = comm.allReduce(bufs[0].data(), bufs[1].data(), kCount, DataType::kFloat32, ReduceOp::kSum);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!first.test() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (!first.test()) return report(rank, "a call nobody waited on did not finish within 10 s"), 1;
+    Work second = comm.allReduce(bufs[1].data(), bufs[2].data(), kCount, DataType::kFloat32, ReduceOp::kSum);
+    Work third = comm.allReduce(bufs[2].data(), bufs[3].data(), kCount, DataType::kFloat32, ReduceOp::kSum);
+    if (Status s = third.wait(); !s.ok()) return report(rank, "wait: " + s.toString()), 2;
+    if (!second.test()) return report(rank, "the call queued before the one waited on is not done"), 3;
+    return checkChain(rank, bufs, 4);
+  });
+  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
+  expectEveryRankSucceeded(outcome);
+}
+INSTANTIATE_TEST_SUITE_P(Workers, UnwaitedCalls, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "oversubscribed" : "spare_cores"; });
 
 TEST(AllToAllvErrors, MismatchedLargeBlocksAreNamed) {
   auto outcome = runRanks(2, [&](int rank, braidComm_t comm) {

@@ -111,6 +111,15 @@ c10::intrusive_ptr<Base> ProcessGroupBraid::create(const c10::intrusive_ptr<c10d
 }
 
 braid::Communicator& ProcessGroupBraid::comm() {
+  if (coalescing_) {
+    // Refused, and the coalescing ends here: torch's context manager raises out without calling
+    // endCoalescing. What was sent and received in it stays queued, as outside one.
+    coalescing_ = false;
+    coalesced_.clear();
+    TORCH_CHECK(false, "braid: only sends and receives may be made between startCoalescing and endCoalescing on rank ",
+                getRank(), " (torch coalesces all_reduce, all_gather_into_tensor and reduce_scatter_tensor without a device; "
+                "make other collectives outside)");
+  }
   p2p_->flush();  // calls run in the order they were made
   return *comm_;
 }
@@ -141,6 +150,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::deferPeerOp(bool isSend, at::T
                                  if (auto p = weak.lock()) p->flush();
                                });
   p2p_->push(isSend, buf, peer, tag, w);
+  if (coalescing_) coalesced_.push_back(w);
   return w;
 }
 
@@ -399,6 +409,72 @@ std::vector<c10::intrusive_ptr<c10d::Work>> ProcessGroupBraid::batchSendRecv(
   p2p_->flush();  // as one: a batch's sends and receives go to Braid together whatever their order
   return works;
 }
+
+#if BRAID_TORCH_COALESCING
+// One all-gather of the inputs laid end to end; rank r's block then holds its inputs in order, and
+// output i takes input i's piece of every block.
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                  std::vector<at::Tensor>& inputs,
+                                                                                  const c10d::AllgatherOptions&) {
+  TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "braid: allgather_into_tensor_coalesced needs one output per input");
+  const int64_t n = getSize();
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    checkSameDevice(inputs[i], outputs[i], "allgather_into_tensor_coalesced");
+    TORCH_CHECK(outputs[i].numel() == n * inputs[i].numel() && outputs[i].scalar_type() == inputs[i].scalar_type(),
+                "braid: allgather_into_tensor_coalesced's output ", i, " must hold world_size times its input, in its dtype");
+  }
+  at::Tensor src = concat(inputs);
+  at::Tensor all = at::empty({n * src.numel()}, src.options());
+  braid::Work w = comm().allGather(ptr(src), ptr(all), count(src), braidType(src), braidStream(src));
+  return WorkBraid::start(getRank(), c10d::OpType::COALESCED, std::move(w), outputs, {src, all}, [outputs, all, n]() mutable {
+    const at::Tensor blocks = all.view({n, -1});
+    int64_t off = 0;
+    for (at::Tensor& o : outputs) {
+      const int64_t k = o.numel() / n;
+      o.copy_(blocks.narrow(1, off, k).reshape(o.sizes()));
+      off += k;
+    }
+  });
+}
+
+// One reduce-scatter of the inputs' blocks side by side: rank r's block is every input's r-th
+// piece in order, so that its result is the outputs laid end to end.
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                  std::vector<at::Tensor>& inputs,
+                                                                                  const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "braid: reduce_scatter_tensor_coalesced needs one output per input");
+  const int64_t n = getSize();
+  std::vector<at::Tensor> pieces;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    checkSameDevice(inputs[0], inputs[i], "reduce_scatter_tensor_coalesced");
+    checkSameDevice(inputs[i], outputs[i], "reduce_scatter_tensor_coalesced");
+    TORCH_CHECK(inputs[i].numel() == n * outputs[i].numel() && outputs[i].scalar_type() == inputs[i].scalar_type() &&
+                    inputs[i].scalar_type() == inputs[0].scalar_type(),
+                "braid: reduce_scatter_tensor_coalesced's input ", i, " must hold world_size times its output, in its dtype "
+                "(one dtype for the list)");
+    pieces.push_back(inputs[i].reshape({n, -1}));
+  }
+  at::Tensor src = at::cat(pieces, 1);  // (n, sum of the outputs' sizes), dense
+  at::Tensor buf = at::empty({src.size(1)}, src.options());
+  const braid::ReduceOp op = braidOp(opts.reduceOp, outputs[0]);
+  braid::Work w = comm().reduceScatter(ptr(src), ptr(buf), count(buf), braidType(buf), op, braidStream(buf));
+  return WorkBraid::start(getRank(), c10d::OpType::COALESCED, std::move(w), outputs, {src, buf},
+                          [outputs, buf]() mutable { split(buf, outputs); });
+}
+
+void ProcessGroupBraid::startCoalescing() {
+  TORCH_CHECK(!coalescing_, "braid: startCoalescing on rank ", getRank(), " before the last one's endCoalescing");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::endCoalescing() {
+  TORCH_CHECK(coalescing_, "braid: endCoalescing on rank ", getRank(), " without startCoalescing");
+  coalescing_ = false;
+  p2p_->flush();  // as one batch, as batch_isend_irecv's
+  return WorkAll::over(getRank(), std::move(coalesced_));
+}
+#endif
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOptions&) {
   return WorkBraid::start(getRank(), c10d::OpType::BARRIER, comm().barrier(), {});

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "braid/braid.hpp"
+#include "work.h"  // (BRAID_TORCH_COALESCING)
 
 namespace braid::torch_backend {
 
@@ -69,6 +70,22 @@ class ProcessGroupBraid : public Base {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
+#if BRAID_TORCH_COALESCING
+  // Coalesced all_gather_into_tensor and reduce_scatter_tensor: one Braid call for the list.
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  // The sends and receives made between the two run as one Braid batch (as batch_isend_irecv's);
+  // endCoalescing's Work is done when all of them are. Collectives are refused in between (which
+  // ends the coalescing): torch gathers its coalesced all_reduce, all_gather_into_tensor and
+  // reduce_scatter_tensor itself, and running one as called could deadlock where NCCL's grouping
+  // would not (a receive queued ahead of it waits for a send queued behind the peer's).
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+#endif
   // torch.distributed.batch_isend_irecv on this group (braid_torch routes it here): the batch of
   // (is_send, tensor, peer as a rank of this group, tag) runs as one Braid group, so that no order of
   // sends and receives deadlocks. One Work per operation, in order.
@@ -90,6 +107,8 @@ class ProcessGroupBraid : public Base {
   c10::intrusive_ptr<c10d::Store> store_;  // the group's: monitoredBarrier meets through it
   std::chrono::milliseconds timeout_;
   std::uint64_t monitoredRounds_ = 0;
+  bool coalescing_ = false;                                // between startCoalescing and endCoalescing
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;  // the sends and receives made meanwhile
 };
 
 }  // namespace braid::torch_backend

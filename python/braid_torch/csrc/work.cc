@@ -121,4 +121,62 @@ void WorkBraid::complete(const braid::Status& s) {
   else future_->markCompleted(c10::IValue(outputs_));
 }
 
+#if BRAID_TORCH_COALESCING
+c10::intrusive_ptr<c10d::Work> WorkAll::over(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> parts) {
+  return c10::make_intrusive<WorkAll>(rank, std::move(parts));
+}
+
+WorkAll::WorkAll(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> parts)
+    : c10d::Work(rank, c10d::OpType::COALESCED), parts_(std::move(parts)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+  struct Left {
+    std::mutex mu;
+    std::size_t count = 0;
+    std::exception_ptr error;  // the first part's that failed
+  };
+  auto left = std::make_shared<Left>();
+  left->count = parts_.size();
+  const std::vector<at::Tensor> all = result();
+  if (parts_.empty()) future_->markCompleted(c10::IValue(all));
+  for (auto& part : parts_)
+    part->getFuture()->addCallback([left, all, future = future_](c10::ivalue::Future& f) {
+      std::exception_ptr error;
+      {
+        std::lock_guard<std::mutex> g(left->mu);
+        if (f.hasError() && !left->error) left->error = f.exception_ptr();
+        if (--left->count > 0) return;
+        error = left->error;
+      }
+      if (error) future->setError(error);
+      else future->markCompleted(c10::IValue(all));
+    });
+}
+
+bool WorkAll::isCompleted() {
+  for (auto& part : parts_)
+    if (!part->isCompleted()) return false;
+  return true;
+}
+
+bool WorkAll::wait(std::chrono::milliseconds timeout) {
+  for (auto& part : parts_)  // (each raises its error, as c10d's Works do)
+    if (!part->wait(timeout)) return false;
+  return true;
+}
+
+std::exception_ptr WorkAll::exception() const {
+  for (const auto& part : parts_)
+    if (auto e = part->exception()) return e;
+  return nullptr;
+}
+
+std::vector<at::Tensor> WorkAll::result() {
+  std::vector<at::Tensor> all;
+  for (auto& part : parts_)
+    for (const at::Tensor& t : part->result()) all.push_back(t);
+  return all;
+}
+
+#endif
+
 }  // namespace braid::torch_backend

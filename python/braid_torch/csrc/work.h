@@ -1,6 +1,11 @@
 // WorkBraid: the c10d::Work that every call of ProcessGroupBraid returns, over one braid::Work.
 #pragma once
+#include <torch/csrc/api/include/torch/version.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+
+// torch >= 2.1: its coalescing (torch.distributed's _coalescing_manager, and batch_isend_irecv on
+// devices) calls on the backend (ProcessGroupBraid::startCoalescing, WorkAll).
+#define BRAID_TORCH_COALESCING (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1))
 
 #include <chrono>
 #include <functional>
@@ -58,5 +63,26 @@ class WorkBraid : public c10d::Work {
   std::optional<c10::Stream> stream_;  // device outputs: the caller's stream the call is ordered on
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
+
+#if BRAID_TORCH_COALESCING
+// One Work over several (endCoalescing's): done when each is, failed with the first error among
+// them; its future holds every part's result tensors, in order. (Host tensors only: the parts are
+// sends and receives.)
+class WorkAll : public c10d::Work {
+ public:
+  static c10::intrusive_ptr<c10d::Work> over(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> parts);
+  WorkAll(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> parts);
+
+  bool isCompleted() override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  std::exception_ptr exception() const override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override;
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> parts_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+#endif
 
 }  // namespace braid::torch_backend

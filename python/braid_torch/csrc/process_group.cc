@@ -476,6 +476,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::endCoalescing() {
 }
 #endif
 
+void ProcessGroupBraid::cppAllReduce(const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), "braid: _cpp_all_reduce takes a dense CPU tensor");
+  const braid::Status s = comm().allReduce(ptr(t), ptr(t), count(t), braidType(t), braid::ReduceOp::kSum).wait();
+  TORCH_CHECK(s.ok(), "braid: ", s.toString());
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOptions&) {
   return WorkBraid::start(getRank(), c10d::OpType::BARRIER, comm().barrier(), {});
 }

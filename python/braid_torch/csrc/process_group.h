@@ -90,6 +90,9 @@ class ProcessGroupBraid : public Base {
   // (is_send, tensor, peer as a rank of this group, tag) runs as one Braid group, so that no order of
   // sends and receives deadlocks. One Work per operation, in order.
   std::vector<c10::intrusive_ptr<c10d::Work>> batchSendRecv(const std::vector<std::tuple<bool, at::Tensor, int, int>>& ops);
+  // The sum all-reduce of a dense CPU tensor, in place, through Braid's C++ API on this group's
+  // communicator, waited on (bench/torch_compare: the backend's cost in the same processes).
+  void cppAllReduce(const at::Tensor& t);
 
   // For torch.distributed.Backend.register_backend: (store, rank, size, timeout) -> process group.
   static c10::intrusive_ptr<Base> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -98,6 +98,32 @@ def body(rank, port, results):
                           for q in range(WORLD)])
         expect_equal(got, want, "all_to_all_single")
         done.append("broadcast, all_gather, reduce_scatter, all_to_all")
+        # Sends and receives of device tensors (through host memory): the sent tensor written on a
+        # side stream just before, the receive read by a kernel on the current stream right after
+        # wait(), into a non-contiguous view; then a batch both ways.
+        peer = 1 - rank
+        side = torch.cuda.Stream(device=dev)
+        src = torch.zeros(4096, device=dev)
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(50_000_000)
+            src.fill_(float(rank + 7))
+        torch.cuda.current_stream(dev).wait_stream(side)
+        holder = torch.full((4096, 2), -1.0, device=dev)
+        dst = holder[:, 1]
+        if rank == 0:
+            dist.send(src, peer)
+            dist.recv(dst, peer)
+        else:
+            dist.recv(dst, peer)
+            dist.send(src, peer)
+        expect_equal(dst * 1, torch.full((4096,), float(peer + 7), device=dev), "recv of a device tensor")
+        expect_equal(holder[:, 0] * 1, torch.full((4096,), -1.0, device=dev), "recv: untouched column")
+        a, b = value(torch.float32, rank, 333, dev), torch.empty(333, device=dev)
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.irecv, b, peer), dist.P2POp(dist.isend, a, peer)])
+        for r in reqs:
+            r.wait()
+        expect_equal(b, value(torch.float32, peer, 333, dev), "batch_isend_irecv of device tensors")
+        done.append("send, recv, batch_isend_irecv")
         # DDP on the GPU: replicas equal after every step.
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(dev)

@@ -127,10 +127,6 @@ braid::Communicator& ProcessGroupBraid::comm() {
 void ProcessGroupBraid::checkPeerOp(bool isSend, const at::Tensor& user, int peer, int tag) const {
   const char* what = isSend ? "send to" : "recv from";
   checkDevice(user);
-  // The tag matching (p2p.h) holds early messages and manifests in host memory; device tensors would
-  // need it on the device too.
-  TORCH_CHECK(user.device().is_cpu(), "braid: ", what, " rank ", peer, ": ", user.device(),
-              " tensors are not supported by send and recv yet (collectives take them; copy to the CPU to send)");
   (void)braidType(user);
   TORCH_CHECK(peer >= 0 && peer < getSize(), "braid: ", what, " rank ", peer, " on rank ", getRank(),
               ": the peer is outside 0..", getSize() - 1, " (this group's ranks)");
@@ -141,8 +137,18 @@ void ProcessGroupBraid::checkPeerOp(bool isSend, const at::Tensor& user, int pee
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::deferPeerOp(bool isSend, at::Tensor user, int peer, int tag) {
   // Checked here, so that a bad one is refused alone instead of failing the batch it would join.
   checkPeerOp(isSend, user, peer, tag);
-  at::Tensor buf = dense(user);
-  std::function<void()> after;  // a receive into a non-contiguous tensor lands in `buf` first
+  at::Tensor buf;
+  std::function<void()> after;  // a receive into a non-contiguous or device tensor lands in `buf` first
+  if (user.device().is_cpu()) {
+    buf = dense(user);
+  } else {
+    // A device tensor goes through host memory, where the tag matching (p2p.h) holds messages: a
+    // send copies it out now on torch's current stream (so after the work queued there before the
+    // send); a receive is copied in on the stream current at the call, ahead of the Work's
+    // completion there (WorkBraid::complete), which is what wait() makes the waiter's stream wait for.
+    buf = at::empty(user.sizes(), user.options().device(at::kCPU).memory_format(at::MemoryFormat::Contiguous));
+    if (isSend) buf.copy_(user);
+  }
   if (!isSend && !buf.is_same(user)) after = [user, buf]() mutable { user.copy_(buf); };
   std::weak_ptr<P2pQueue> weak = p2p_;
   auto w = WorkBraid::deferred(getRank(), isSend ? c10d::OpType::SEND : c10d::OpType::RECV, {user}, {buf}, std::move(after),

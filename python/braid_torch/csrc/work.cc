@@ -102,6 +102,11 @@ void WorkBraid::kick() {
 }
 
 void WorkBraid::complete(const braid::Status& s) {
+  // On a device, `after` (a receive's copy in: collectives ran theirs at the call) and the future's
+  // completion go on the caller's stream, in that order (this runs on Braid's threads, whose
+  // current stream is another).
+  std::optional<c10::StreamGuard> onCallersStream;
+  if (onDevice()) onCallersStream.emplace(*stream_);
   std::exception_ptr error;
   if (s.ok() && after_) {
     try {
@@ -113,10 +118,6 @@ void WorkBraid::complete(const braid::Status& s) {
   if (!s.ok()) error = std::make_exception_ptr(std::runtime_error("braid: " + s.toString()));
   keep_.clear();
   finish(error);
-  // A device future records its completion on the current stream: make that the caller's, behind
-  // the call and `after`'s copies (this runs on Braid's threads, whose current stream is another).
-  std::optional<c10::StreamGuard> onCallersStream;
-  if (onDevice()) onCallersStream.emplace(*stream_);
   if (error) future_->setError(error);
   else future_->markCompleted(c10::IValue(outputs_));
 }

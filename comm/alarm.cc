@@ -27,13 +27,15 @@ void Alarm::ringIn(std::int64_t us) {
   us = us < 1 ? 1 : us;
   t.it_value.tv_sec = static_cast<time_t>(us / 1000000);
   t.it_value.tv_nsec = static_cast<long>(us % 1000000) * 1000;
-  timerfd_settime(timer_.get(), 0, &t, nullptr);
-  armedAt_ = at;
+  if (timerfd_settime(timer_.get(), 0, &t, nullptr) == 0) armedAt_ = at;
 }
 
 void Alarm::sleep() {
   pollfd fds[2] = {{event_.get(), POLLIN, 0}, {timer_.get(), POLLIN, 0}};
-  while (poll(fds, 2, -1) < 0) {}  // (EINTR)
+  // Without both descriptors (the process ran out of them), a slice of 1 ms: the caller looks at
+  // its queue that often instead of never being woken.
+  const int slice = event_.get() < 0 || timer_.get() < 0 ? 1 : -1;
+  if (poll(fds, 2, slice) < 0) return;  // (EINTR: the caller looks again)
   std::uint64_t drain;
   while (read(event_.get(), &drain, sizeof(drain)) > 0) {}
   while (read(timer_.get(), &drain, sizeof(drain)) > 0) {}

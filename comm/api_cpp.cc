@@ -11,8 +11,10 @@ namespace braid {
 
 Status Work::wait(double timeoutSec) {
   if (!state_) return Status::InvalidUsage("wait() on an empty Work");
-  // Not started yet: run it here (and what was queued before it) rather than wait for the worker.
-  if (auto owner = state_->owner.lock()) owner->runQueuedThrough(state_);
+  // Not started yet: run it here (and, without a timeout, what was queued before it) rather than
+  // wait for the worker. (With a timeout, only when it is next: the calls before it are not this
+  // wait's to run past its time.)
+  if (auto owner = state_->owner.lock()) owner->runQueuedThrough(state_, timeoutSec < 0);
   std::unique_lock<std::mutex> g(state_->mu);
   if (timeoutSec < 0) {
     state_->cv.wait(g, [&] { return state_->done; });

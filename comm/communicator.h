@@ -91,11 +91,11 @@ class Comm final : public EngineHost, public Workspace {
   std::shared_ptr<WorkState> submit(const CollArgs& a);
   // Queues a group (as runGroup runs it) for the worker thread: one Work for all of its calls.
   std::shared_ptr<WorkState> submitGroup(std::vector<CollArgs> calls);
-  // Runs `w` on this thread if it is still queued, with the calls queued before it, in order,
-  // while the worker is not running a call: a blocking wait right after a submit then costs no
-  // hand-off to the worker and back. (w null: every queued call.) What it did not run, the worker
-  // has or will: wait as usual.
-  void runQueuedThrough(const std::shared_ptr<WorkState>& w);
+  // Runs `w` on this thread if it is still queued (alsoEarlier: with the calls queued before it, in
+  // order; else only when it is next), while the worker is not running a call: a blocking wait
+  // right after a submit then costs no hand-off to the worker and back. (w null: every queued
+  // call.) What it did not run, the worker has or will: wait as usual.
+  void runQueuedThrough(const std::shared_ptr<WorkState>& w, bool alsoEarlier);
 
   // Stops everything: pending and later calls fail with aborted; other ranks are told.
   void abort();

@@ -60,7 +60,7 @@ void Comm::waitForQueuedCalls() {
     // Calls run in call order: queued asynchronous work first, run here while the worker is not
     // running one (it would be woken for them otherwise), then waited for. (A thread's own earlier
     // submit() is always seen here; without one, the common case, no lock is taken.)
-    runQueuedThrough(nullptr);
+    runQueuedThrough(nullptr, true);
     std::unique_lock<std::mutex> g(qMu_);
     drainedCv_.wait(g, [&] { return queue_.empty() && !workerBusy_; });
   }
@@ -154,12 +154,13 @@ void Comm::workerLoop() {
   }
 }
 
-void Comm::runQueuedThrough(const std::shared_ptr<WorkState>& w) {
+void Comm::runQueuedThrough(const std::shared_ptr<WorkState>& w, bool alsoEarlier) {
   for (;;) {
     Queued item;
     {
       std::lock_guard<std::mutex> g(qMu_);
       if (workerBusy_ || queue_.empty()) return;
+      if (w && !alsoEarlier && queue_.front().work != w) return;
       if (w && std::none_of(queue_.begin(), queue_.end(), [&](const Queued& q) { return q.work == w; })) return;
       item = std::move(queue_.front());
       queue_.pop_front();

@@ -7,8 +7,8 @@
 //   braid::Status s = w.wait();
 //
 // Calls that return Work run in call order on the communicator's worker thread (or, when wait()
-// is called on one that has not started, on the waiting thread, with those queued before it: a
-// blocking call costs no hand-off); the buffers must stay valid until wait() or test() says the
+// is called on one that has not started, on the waiting thread, with those queued before it when
+// the wait has no timeout: a blocking call costs no hand-off); the buffers must stay valid until wait() or test() says the
 // work is done. A call nobody waits on starts within 50 us (2 ms on a host whose ranks outnumber
 // its CPUs, or at the next call made meanwhile).
 // CUDA (builds with -Dcuda): buffers may be device memory; the call is then ordered with `stream`

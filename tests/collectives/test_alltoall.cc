@@ -361,12 +361,17 @@ TEST(AllToAllCpp, DestroyRunsQueuedCallsFirst) {
 
 // A call nobody waits on starts on its own, whether the worker is woken for each call (spare
 // cores) or by its timer (ranks outnumbering their CPUs: here both pinned to one), and a wait on
-// the last of several queued calls runs those queued before it too. Nothing else calls Braid
-// while a rank polls: a lost wake-up would leave the call queued and miss the 10 s bound.
+// the last of several queued calls leaves them all done, in order. Nothing else calls Braid while
+// a rank polls: a lost wake-up would leave the call queued and miss the 10 s bound (a queue that
+// does not arm the timer fails it).
 class UnwaitedCalls : public ::testing::TestWithParam<bool> {};
 TEST_P(UnwaitedCalls, StartOnTheirOwnAndAWaitRunsThoseBeforeIt) {
   cpu_set_t saved;
   ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  struct Restore {
+    const cpu_set_t& to;
+    ~Restore() { sched_setaffinity(0, sizeof(to), &to); }
+  } restore{saved};
   if (GetParam()) {  // (the ranks inherit it)
     int first = 0;
     while (!CPU_ISSET(first, &saved)) ++first;
@@ -394,7 +399,6 @@ TEST_P(UnwaitedCalls, StartOnTheirOwnAndAWaitRunsThoseBeforeIt) {
     if (!second.test()) return report(rank, "the call queued before the one waited on is not done"), 3;
     return checkChain(rank, bufs, 4);
   });
-  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
   expectEveryRankSucceeded(outcome);
 }
 INSTANTIATE_TEST_SUITE_P(Workers, UnwaitedCalls, ::testing::Values(false, true),

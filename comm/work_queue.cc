@@ -160,8 +160,9 @@ void Comm::runQueuedThrough(const std::shared_ptr<WorkState>& w, bool alsoEarlie
     {
       std::lock_guard<std::mutex> g(qMu_);
       if (workerBusy_ || queue_.empty()) return;
-      if (w && !alsoEarlier && queue_.front().work != w) return;
-      if (w && std::none_of(queue_.begin(), queue_.end(), [&](const Queued& q) { return q.work == w; })) return;
+      if (w && (alsoEarlier ? std::none_of(queue_.begin(), queue_.end(), [&](const Queued& q) { return q.work == w; })
+                            : queue_.front().work != w))
+        return;  // the worker has it (or it ran), or, without alsoEarlier, it is not next
       item = std::move(queue_.front());
       queue_.pop_front();
       workerBusy_ = true;

@@ -8,9 +8,9 @@
 //
 // Calls that return Work run in call order on the communicator's worker thread (or, when wait()
 // is called on one that has not started, on the waiting thread, with those queued before it when
-// the wait has no timeout: a blocking call costs no hand-off); the buffers must stay valid until wait() or test() says the
-// work is done. A call nobody waits on starts within 50 us (2 ms on a host whose ranks outnumber
-// its CPUs, or at the next call made meanwhile).
+// the wait has no timeout: a blocking call costs no hand-off); the buffers must stay valid until
+// wait() or test() says the work is done. A call nobody waits on starts within 50 us (2 ms on a
+// host whose ranks outnumber its CPUs, or at the next call made meanwhile).
 // CUDA (builds with -Dcuda): buffers may be device memory; the call is then ordered with `stream`
 // (a cudaStream_t; nullptr is the legacy default stream): it starts after the work queued on the
 // stream before it, and work queued after it sees its result. The Work finishes with the call. With

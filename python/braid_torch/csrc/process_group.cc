@@ -146,7 +146,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::deferPeerOp(bool isSend, at::T
     // send copies it out now on torch's current stream (so after the work queued there before the
     // send); a receive is copied in on the stream current at the call, ahead of the Work's
     // completion there (WorkBraid::complete), which is what wait() makes the waiter's stream wait for.
-    buf = at::empty(user.sizes(), user.options().device(at::kCPU).memory_format(at::MemoryFormat::Contiguous));
+    buf = at::empty(user.sizes(), user.options().device(at::kCPU));  // (dense)
     if (isSend) buf.copy_(user);
   }
   if (!isSend && !buf.is_same(user)) after = [user, buf]() mutable { user.copy_(buf); };

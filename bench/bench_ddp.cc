@@ -1,6 +1,6 @@
 // bench_ddp: one training step's communication through braid::ddp::GradSync.
 //
-//   braid run -n 2 build/comm/ddp/bench_ddp [--mb 100] [--iters 7] [--bucket-cap-mib 25]
+//   braid run -n 2 build/bench_ddp [--mb 100] [--iters 7] [--bucket-cap-mib 25]
 //                                           [--backward-ms T] [--busy]
 //
 // Two figures (docs/DDP.md records them):

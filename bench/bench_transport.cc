@@ -46,7 +46,7 @@
 
 #include "braid/braid.h"
 #include "comm/c_handle.h"
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "tests/common/transport_pair.h"
 #include "transport/transport.h"
 

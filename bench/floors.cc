@@ -64,7 +64,7 @@
 
 #include "bench/peers/sizes.h"
 #include "topology/topology.h"
-#include "comm/base/socket.h"
+#include "base/socket.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
-#include "comm/base/deadline.h"
+#include "base/deadline.h"
 
 namespace braid {
 

@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#include "comm/base/socket.h"
+#include "base/socket.h"
 
 namespace braid {
 

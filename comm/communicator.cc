@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "braid_build_config.h"
-#include "comm/base/log.h"
+#include "base/log.h"
 #include "comm/tuner.h"
 #include "kernels/reduce.h"
 #include "topology/topology.h"

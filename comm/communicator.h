@@ -17,7 +17,7 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/alarm.h"
 #include "comm/bootstrap/init.h"
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "comm/engine.h"
 #include "comm/memory.h"
 #include "comm/bootstrap/store.h"

@@ -12,7 +12,7 @@
 
 #include "braid/status.hpp"
 #include "braid/types.hpp"
-#include "comm/base/deadline.h"
+#include "base/deadline.h"
 #include "comm/fingerprint.h"
 
 namespace braid {

@@ -12,8 +12,8 @@
 #include <mutex>
 #include <string>
 
-#include "comm/base/owned_memory.h"
-#include "comm/base/socket.h"
+#include "base/owned_memory.h"
+#include "base/socket.h"
 
 namespace braid::mem {
 namespace {

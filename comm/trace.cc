@@ -16,7 +16,7 @@
 #endif
 
 #include "comm/engine.h"
-#include "comm/base/log.h"
+#include "base/log.h"
 
 namespace braid {
 namespace {

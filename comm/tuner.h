@@ -6,7 +6,7 @@
 #include <string>
 
 #include "comm/algorithms/algorithms.h"
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "transport/transport.h"
 
 namespace braid {

@@ -1,6 +1,6 @@
 #include "comm/waiter.h"
 
-#include "comm/base/deadline.h"
+#include "base/deadline.h"
 
 #include <sched.h>
 #include <sys/epoll.h>

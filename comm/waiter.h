@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "transport/doorbell.h"
-#include "comm/base/socket.h"
+#include "base/socket.h"
 
 namespace braid {
 

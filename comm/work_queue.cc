@@ -21,7 +21,7 @@
 #include <mutex>
 #include <thread>
 
-#include "comm/base/deadline.h"
+#include "base/deadline.h"
 #include "comm/communicator.h"
 
 namespace braid {

@@ -21,8 +21,8 @@
 
 #include "braid/braid.h"
 #include "braid_version.h"
-#include "comm/base/config.h"
-#include "comm/base/socket.h"
+#include "base/config.h"
+#include "base/socket.h"
 #include "comm/bootstrap/init.h"
 #include "comm/c_handle.h"
 #include "comm/communicator.h"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "braid/status.hpp"
-#include "comm/base/config.h"
+#include "base/config.h"
 
 namespace braid::tools::doctor {
 

@@ -19,8 +19,8 @@
 #include <sstream>
 
 #include "braid_build_config.h"
-#include "comm/base/capability.h"
-#include "comm/base/socket.h"
+#include "base/capability.h"
+#include "base/socket.h"
 #include "tools/doctor.h"
 #include "topology/topology.h"
 #include "transport/registry.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "kernels/reduce_cuda.h"
 
 namespace {

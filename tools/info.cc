@@ -6,7 +6,7 @@
 
 #include "braid_build_config.h"
 #include "comm/communicator.h"
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "comm/engine.h"
 #include "kernels/copy.h"
 #include "kernels/reduce.h"

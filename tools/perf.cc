@@ -22,7 +22,7 @@
 #include "braid_version.h"
 #include "comm/c_handle.h"
 #include "comm/communicator.h"
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "kernels/copy.h"
 #include "kernels/reduce.h"
 #include "tools/pattern.h"

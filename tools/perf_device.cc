@@ -1,7 +1,7 @@
 #include "tools/perf_device.h"
 
 #include "braid_build_config.h"
-#include "comm/base/config.h"
+#include "base/config.h"
 #if BRAID_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif

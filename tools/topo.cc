@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "braid_build_config.h"
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "tools/json.h"
 #include "tools/tools.h"
 #include "topology/topology.h"

@@ -1,6 +1,6 @@
 // braid-train-example: data-parallel training in plain C++, the program docs/DDP.md walks through.
 //
-//   braid run -n 4 build/comm/ddp/braid-train-example [--epochs N] [--checkpoint PATH]
+//   braid run -n 4 build/braid-train-example [--epochs N] [--checkpoint PATH]
 //                                                      [--bucket-cap-kib K] [--min-accuracy A]
 //
 // A small MLP (2 -> 32 -> 32 -> 3, tanh, softmax cross-entropy) with a hand-written forward and

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "transport/transport.h"
 
 namespace braid {

@@ -1,14 +1,14 @@
 // What a transport needs to build its connections at communicator creation: who is who, a way to
 // exchange names with the other ranks, and the deadline for the whole setup. Transports see the
-// bootstrap only through Exchange (comm/base/exchange.h): the communicator passes its rendezvous
+// bootstrap only through Exchange (base/exchange.h): the communicator passes its rendezvous
 // store as one, so nothing in transport/ includes the bootstrap.
 #pragma once
 #include <string>
 #include <vector>
 
-#include "comm/base/config.h"
-#include "comm/base/deadline.h"
-#include "comm/base/exchange.h"
+#include "base/config.h"
+#include "base/deadline.h"
+#include "base/exchange.h"
 #include "transport/transport.h"
 
 namespace braid {
@@ -17,7 +17,7 @@ struct SetupContext {
   int rank;
   int nranks;
   std::string nonce;   // unique per communicator: names shared-memory segments
-  std::string secret;  // the job's secret: tcp connections prove they know it (comm/base/auth.h)
+  std::string secret;  // the job's secret: tcp connections prove they know it (base/auth.h)
   const Config& config;
   const std::vector<PeerInfo>& peers;
   Exchange& store;

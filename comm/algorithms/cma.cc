@@ -27,7 +27,7 @@
 
 #include "comm/communicator.h"
 #include "topology/topology.h"
-#include "comm/base/socket.h"
+#include "base/socket.h"
 
 namespace braid {
 namespace {

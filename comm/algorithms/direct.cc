@@ -15,7 +15,7 @@
 #include <cstring>
 
 #include "comm/communicator.h"
-#include "comm/base/log.h"
+#include "base/log.h"
 #include "comm/memory.h"
 #include "kernels/copy.h"
 #include "kernels/reduce.h"

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "comm/base/log.h"
-#include "comm/base/socket.h"
+#include "base/log.h"
+#include "base/socket.h"
 #include "comm/bootstrap/store.h"
 
 namespace braid {

@@ -9,7 +9,7 @@
 #include "braid/braid.h"
 #include "braid/braid.hpp"
 #include "braid/status.hpp"
-#include "comm/base/config.h"
+#include "base/config.h"
 
 namespace braid {
 

@@ -9,8 +9,8 @@
 #include <mutex>
 #include <vector>
 
-#include "comm/base/auth.h"
-#include "comm/base/log.h"
+#include "base/auth.h"
+#include "base/log.h"
 #include "comm/bootstrap/wire_codec.h"
 
 namespace braid {

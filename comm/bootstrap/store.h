@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "braid/status.hpp"
-#include "comm/base/deadline.h"
-#include "comm/base/exchange.h"
-#include "comm/base/socket.h"
+#include "base/deadline.h"
+#include "base/exchange.h"
+#include "base/socket.h"
 
 namespace braid {
 
@@ -34,7 +34,7 @@ struct Notice {
 class StoreServer {
  public:
   // Listens on ip:port (port 0 picks one). Only clients that prove they know `secret` (HMAC-SHA-256
-  // over a fresh challenge, comm/base/auth.h) are admitted; the secret never crosses the wire.
+  // over a fresh challenge, base/auth.h) are admitted; the secret never crosses the wire.
   static Result<std::unique_ptr<StoreServer>> start(const std::string& ip, int port, const std::string& secret);
   ~StoreServer();
   int port() const { return port_; }

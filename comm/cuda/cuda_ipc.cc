@@ -52,7 +52,7 @@
 
 #include "comm/communicator.h"
 #include "comm/cuda/cuda_util.h"
-#include "comm/base/log.h"
+#include "base/log.h"
 #include "kernels/reduce_cuda.h"
 #include "transport/mailbox.h"
 

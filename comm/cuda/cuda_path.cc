@@ -18,7 +18,7 @@
 
 #include "braid_build_config.h"
 #include "comm/communicator.h"
-#include "comm/base/log.h"
+#include "base/log.h"
 #if BRAID_HAVE_CUDA
 #include <cuda_runtime.h>
 

@@ -21,7 +21,7 @@
 
 #include "comm/communicator.h"
 #include "comm/cuda/cuda_util.h"
-#include "comm/base/log.h"
+#include "base/log.h"
 #include "comm/memory.h"
 #include "kernels/reduce_cuda.h"
 

@@ -11,7 +11,7 @@
 
 #include <chrono>
 
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "comm/c_handle.h"
 #include "comm/communicator.h"
 #include <cstdio>

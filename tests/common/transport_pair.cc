@@ -4,7 +4,7 @@
 
 #include <thread>
 
-#include "comm/base/deadline.h"
+#include "base/deadline.h"
 #include "comm/bootstrap/store.h"
 #include "transport/registry.h"
 #include "transport/setup.h"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "braid/status.hpp"
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "transport/transport.h"
 
 namespace braid::test {

@@ -18,7 +18,7 @@
 
 #include "braid/ddp.hpp"
 #include "comm/c_handle.h"
-#include "comm/ddp/numeric.h"
+#include "ddp/numeric.h"
 #include "tests/common/harness.h"
 
 namespace braid::test {

@@ -15,7 +15,7 @@
 #include <mutex>
 #include <random>
 
-#include "comm/base/capability.h"
+#include "base/capability.h"
 #include "tests/fakeibv/objects.h"
 
 #undef ibv_get_device_list

@@ -7,13 +7,13 @@
 #include <cstring>
 #include <string>
 
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "comm/fingerprint.h"
-#include "comm/base/hostlist.h"
+#include "base/hostlist.h"
 #include "comm/bootstrap/init.h"
 #include "tools/trace.h"
 #include "topology/topology.h"
-#include "comm/base/socket.h"
+#include "base/socket.h"
 #include "transport/transport.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

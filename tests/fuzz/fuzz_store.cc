@@ -10,10 +10,10 @@
 #include <cstdlib>
 #include <memory>
 
-#include "comm/base/auth.h"
+#include "base/auth.h"
 #include "comm/bootstrap/store.h"
 #include "comm/bootstrap/wire_codec.h"
-#include "comm/base/socket.h"
+#include "base/socket.h"
 
 namespace {
 

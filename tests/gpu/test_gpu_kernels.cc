@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "comm/ddp/numeric.h"
+#include "ddp/numeric.h"
 #include "kernels/half.h"
 #include "kernels/reduce.h"
 #include "kernels/reduce_cuda.h"
@@ -144,7 +144,7 @@ TEST(GpuKernels, DivideMatchesCpuEngine) {
 }
 
 // convert (the DDP layer's wire formats on device buckets) against the layer's host conversions
-// (comm/ddp/numeric.h): float32 and float64 to fp16 and bf16, divided by 1 and by 3, and back,
+// (ddp/numeric.h): float32 and float64 to fp16 and bf16, divided by 1 and by 3, and back,
 // on random bit patterns (NaN, infinities, subnormals, values past fp16's range), bit for bit except
 // for NaN payloads.
 TEST(GpuKernels, ConvertMatchesTheDdpLayersHostConversions) {

@@ -26,11 +26,11 @@
 #include <vector>
 
 #include "braid/braid.h"
-#include "comm/base/auth.h"
-#include "comm/base/config.h"
+#include "base/auth.h"
+#include "base/config.h"
 #include "comm/bootstrap/init.h"
 #include "tests/common/harness.h"
-#include "comm/base/socket.h"
+#include "base/socket.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace braid {

@@ -31,7 +31,7 @@
 #include "braid/braid.h"
 #include "comm/c_handle.h"
 #include "comm/communicator.h"
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "tests/common/harness.h"
 
 namespace braid::test {

@@ -14,7 +14,7 @@
 #include "comm/c_handle.h"
 #include "tests/common/harness.h"
 #include "tests/common/transport_pair.h"
-#include "comm/base/socket.h"
+#include "base/socket.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/transport.h"
 

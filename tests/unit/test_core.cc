@@ -13,11 +13,11 @@
 
 #include "braid/braid.h"
 #include "comm/algorithms/algorithms.h"
-#include "comm/base/auth.h"
+#include "base/auth.h"
 #include "comm/communicator.h"
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "comm/fingerprint.h"
-#include "comm/base/hostlist.h"
+#include "base/hostlist.h"
 #include "comm/bootstrap/init.h"
 #include "comm/bootstrap/store.h"
 #include "comm/tuner.h"
@@ -26,7 +26,7 @@
 #include "topology/topology.h"
 #include "transport/ib/ib_channel.h"
 #include "transport/registry.h"
-#include "comm/base/socket.h"
+#include "base/socket.h"
 
 namespace braid {
 namespace {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "braid/braid.h"
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "comm/cuda/cuda_path.h"
 
 namespace braid {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "comm/trace.h"
 #include "tools/trace.h"
 

@@ -1,7 +1,7 @@
 #include "transport/ib/ib_channel.h"
 
-#include "comm/base/deadline.h"
-#include "comm/base/owned_memory.h"
+#include "base/deadline.h"
+#include "base/owned_memory.h"
 
 #include <arpa/inet.h>
 #include <sys/resource.h>

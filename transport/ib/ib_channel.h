@@ -41,7 +41,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "transport/ib/ib_port.h"
 #include "transport/transport.h"
 

@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/base/config.h"
+#include "base/config.h"
 #include "transport/ib/ib_verbs.h"
 
 namespace braid {

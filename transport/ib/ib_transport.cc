@@ -9,8 +9,8 @@
 #include <map>
 #include <sstream>
 
-#include "comm/base/capability.h"
-#include "comm/base/log.h"
+#include "base/capability.h"
+#include "base/log.h"
 
 namespace braid {
 namespace {

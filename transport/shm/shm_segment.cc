@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "comm/base/socket.h"
+#include "base/socket.h"
 
 namespace braid {
 

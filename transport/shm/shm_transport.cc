@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "comm/base/log.h"
+#include "base/log.h"
 #include "transport/shm/shm_channel.h"
 
 namespace braid {

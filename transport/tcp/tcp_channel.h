@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/base/socket.h"
+#include "base/socket.h"
 #include "transport/transport.h"
 
 namespace braid {

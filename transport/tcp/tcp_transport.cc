@@ -9,8 +9,8 @@
 
 #include <cerrno>
 
-#include "comm/base/auth.h"
-#include "comm/base/log.h"
+#include "base/auth.h"
+#include "base/log.h"
 
 namespace braid {
 namespace {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "transport/setup.h"
-#include "comm/base/socket.h"
+#include "base/socket.h"
 #include "transport/tcp/tcp_channel.h"
 
 namespace braid {

@@ -1,5 +1,5 @@
 // SHA-256 as FIPS 180-4 specifies it, written from the specification; HMAC as RFC 2104.
-#include "comm/base/auth.h"
+#include "base/auth.h"
 
 #include <sys/random.h>
 

@@ -1,4 +1,4 @@
-#include "comm/base/log.h"
+#include "base/log.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "braid/ddp.hpp"
-#include "comm/ddp/grad_sync_state.h"
-#include "comm/ddp/registration.h"
+#include "ddp/grad_sync_state.h"
+#include "ddp/registration.h"
 
 namespace braid::ddp {
 

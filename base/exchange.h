@@ -5,7 +5,7 @@
 #include <string>
 
 #include "braid/status.hpp"
-#include "comm/base/deadline.h"
+#include "base/deadline.h"
 
 namespace braid {
 

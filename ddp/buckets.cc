@@ -1,13 +1,13 @@
 // Buckets hold whole parameters so that a gradient is one contiguous slice of one all-reduce: a
 // view into it is a plain pointer, and markReady is one memcpy.
-#include "comm/ddp/buckets.h"
+#include "ddp/buckets.h"
 
 #include <cstring>
 #include <new>
 #include <string>
 
-#include "comm/ddp/device.h"
-#include "comm/ddp/numeric.h"
+#include "ddp/device.h"
+#include "ddp/numeric.h"
 
 namespace braid::ddp::detail {
 

@@ -8,9 +8,9 @@
 #include <cstring>
 #include <string>
 
-#include "comm/ddp/device.h"
-#include "comm/ddp/grad_sync_state.h"
-#include "comm/ddp/numeric.h"
+#include "ddp/device.h"
+#include "ddp/grad_sync_state.h"
+#include "ddp/numeric.h"
 
 namespace braid::ddp::detail {
 

@@ -1,14 +1,14 @@
 // Fingerprints travel as uint64 arrays, one per rank, because all-gather needs the same count
 // everywhere: first a fixed header (verdict, parameter count, options), then one triple per
 // parameter, padded to the largest count so that a rank with fewer parameters still takes part.
-#include "comm/ddp/registration.h"
+#include "ddp/registration.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
 
-#include "comm/ddp/device.h"
+#include "ddp/device.h"
 
 namespace braid::ddp::detail {
 

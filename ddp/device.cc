@@ -1,4 +1,4 @@
-#include "comm/ddp/device.h"
+#include "ddp/device.h"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "comm/base/socket.h"
+#include "base/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

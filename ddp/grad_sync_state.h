@@ -12,7 +12,7 @@
 
 #include "braid/braid.hpp"
 #include "braid/ddp.hpp"
-#include "comm/ddp/buckets.h"
+#include "ddp/buckets.h"
 
 namespace braid::ddp::detail {
 

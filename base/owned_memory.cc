@@ -1,4 +1,4 @@
-#include "comm/base/owned_memory.h"
+#include "base/owned_memory.h"
 
 #include <atomic>
 #include <map>

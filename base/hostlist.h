@@ -1,5 +1,5 @@
 // Slurm's hostlist expressions ("node[01-04,07],gpu-a[1-2]-b[3,5]"), for the rendezvous host of
-// jobs started by srun (comm/base/config.cc readLaunchEnv): a comma-separated list of names, each with
+// jobs started by srun (base/config.cc readLaunchEnv): a comma-separated list of names, each with
 // any number of bracket groups of numbers and ranges, zero-padded to the width of a range's lower
 // bound as Slurm writes them. Expansion is the product of a name's groups, in order.
 #pragma once

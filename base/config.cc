@@ -1,8 +1,8 @@
 // The one place Braid reads its environment. Each row binds a variable name to a parser for one
 // Config field, so adding a knob is one line here and one in docs/ENVIRONMENT.md.
-#include "comm/base/config.h"
+#include "base/config.h"
 
-#include "comm/base/hostlist.h"
+#include "base/hostlist.h"
 
 #include <cerrno>
 #include <cstdlib>

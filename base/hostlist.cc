@@ -1,4 +1,4 @@
-#include "comm/base/hostlist.h"
+#include "base/hostlist.h"
 
 namespace braid {
 namespace {

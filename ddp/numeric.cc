@@ -1,7 +1,7 @@
 // Loops written for clarity over speed: compression is opt-in, and a bucket is narrowed once per
 // step while its all-reduce moves half the bytes. Rounding is to nearest, ties to even, in every
 // case (kernels/half.h), so every rank narrows the same value to the same bits.
-#include "comm/ddp/numeric.h"
+#include "ddp/numeric.h"
 
 #include <cmath>
 

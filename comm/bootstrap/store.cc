@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <chrono>
+#include <thread>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -19,6 +21,7 @@ namespace {
 enum : std::uint8_t {
   kChallenge = 'C', kHello = 'H', kSet = 'S', kGet = 'G', kAdd = 'A', kWaitGe = 'W', kReport = 'R', kBye = 'B',
   kOk = 'O', kValue = 'V', kErr = 'E', kNotice = 'N',
+  kRetry = 'T',  // to a hello: this store serves a communicator that is closing; connect again
 };
 
 std::string frame(std::uint8_t type, const std::string& payload) {
@@ -219,6 +222,11 @@ void StoreServer::serve(int listenFd) {
           send(c, kErr, w.data());
           return false;
         }
+        // The rank already joined this store and left it: it is creating its next communicator
+        // while this one (same address, same secret) still waits for slower ranks to leave.
+        // It must meet the next store, not this one.
+        for (auto& o : clients)
+          if (&o != &c && o.rank == rank && o.left) { send(c, kRetry, ""); return false; }
         std::string err;
         if (n < 1 || rank < 0 || rank >= n) err = "rank " + std::to_string(rank) + " is outside 0.." + std::to_string(n - 1);
         else if (nranks >= 0 && n != nranks) err = "rank " + std::to_string(rank) + " says there are " + std::to_string(n) + " ranks, others said " + std::to_string(nranks);
@@ -336,29 +344,36 @@ void StoreServer::serve(int listenFd) {
     for (std::size_t w = 0; w < waits.size();)
       if (clients[waits[w].client].left) { waits[w] = waits.back(); waits.pop_back(); } else ++w;
   }
+  // Stop listening at once (the descriptor itself is closed by its owner): a rank that comes for
+  // the next communicator at this address is refused and retries, rather than waiting in a
+  // backlog nobody accepts from.
+  ::shutdown(listenFd, SHUT_RDWR);
   finished_ = true;
   if (listener_.exchange(kThreadDone) == kDetached) ::close(listenFd);  // detached: the thread owns the listener
 }
 
 // ---------------------------------------------------------------- client
 
-Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& ip, int port, const std::string& secret,
-                                                          int rank, int nranks, const Deadline& d) {
-  std::string where = ip + ":" + std::to_string(port);
+namespace {
+// One try at joining: connect, answer the store's challenge, check its proof. *retry is set when
+// the store that answered cannot be this communicator's (a previous communicator's store that is
+// closing, or a listener that closed before speaking): the caller connects again.
+Result<net::Fd> joinOnce(const std::string& ip, int port, const std::string& secret, int rank, int nranks,
+                         const Deadline& d, bool* retry) {
+  const std::string where = ip + ":" + std::to_string(port);
+  *retry = false;
   auto fd = net::connectWithRetry(ip, port, d);
   if (!fd.ok())
     return Status::SystemError("rank " + std::to_string(rank) + " could not reach the rendezvous store at " + where + " (" +
                                fd.status().message() + "). Likely causes: MASTER_ADDR/MASTER_PORT (or the unique id) point "
                                "to the wrong place, a firewall blocks the port, or rank 0 has not started; raise BRAID_TIMEOUT "
                                "if rank 0 starts late");
-  std::unique_ptr<StoreClient> c(new StoreClient());
-  c->fd_ = std::move(fd.value());
-  c->endpoint_ = where;
   // The store speaks first: a fresh challenge. Answering it proves the secret without sending it;
   // the store's answer to ours proves the same of the store.
   std::uint8_t t = 0;
   std::string p, challenge;
-  Status s = readFrame(c->fd_.get(), &t, &p, d);
+  Status s = readFrame(fd->get(), &t, &p, d);
+  if (!s.ok() && s.code() != Code::kTimeout) { *retry = true; return s; }  // closed before speaking
   if (!s.ok() || t != kChallenge || !Reader(p).str(&challenge) || challenge.size() != 16)
     return Status::RemoteError("the rendezvous at " + where + " did not open with a challenge: is it a Braid store?");
   std::string mine = auth::randomBytes(16);
@@ -368,14 +383,48 @@ Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& ip,
   w.i32(rank);
   w.i32(nranks);
   w.str(std::string(reinterpret_cast<const char*>(mac.data()), mac.size()));
-  auto r = c->request(kHello, w.data(), d);
-  if (!r.ok()) return r.status().withContext("joining the rendezvous at " + where);
+  std::string hello = frame(kHello, w.data());
+  s = net::sendAll(fd->get(), hello.data(), hello.size(), d);
+  if (s.ok()) s = readFrame(fd->get(), &t, &p, d);
+  if (!s.ok() && s.code() != Code::kTimeout) { *retry = true; return s; }  // the store ended meanwhile
+  if (!s.ok()) return Status::Timeout("no answer from the rendezvous store at " + where + " before BRAID_TIMEOUT");
+  if (t == kRetry) { *retry = true; return Status::RemoteError("the rendezvous at " + where + " serves a communicator that is closing"); }
+  Reader r(p);
+  std::string text;
+  if (t == kErr) { r.str(&text); return Status::InvalidUsage(text).withContext("joining the rendezvous at " + where); }
+  if (t != kValue || !r.str(&text)) return Status::RemoteError("the rendezvous at " + where + " answered the hello oddly");
   auth::Digest want = auth::hmacSha256(secret, "braid-store-ok" + mine + challenge), got{};
-  if (r->size() != got.size()) return Status::RemoteError("the rendezvous at " + where + " answered the hello oddly");
-  std::memcpy(got.data(), r->data(), got.size());
+  if (text.size() != got.size()) return Status::RemoteError("the rendezvous at " + where + " answered the hello oddly");
+  std::memcpy(got.data(), text.data(), got.size());
   if (!auth::equal(want, got))
     return Status::RemoteError("the rendezvous at " + where + " does not know the job's secret: another job's store?");
-  return c;
+  return std::move(fd.value());
+}
+}  // namespace
+
+Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& ip, int port, const std::string& secret,
+                                                          int rank, int nranks, const Deadline& d) {
+  // A communicator created right after the previous one was destroyed may first meet that one's
+  // store (rank 0 still waits there for slower ranks to leave): it tries again until its own
+  // store answers, within the deadline.
+  int backoffMs = 2;
+  for (;;) {
+    bool retry = false;
+    auto fd = joinOnce(ip, port, secret, rank, nranks, d, &retry);
+    if (fd.ok()) {
+      std::unique_ptr<StoreClient> c(new StoreClient());
+      c->fd_ = std::move(fd.value());
+      c->endpoint_ = ip + ":" + std::to_string(port);
+      return c;
+    }
+    if (!retry) return fd.status();
+    if (d.expired())
+      return Status::Timeout("rank " + std::to_string(rank) + " found only a closing rendezvous store at " + ip + ":" +
+                             std::to_string(port) + " until BRAID_TIMEOUT (" + fd.status().message() +
+                             "): the previous communicator's ranks did not all leave it, or its host never started the next one");
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoffMs, d.msLeft())));
+    backoffMs = std::min(backoffMs * 2, 100);
+  }
 }
 
 StoreClient::~StoreClient() { close(); }

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 #include <dirent.h>
 #include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -394,6 +397,57 @@ TEST(Init, TooLittleSharedMemoryIsAClearErrorNotACrash) {
   }, 60);
   expectEveryRankSucceeded(limited);
 }
+
+// A free TCP port on loopback (bound, read, closed: the kernel does not hand it out again at once).
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  socklen_t len = sizeof(sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+// Destroy, then create again from the environment at once, as elastic restarts and test suites do:
+// the same MASTER_ADDR:MASTER_PORT and secret every time, no pause. A rank that reaches the previous
+// communicator's store (still waiting for slower ranks to leave) must move on to the next one.
+class Reinit : public ::testing::TestWithParam<int> {};
+
+TEST_P(Reinit, DestroyThenCreateFromTheEnvironment200Times) {
+  const int n = GetParam();
+  const std::string port = std::to_string(freePort());
+  auto outcome = forkRanks(n, [&](int proc) {
+    setenv("RANK", std::to_string(proc).c_str(), 1);
+    setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", port.c_str(), 1);
+    setenv("BRAID_SECRET", "reinit-test-secret-0123456789abcdef", 1);
+    setenv("BRAID_TIMEOUT", "20", 1);
+    for (int round = 0; round < 200; ++round) {
+      braidComm_t comm;
+      if (braidCommInitFromEnv(&comm) != braidSuccess) {
+        report(proc, "round " + std::to_string(round) + ": " + braidGetLastError(nullptr));
+        return 1;
+      }
+      float x = static_cast<float>(proc + round);
+      if (braidAllReduce(&x, &x, 1, braidFloat32, braidSum, comm, nullptr) != braidSuccess ||
+          x != static_cast<float>(n * round + n * (n - 1) / 2)) {
+        report(proc, "round " + std::to_string(round) + ": all-reduce gave " + std::to_string(x) + ": " + braidGetLastError(comm));
+        return 2;
+      }
+      if (braidCommDestroy(comm) != braidSuccess) return 3;
+    }
+    return 0;
+  }, 240);
+  expectEveryRankSucceeded(outcome);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Reinit, ::testing::Values(2, 4), [](const auto& info) {
+  return std::to_string(info.param) + "ranks";
+});
 
 TEST(Init, RankOutOfRangeAndZeroRanksAreInvalidArguments) {
   braidUniqueId id;

@@ -1,5 +1,7 @@
 #include "base/socket.h"
 
+#include "base/fdlimit.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
@@ -24,7 +26,11 @@ void Fd::reset(int fd) {
   fd_ = fd;
 }
 
-std::string errnoText(int err) { return std::strerror(err); }
+std::string errnoText(int err) {
+  // Out of descriptors: say what the limit is and that it can be raised, wherever this text lands.
+  const std::string limit = fdlimit::exhaustedText(err);
+  return limit.empty() ? std::string(std::strerror(err)) : limit;
+}
 
 namespace {
 Result<sockaddr_in> makeAddr(const std::string& ip, int port) {
@@ -155,11 +161,17 @@ int localPort(int fd) {
   return ntohs(sa.sin_port);
 }
 
-Result<Fd> connectTo(const std::string& ip, int port, const Deadline& d) {
+namespace {
+// One attempt; *outOfFds tells the caller not to retry (no listener coming up will fix that).
+Result<Fd> connectOnce(const std::string& ip, int port, const Deadline& d, bool* outOfFds) {
   auto sa = makeAddr(ip, port);
   if (!sa.ok()) return sa.status();
   Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!s.valid()) return Status::SystemError("socket: " + errnoText(errno));
+  if (!s.valid()) {
+    const int err = errno;
+    *outOfFds = fdlimit::exhausted(err);
+    return Status::SystemError("socket: " + errnoText(err));
+  }
   setNonBlocking(s.get(), true);
   if (::connect(s.get(), reinterpret_cast<sockaddr*>(&*sa), sizeof(sockaddr_in)) != 0) {
     if (errno != EINPROGRESS) return Status::SystemError(errnoText(errno));
@@ -175,12 +187,19 @@ Result<Fd> connectTo(const std::string& ip, int port, const Deadline& d) {
   setNoDelay(s.get());
   return s;
 }
+}  // namespace
+
+Result<Fd> connectTo(const std::string& ip, int port, const Deadline& d) {
+  bool outOfFds = false;
+  return connectOnce(ip, port, d, &outOfFds);
+}
 
 Result<Fd> connectWithRetry(const std::string& ip, int port, const Deadline& d) {
   int backoffMs = 10;
   for (;;) {
-    auto fd = connectTo(ip, port, d);
-    if (fd.ok() || d.expired()) return fd;
+    bool outOfFds = false;
+    auto fd = connectOnce(ip, port, d, &outOfFds);
+    if (fd.ok() || outOfFds || d.expired()) return fd;
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoffMs, d.msLeft())));
     backoffMs = std::min(backoffMs * 2, 500);
   }

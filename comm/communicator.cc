@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "braid_build_config.h"
+#include "base/fdlimit.h"
 #include "base/log.h"
 #include "comm/tuner.h"
 #include "kernels/reduce.h"
@@ -187,6 +188,51 @@ Status Comm::setup(InitParams& p) {
   cmaCacheBytes_ = self.tuningL3 ? self.tuningL3 : topology::kAssumedL3Bytes;
   for (const PeerInfo& info : infos)
     if (info.sameHostAs(self) && info.tuningL3) cmaCacheBytes_ = std::min<std::size_t>(cmaCacheBytes_, info.tuningL3);
+  // Oversubscribed: this host's ranks outnumber the CPUs they may run on together (bound one per
+  // core by `braid run` or mpirun, or each free to use the whole machine).
+  const int hostCpus = cpusKnown ? static_cast<int>(localCpus.size()) : topology::summary().pus;
+  const bool oversubscribed = localRanks > hostCpus;
+  // The tuner's input and the shared-memory paths' condition, from every pair's link: the same on
+  // every rank, which sees the same PeerInfos.
+  link_ = slowestLink(transports_, infos);
+  // Descriptors: room for every connection this rank is about to open (and, on the store's host,
+  // one per rank for the store), the soft limit raised toward the hard one if needed.
+  long fdsNeeded = p.hostStore ? nranks_ : 0;
+  std::string fdsWhat = p.hostStore ? std::to_string(nranks_) + " for the rendezvous store's ranks" : "";
+  for (std::size_t i = 0; i < transports_.size(); ++i) {
+    const long per = transports_[i]->descriptorsPerPeer();
+    if (!per || peersOf[i].empty()) continue;
+    fdsNeeded += per * static_cast<long>(peersOf[i].size());
+    fdsWhat += std::string(fdsWhat.empty() ? "" : ", ") + std::to_string(per * static_cast<long>(peersOf[i].size())) +
+               " for " + std::to_string(peersOf[i].size()) + " " + std::string(transports_[i]->name()) + " peers";
+  }
+  const Status fds = fdlimit::reserve(fdsNeeded, me, fdsWhat.empty() ? "none for its peers" : fdsWhat);
+  // One counter, before any connection, holds what every rank must agree on: the low bits count
+  // the ranks that can attach to each other's memory (cross-memory attach: only if every rank can
+  // read every other, and only where no rank is oversubscribed), the middle ones the
+  // oversubscribed ranks, the high ones the ranks that cannot open the descriptors they need (then
+  // every rank fails now, naming one of them, instead of a connection timing out later).
+  constexpr std::int64_t kOversubscribedUnit = std::int64_t{1} << 21, kFdsShortUnit = std::int64_t{1} << 42;
+  const bool cmaHere = config_.cma && link_.sharedMemory && probeCma(infos);
+  if (!fds.ok()) {
+    s = store_->set("setup/fds", fds.message(), deadline);
+    if (!s.ok()) return s;
+  }
+  auto agreed = store_->add("setup/agree", (cmaHere ? 1 : 0) + (oversubscribed ? kOversubscribedUnit : 0) +
+                                               (fds.ok() ? 0 : kFdsShortUnit), deadline);
+  if (!agreed.ok()) return agreed.status();
+  s = store_->barrier("setup/ready", nranks_, deadline);
+  if (!s.ok()) return s;
+  auto total = store_->add("setup/agree", 0, deadline);
+  if (!total.ok()) return total.status();
+  if (!fds.ok()) return fds;
+  if (const std::int64_t shortRanks = *total / kFdsShortUnit) {
+    auto why = store_->get("setup/fds", deadline);
+    return Status::SystemError(std::to_string(shortRanks) + " rank(s) cannot open the descriptors this communicator "
+                               "needs, so no rank connects; " + (why.ok() ? *why : why.status().message()));
+  }
+  cmaUsable_ = link_.sharedMemory && *total % kOversubscribedUnit == nranks_;
+  oversubscribed_ = *total % kFdsShortUnit >= kOversubscribedUnit;
   SetupContext ctx{rank_, nranks_, nonce_, p.storeNonce, config_, infos, *store_, deadline};
   conns_.resize(static_cast<std::size_t>(nranks_));
   for (std::size_t i = 0; i < transports_.size(); ++i) {
@@ -198,10 +244,6 @@ Status Comm::setup(InitParams& p) {
     }
     for (auto& c : *made) conns_[static_cast<std::size_t>(c->peer())] = std::move(c);
   }
-  // Oversubscribed: this host's ranks outnumber the CPUs they may run on together (bound one per
-  // core by `braid run` or mpirun, or each free to use the whole machine).
-  const int hostCpus = cpusKnown ? static_cast<int>(localCpus.size()) : topology::summary().pus;
-  const bool oversubscribed = localRanks > hostCpus;
   waiter_ = std::make_unique<Waiter>(config_.spinUs, oversubscribed);
   lazyWorkerWake_ = oversubscribed;
   for (auto& t : transports_) {
@@ -211,22 +253,6 @@ Status Comm::setup(InitParams& p) {
     for (std::atomic<bool>* f : w.beforeSleep) waiter_->addSleepFlag(f);
     if (!mailbox_) mailbox_ = t->mailbox();
   }
-  // The tuner's input and the shared-memory paths' condition, from every pair's link: the same on
-  // every rank, which sees the same PeerInfos.
-  link_ = slowestLink(transports_, infos);
-  // And on cross-memory attach: only if every rank can read every other, and only where no rank is
-  // oversubscribed. One counter holds both: the low bits count the ranks that can attach,
-  // kCmaOversubscribed counts the oversubscribed ones.
-  constexpr std::int64_t kCmaOversubscribed = std::int64_t{1} << 32;
-  const bool cmaHere = config_.cma && link_.sharedMemory && probeCma(infos);
-  auto cmaCount = store_->add("setup/cma", (cmaHere ? 1 : 0) + (oversubscribed ? kCmaOversubscribed : 0), deadline);
-  if (!cmaCount.ok()) return cmaCount.status();
-  s = store_->barrier("setup/done", nranks_, deadline);
-  if (!s.ok()) return s;
-  auto cmaTotal = store_->add("setup/cma", 0, deadline);
-  if (!cmaTotal.ok()) return cmaTotal.status();
-  cmaUsable_ = link_.sharedMemory && *cmaTotal % kCmaOversubscribed == nranks_;
-  oversubscribed_ = *cmaTotal >= kCmaOversubscribed;
   // Nobody returns before every rank has read the counters: a rank 0 that returned and died at
   // once would take the store, and those reads, with it.
   s = store_->barrier("setup/agreed", nranks_, deadline);

@@ -21,6 +21,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,6 +46,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/fdlimit.h"
+#include "base/socket.h"
 #include "topology/topology.h"
 
 namespace braid::tools {
@@ -332,6 +335,15 @@ class Launcher {
     ::prctl(PR_SET_CHILD_SUBREAPER, 1);
     if (!setUpSignals()) return 1;
     launcherPid_ = ::getpid();
+    // Two pipes a rank: room for them under the soft limit (raised toward the hard one where
+    // needed); each rank gets back the limit the launcher was started with.
+    ::getrlimit(RLIMIT_NOFILE, &startLimit_);
+    if (Status room = fdlimit::reserve(2L * opts_.nproc, "braid run", "2 pipes for each of " +
+                                       std::to_string(opts_.nproc) + " ranks"); !room.ok()) {
+      printError(room.message());
+      restoreSignals();
+      return 1;
+    }
     for (std::string& word : opts_.program) childArgv_.push_back(word.data());
     childArgv_.push_back(nullptr);
     ranks_.resize(static_cast<std::size_t>(opts_.nproc));
@@ -412,7 +424,7 @@ class Launcher {
         int fds[2];
         // Only our end is non-blocking: a rank writing to a full pipe must wait, not get EAGAIN.
         if (::pipe2(fds, O_CLOEXEC) != 0) {
-          printError("cannot start rank " + std::to_string(r.rank) + ": pipe: " + std::strerror(errno));
+          printError("cannot start rank " + std::to_string(r.rank) + ": pipe: " + net::errnoText(errno));
           return false;
         }
         stream->fd = UniqueFd(fds[0]);
@@ -423,7 +435,7 @@ class Launcher {
     }
     const pid_t pid = ::fork();
     if (pid < 0) {
-      printError("cannot start rank " + std::to_string(r.rank) + ": fork: " + std::strerror(errno));
+      printError("cannot start rank " + std::to_string(r.rank) + ": fork: " + net::errnoText(errno));
       return false;
     }
     if (pid == 0) execChild(localRank, r.rank, outWrite.get(), errWrite.get());
@@ -471,6 +483,7 @@ class Launcher {
     for (const auto& [name, value] : vars) {
       if (::setenv(name, value.c_str(), 1) != 0) ::_exit(127);
     }
+    ::setrlimit(RLIMIT_NOFILE, &startLimit_);
     if (!opts_.secret.empty() && ::setenv("BRAID_SECRET", opts_.secret.c_str(), 0) != 0) ::_exit(127);
     if (!bindings_.empty() &&
         ::sched_setaffinity(0, sizeof(cpu_set_t), &bindings_[static_cast<std::size_t>(localRank)]) != 0) {
@@ -707,6 +720,7 @@ class Launcher {
   struct sigaction oldChild_ {};
   pid_t launcherPid_ = 0;
   int status_ = 0;
+  rlimit startLimit_{RLIM_INFINITY, RLIM_INFINITY};  // RLIMIT_NOFILE as the launcher found it: the ranks' own
   bool relay_[2] = {false, false};  // ranks' stdout, stderr come through the launcher's pipes (Stream)
   bool stopping_ = false;
   bool killed_ = false;

@@ -160,6 +160,9 @@ class Transport {
   // Connections to `peers` (ranks of ctx.peers, all of which chose this transport with this rank).
   virtual Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx,
                                                                     const std::vector<int>& peers) = 0;
+  // File descriptors each peer's connection keeps open (the communicator makes room for them
+  // before connecting: base/fdlimit.h).
+  virtual long descriptorsPerPeer() const { return 0; }
   // After connect(): what the communicator's waiter sleeps on for these connections.
   virtual WaitSources waitSources() const { return {}; }
   // After connect(): a mailbox for small messages among every rank of this host, if this transport

@@ -1,5 +1,6 @@
 #include "comm/bootstrap/store.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "base/auth.h"
+#include "base/fdlimit.h"
 #include "base/log.h"
 #include "comm/bootstrap/wire_codec.h"
 
@@ -162,6 +164,9 @@ void StoreServer::serve(int listenFd) {
   std::map<std::string, std::int64_t> counters;
   std::vector<PendingWait> waits;
   int nranks = -1, joined = 0, left = 0;
+  // Held so that, out of descriptors, the store can still accept a rank to tell it so.
+  net::Fd spare(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  bool outOfFds = false;
   Deadline writeBudget = Deadline::after(1);
 
   auto send = [&](ServerClient& c, std::uint8_t type, const std::string& payload) {
@@ -301,7 +306,28 @@ void StoreServer::serve(int listenFd) {
     if (::poll(pfds.data(), pfds.size(), 50) <= 0) continue;
     if (pfds[0].revents & POLLIN) {
       int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0 && (errno == EMFILE || errno == ENFILE)) usleep(10000);  // out of fds: do not spin
+      if (fd < 0 && fdlimit::exhausted(errno)) {
+        // Out of descriptors: the spare one makes room to accept this rank and tell it why (rather
+        // than leave it in the backlog until BRAID_TIMEOUT), and every joined rank hears it too.
+        const std::string why = "the rendezvous store (in rank 0's process, or the one that created the unique id) "
+                                "cannot accept more ranks: " + net::errnoText(errno);
+        if (!outOfFds) {
+          BRAID_LOG(kWarn, kBoot, "store: %s", why.c_str());
+          broadcast({Notice::kError, -1, Code::kSystemError, why}, clients.size());
+        }
+        outOfFds = true;
+        spare.reset();
+        net::Fd refused(::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (refused.valid()) {
+          Writer w;
+          w.str(why);
+          const std::string f = frame(kErr, w.data());
+          (void)::send(refused.get(), f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
+        refused.reset();
+        spare.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+        if (!spare.valid()) usleep(10000);  // the system's table is full: do not spin
+      }
       if (fd >= 0) {
         clients.push_back({});
         clients.back().fd.reset(fd);
@@ -374,6 +400,11 @@ Result<net::Fd> joinOnce(const std::string& ip, int port, const std::string& sec
   std::string p, challenge;
   Status s = readFrame(fd->get(), &t, &p, d);
   if (!s.ok() && s.code() != Code::kTimeout) { *retry = true; return s; }  // closed before speaking
+  if (s.ok() && t == kErr) {  // refused before the challenge (the store is out of descriptors)
+    std::string text;
+    Reader(p).str(&text);
+    return Status::SystemError("rank " + std::to_string(rank) + " could not join the rendezvous at " + where + ": " + text);
+  }
   if (!s.ok() || t != kChallenge || !Reader(p).str(&challenge) || challenge.size() != 16)
     return Status::RemoteError("the rendezvous at " + where + " did not open with a challenge: is it a Braid store?");
   std::string mine = auth::randomBytes(16);

@@ -416,15 +416,20 @@ int freePort() {
 // communicator's store (still waiting for slower ranks to leave) must move on to the next one.
 class Reinit : public ::testing::TestWithParam<int> {};
 
+// What torchrun or braid run gives a rank: its place, and where rank 0's store listens.
+void launchedAs(int rank, int n, const std::string& port) {
+  setenv("RANK", std::to_string(rank).c_str(), 1);
+  setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", port.c_str(), 1);
+  setenv("BRAID_SECRET", "failures-test-secret-0123456789abcdef", 1);
+}
+
 TEST_P(Reinit, DestroyThenCreateFromTheEnvironment200Times) {
   const int n = GetParam();
   const std::string port = std::to_string(freePort());
   auto outcome = forkRanks(n, [&](int proc) {
-    setenv("RANK", std::to_string(proc).c_str(), 1);
-    setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", port.c_str(), 1);
-    setenv("BRAID_SECRET", "reinit-test-secret-0123456789abcdef", 1);
+    launchedAs(proc, n, port);
     setenv("BRAID_TIMEOUT", "20", 1);
     for (int round = 0; round < 200; ++round) {
       braidComm_t comm;
@@ -448,6 +453,48 @@ TEST_P(Reinit, DestroyThenCreateFromTheEnvironment200Times) {
 INSTANTIATE_TEST_SUITE_P(Ranks, Reinit, ::testing::Values(2, 4), [](const auto& info) {
   return std::to_string(info.param) + "ranks";
 });
+
+// Too few file descriptors for the tcp connections (2 a peer): every rank fails at once, naming
+// ulimit -n, what it needs and what it may open, rather than a connection timing out after
+// BRAID_TIMEOUT and blaming the network. With room under the hard limit the soft one is raised.
+TEST(Init, TooFewFileDescriptorsFailEveryRankAtOnceNamingUlimit) {
+  constexpr int n = 16;
+  for (bool hardToo : {true, false}) {
+    const std::string port = std::to_string(freePort());
+    auto outcome = forkRanks(n, [&](int proc) {
+      launchedAs(proc, n, port);
+      setenv("BRAID_SHM_DISABLE", "1", 1);
+      setenv("BRAID_IB_DISABLE", "1", 1);
+      setenv("BRAID_TIMEOUT", "60", 1);
+      rlimit lim{};
+      getrlimit(RLIMIT_NOFILE, &lim);
+      lim.rlim_cur = 32;
+      if (hardToo) lim.rlim_max = 32;
+      if (setrlimit(RLIMIT_NOFILE, &lim) != 0) { report(proc, "setrlimit failed"); return 9; }
+      const double t0 = now();
+      braidComm_t comm;
+      braidResult_t r = braidCommInitFromEnv(&comm);
+      const double took = now() - t0;
+      const std::string msg = braidGetLastError(nullptr);
+      if (!hardToo) {
+        if (r != braidSuccess) { report(proc, "with room under the hard limit: " + msg); return 1; }
+        float x = 1;
+        r = braidAllReduce(&x, &x, 1, braidFloat32, braidSum, comm, nullptr);
+        braidCommDestroy(comm);
+        return r == braidSuccess && x == n ? 0 : 2;
+      }
+      if (r == braidSuccess) { report(proc, "init succeeded under ulimit -n 32"); braidCommDestroy(comm); return 3; }
+      if (took > 10 || !contains(msg, "ulimit -n") || !contains(msg, "may open 32") || !contains(msg, "needs") ||
+          contains(msg, "firewall")) {
+        report(proc, "took " + std::to_string(took) + " s: " + msg);
+        return 4;
+      }
+      return 0;
+    }, 120);
+    SCOPED_TRACE(hardToo ? "soft and hard limit 32" : "soft limit 32, hard limit higher");
+    expectEveryRankSucceeded(outcome);
+  }
+}
 
 TEST(Init, RankOutOfRangeAndZeroRanksAreInvalidArguments) {
   braidUniqueId id;

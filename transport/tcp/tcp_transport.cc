@@ -10,6 +10,7 @@
 #include <cerrno>
 
 #include "base/auth.h"
+#include "base/fdlimit.h"
 #include "base/log.h"
 
 namespace braid {
@@ -110,7 +111,9 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
       if (!s.ok())
         return Status::SystemError("rank " + std::to_string(ctx.rank) + " could not connect to rank " + std::to_string(p) +
                                    " at " + addr + " (tcp): " + s.message() +
-                                   "; check BRAID_SOCKET_IFNAME and firewalls between the hosts");
+                                   (s.message().find("open files") != std::string::npos
+                                        ? std::string()
+                                        : "; check BRAID_SOCKET_IFNAME and firewalls between the hosts"));
       Hello h{};
       h.rank = ctx.rank;
       h.channel = c;
@@ -173,7 +176,11 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
     if (pfds[0].revents & POLLIN) {
       for (int n = 0; n < 4096; ++n) {
         int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) break;  // EAGAIN: nothing more queued (or out of descriptors: next pass)
+        if (fd < 0 && fdlimit::exhausted(errno))
+          return Status::SystemError("rank " + std::to_string(ctx.rank) + " could not accept the tcp connections of " +
+                                     std::to_string(expectIncoming) + " more channels from higher ranks: " +
+                                     net::errnoText(errno));
+        if (fd < 0) break;  // EAGAIN: nothing more queued
         Pending q;
         q.fd.reset(fd);
         q.challenge = auth::randomBytes(kChallengeBytes);

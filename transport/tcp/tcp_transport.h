@@ -24,6 +24,7 @@ class TcpTransport final : public Transport {
   Availability canReach(const PeerInfo&, const PeerInfo&) const override { return {true, ""}; }
   // Between ranks of one host with BRAID_TCP_CONGESTION=auto, loopback under reno: one stream does best.
   LinkClass linkClass(const PeerInfo& a, const PeerInfo& b) const override;
+  long descriptorsPerPeer() const override { return config_.nsocks; }  // a socket per channel
   Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx, const std::vector<int>& peers) override;
   WaitSources waitSources() const override { return {nullptr, fds_, {}}; }
 

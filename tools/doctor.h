@@ -45,6 +45,10 @@ struct RankFacts {
   int localRanks = 1;
   bool shmOffByDoctor = false;  // too little room: the doctor ran this rank with shm off
   std::string shmProbe;         // "" usable, else the transport's reason
+  // Segments that dead processes left in /dev/shm, removed by this rank's check (ShmSegment::removeLeftovers)
+  int shmLeftovers = 0;
+  std::uint64_t shmLeftoverBytes = 0;
+  std::string shmLeftoverPids;
   int ptraceScope = -1;         // kernel.yama.ptrace_scope, -1 where there is no Yama
   std::string cmaRefused;       // "" attach works (or no same-host peer), else the reason
   std::string unreachable;      // "" every other host's tcp address has a route from here, else which not

@@ -24,6 +24,7 @@
 #include "tools/doctor.h"
 #include "topology/topology.h"
 #include "transport/registry.h"
+#include "transport/shm/shm_segment.h"
 #include "transport/shm/shm_transport.h"
 #if BRAID_HAVE_IBVERBS
 #include "transport/ib/ib_port.h"
@@ -117,6 +118,11 @@ RankFacts collectLocal(const Config& config, const std::string& storeIp, int nra
   f.cpus = topology::cpuListText(cpus);
   f.numa = topology::cpuListText(topology::numaNodesOf(cpus));
 
+  // What jobs killed during set-up left behind goes first, so the free space below is the real one.
+  const ShmSegment::Leftovers gone = ShmSegment::removeLeftovers();
+  f.shmLeftovers = gone.removed;
+  f.shmLeftoverBytes = gone.removedBytes;
+  f.shmLeftoverPids = gone.removedPids;
   struct statvfs vfs{};
   if (::statvfs("/dev/shm", &vfs) == 0) {
     f.shmSize = static_cast<std::uint64_t>(vfs.f_blocks) * vfs.f_frsize;
@@ -212,7 +218,8 @@ std::string RankFacts::serialize() const {
   };
   auto n = [](auto v) { return std::to_string(v); };
   line("rank", {n(rank), host, bootId, n(pid), n(cmaAddr), cpus, numa});
-  line("shm", {n(shmSize), n(shmFree), n(shmNeed), n(localRanks), n(shmOffByDoctor ? 1 : 0), shmProbe});
+  line("shm", {n(shmSize), n(shmFree), n(shmNeed), n(localRanks), n(shmOffByDoctor ? 1 : 0), shmProbe, n(shmLeftovers),
+               n(shmLeftoverBytes), shmLeftoverPids});
   line("cma", {n(ptraceScope), cmaRefused, unreachable});
   line("limits", {n(memlock), n(memlockNeed), n(ipcLock ? 1 : 0), n(nofile), n(nofileNeed)});
   line("net", {ifSpec, ifSpecProblem, tcpIface, tcpAddr, n(tcpMtu), n(nicNuma)});
@@ -243,7 +250,7 @@ RankFacts RankFacts::parse(const std::string& text) {
       f.rank = in32(1), f.host = s(2), f.bootId = s(3), f.pid = in32(4), f.cmaAddr = u64(5), f.cpus = s(6), f.numa = s(7);
     } else if (key == "shm") {
       f.shmSize = u64(1), f.shmFree = u64(2), f.shmNeed = u64(3), f.localRanks = in32(4), f.shmOffByDoctor = in32(5) != 0;
-      f.shmProbe = s(6);
+      f.shmProbe = s(6), f.shmLeftovers = in32(7), f.shmLeftoverBytes = u64(8), f.shmLeftoverPids = s(9);
     } else if (key == "cma") {
       f.ptraceScope = in32(1), f.cmaRefused = s(2), f.unreachable = s(3);
     } else if (key == "limits") {

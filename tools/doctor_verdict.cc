@@ -133,6 +133,20 @@ void localFindings(const Data& d, const HostLayout& h, std::vector<Finding>& out
   // /dev/shm, cross-memory attach, and shm's own verdict, host by host.
   for (std::size_t k = 0; k < h.names.size(); ++k) {
     const RankFacts& f = R[h.ranks[k][0]];
+    int left = 0;
+    std::uint64_t leftBytes = 0;
+    std::string pids;
+    for (int r : h.ranks[k]) {
+      left += R[r].shmLeftovers;
+      leftBytes += R[r].shmLeftoverBytes;
+      if (!R[r].shmLeftoverPids.empty()) pids += (pids.empty() ? "" : ", ") + R[r].shmLeftoverPids;
+    }
+    if (left)
+      out.push_back({"/dev/shm on host " + h.names[k],
+                     std::to_string(left) + " shared-memory segments (" + bytesText(leftBytes) + ") that processes " +
+                         pids + " left when they died during set-up took room there; the doctor removed them",
+                     "nothing more for these (the next Braid job on a host removes such leftovers too); if they come "
+                     "back, look for jobs killed while they set up (the OOM killer, SIGKILL, a launcher's SIGTERM)"});
     if (h.ranks[k].size() < 2) continue;
     if (f.shmOffByDoctor)
       out.push_back({"/dev/shm on host " + h.names[k],

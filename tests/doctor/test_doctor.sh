@@ -5,6 +5,7 @@
 #   2. a setting that differs on one rank: exit 1, that rank and variable named, nothing else
 #   3. BRAID_SOCKET_IFNAME matching nothing: exit 1, the finding names it and the fix; the doctor ran
 #   4. bad arguments, and no launcher: exit 2 with a message
+#   5. segments a job killed during set-up left in /dev/shm: named, with the pids, and removed
 # Usage: test_doctor.sh BRAID PYTHON
 set -uo pipefail
 braid=$1
@@ -76,4 +77,33 @@ cannot_run() {
   [ $? = 2 ] && grep -q "RANK and WORLD_SIZE are not set" "$work/out.log"
 }
 check "bad arguments, or no launcher: exit 2 with the reason" cannot_run
+
+# Segments of a job killed during set-up (kill -9 as soon as its first segment appears in /dev/shm,
+# before its ranks could unlink them): braid doctor names the host and the dead pids, removes them,
+# and leaves nothing of that job behind.
+dead_job_leftovers() {
+  local try left=""
+  for try in 1 2 3 4 5; do
+    "$braid" run -n 8 -- "$braid" perf allreduce -b 8 -e 8 -n 1 -w 0 >/dev/null 2>&1 &
+    local launcher=$! i
+    for i in $(seq 1 5000); do
+      compgen -G "/dev/shm/braid-pid*" >/dev/null && break
+      kill -0 "$launcher" 2>/dev/null || break
+    done
+    kill -9 "$launcher" 2>/dev/null
+    wait "$launcher" 2>/dev/null
+    sleep 0.3  # the ranks die with the launcher (PR_SET_PDEATHSIG)
+    left=$(cd /dev/shm && ls -d braid-pid* 2>/dev/null | tr '\n' ' ')
+    [ -n "$left" ] && break
+  done
+  echo "  left by the killed job (try $try): ${left:-nothing}"
+  [ -n "$left" ] || return 1
+  timeout 60 "$braid" run -n 2 -- "$braid" doctor >"$work/out.log" 2>&1
+  local st=$? rest
+  rest=$(cd /dev/shm && ls -d braid-pid* 2>/dev/null | tr '\n' ' ')
+  echo "  doctor: exit $st; findings: $(findings); left after it: ${rest:-nothing}"
+  [ "$st" = 1 ] && [ "$(findings)" = "/dev/shm on host $(hostname)|" ] && grep -q "left when they died during set-up" "$work/out.log" &&
+    grep -q "the doctor removed them" "$work/out.log" && [ -z "$rest" ]
+}
+check "segments a killed job left in /dev/shm: named with the pids and removed by braid doctor" dead_job_leftovers
 exit "$fail"

@@ -2,11 +2,14 @@
 // initialization. Every case is bounded in time and checks the error text users will read.
 #include <gtest/gtest.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +22,7 @@
 #include "braid/braid.hpp"
 #include "comm/c_handle.h"
 #include "tests/common/harness.h"
+#include "transport/shm/shm_segment.h"
 
 namespace braid::test {
 namespace {
@@ -494,6 +498,53 @@ TEST(Init, TooFewFileDescriptorsFailEveryRankAtOnceNamingUlimit) {
     SCOPED_TRACE(hardToo ? "soft and hard limit 32" : "soft limit 32, hard limit higher");
     expectEveryRankSucceeded(outcome);
   }
+}
+
+// Segments of a process killed before it could unlink them (SIGKILL, or SIGTERM during setup) are
+// removed by the next sweep; those of a live process, of another pid namespace, and names Braid
+// cannot read are left alone.
+TEST(Init, SegmentsOfDeadProcessesAreRemovedAndLiveOnesKept) {
+  (void)ShmSegment::removeLeftovers();  // whatever earlier runs left
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (int i = 0; i < 3; ++i) {
+      auto seg = ShmSegment::create(ShmSegment::nameFor("sweep-test-" + std::to_string(i)), 64 << 10);
+      if (!seg.ok()) _exit(1);
+      std::shared_ptr<ShmSegment> leak = *seg;
+      new std::shared_ptr<ShmSegment>(leak);  // never destroyed: the segment outlives the process
+    }
+    char ok = 1;
+    if (write(fds[1], &ok, 1) != 1) _exit(1);
+    pause();  // until SIGKILL
+    _exit(0);
+  }
+  char ok = 0;
+  ASSERT_EQ(read(fds[0], &ok, 1), 1);
+  auto mine = ShmSegment::create(ShmSegment::nameFor("sweep-test-live"), 64 << 10);
+  ASSERT_TRUE(mine.ok()) << mine.status().toString();
+  // The same pid as the child in another pid namespace, and a name of no known form.
+  const std::string other = "/braid-pid" + std::to_string(child) + "@1-sweep-test-otherns";
+  const std::string odd = "/braid-sweep-test-noform";
+  for (const std::string& n : {other, odd}) {
+    int fd = shm_open(n.c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_GE(fd, 0);
+    close(fd);
+  }
+  const int before = shmEntries();
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  ASSERT_EQ(shmEntries(), before) << "the child's segments must outlive it for this test to mean anything";
+  const ShmSegment::Leftovers gone = ShmSegment::removeLeftovers();
+  EXPECT_EQ(gone.removed, 3);
+  EXPECT_EQ(gone.removedPids, std::to_string(child));
+  EXPECT_GE(gone.removedBytes, 3u * (64 << 10));
+  EXPECT_GE(gone.live, 1);
+  EXPECT_GE(gone.unknown, 2);
+  EXPECT_EQ(shmEntries(), before - 3);
+  for (const std::string& n : {other, odd}) EXPECT_EQ(shm_unlink(n.c_str()), 0) << n << " was removed";
 }
 
 TEST(Init, RankOutOfRangeAndZeroRanksAreInvalidArguments) {

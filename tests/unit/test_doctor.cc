@@ -233,6 +233,26 @@ TEST(Doctor, SmallShmAndBlackholeAndIfname) {
                          "[/dev/shm on host braid-h2]");
 }
 
+TEST(Doctor, ShmLeftoversOfDeadProcessesAreNamedByHostWithThePids) {
+  Data d = healthy(4, 2);
+  d.ranks[2].shmLeftovers = 3;
+  d.ranks[2].shmLeftoverBytes = 12u << 20;
+  d.ranks[2].shmLeftoverPids = "4242";
+  d.ranks[3].shmLeftovers = 1;
+  d.ranks[3].shmLeftoverBytes = 4u << 20;
+  d.ranks[3].shmLeftoverPids = "4243";
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "/dev/shm on host braid-h2");
+  EXPECT_NE(f[0].text.find("4 shared-memory segments"), std::string::npos) << f[0].text;
+  EXPECT_NE(f[0].text.find("4242, 4243"), std::string::npos) << f[0].text;
+  EXPECT_NE(f[0].text.find("removed them"), std::string::npos) << f[0].text;
+  RankFacts g = RankFacts::parse(d.ranks[2].serialize());
+  EXPECT_EQ(g.shmLeftovers, 3);
+  EXPECT_EQ(g.shmLeftoverBytes, 12u << 20);
+  EXPECT_EQ(g.shmLeftoverPids, "4242");
+}
+
 TEST(Doctor, ClockFarOffIsNamed) {
   Data d = healthy(2, 1);
   d.pairs[0][1].clockOffsetUs = 2.5e6;

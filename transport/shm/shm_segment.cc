@@ -1,12 +1,16 @@
 #include "transport/shm/shm_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "base/socket.h"
@@ -55,6 +59,68 @@ Result<std::shared_ptr<ShmSegment>> ShmSegment::open(const std::string& name, st
   s->base_ = p;
   s->bytes_ = bytes;
   return s;
+}
+
+namespace {
+// The inode of this process's pid namespace ("pid:[4026531836]"), 0 if unreadable.
+std::uint64_t pidNamespace() {
+  char link[64] = {};
+  if (readlink("/proc/self/ns/pid", link, sizeof(link) - 1) <= 0) return 0;
+  const char* open = std::strchr(link, '[');
+  return open ? std::strtoull(open + 1, nullptr, 10) : 0;
+}
+
+// Whether `pid` (of this pid namespace) still runs: a zombie is gone (where nobody reaps orphans,
+// as under a container's first process, a killed rank stays one).
+bool alive(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (!f) return true;  // cannot tell: keep its segments
+  char line[512] = {};
+  const bool read = std::fgets(line, sizeof(line), f) != nullptr;
+  std::fclose(f);
+  const char* close = read ? std::strrchr(line, ')') : nullptr;  // "pid (comm) S ...": comm may hold spaces
+  return !(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
+}
+}  // namespace
+
+std::string ShmSegment::nameFor(const std::string& rest) {
+  return "/braid-pid" + std::to_string(getpid()) + "@" + std::to_string(pidNamespace()) + "-" + rest;
+}
+
+ShmSegment::Leftovers ShmSegment::removeLeftovers() {
+  Leftovers out;
+  const std::uint64_t ns = pidNamespace();
+  DIR* d = opendir("/dev/shm");
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("braid-", 0) != 0) continue;
+    unsigned long pid = 0;
+    unsigned long long theirNs = 0;
+    int used = 0;
+    if (std::sscanf(name.c_str(), "braid-pid%lu@%llu-%n", &pid, &theirNs, &used) != 2 || used == 0 || !ns ||
+        theirNs != ns) {
+      ++out.unknown;
+      continue;
+    }
+    if (alive(static_cast<pid_t>(pid))) {
+      ++out.live;
+      continue;
+    }
+    struct stat st{};
+    const std::string path = "/dev/shm/" + name;
+    const std::uint64_t bytes = ::stat(path.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_blocks) * 512 : 0;
+    if (shm_unlink(("/" + name).c_str()) != 0) continue;  // another process removed it first
+    ++out.removed;
+    out.removedBytes += bytes;
+    const std::string p = std::to_string(pid);
+    if (out.removedPids.find(p) == std::string::npos) out.removedPids += (out.removedPids.empty() ? "" : ", ") + p;
+  }
+  closedir(d);
+  return out;
 }
 
 void ShmSegment::unlink() {

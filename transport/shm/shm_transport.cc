@@ -74,21 +74,27 @@ Result<std::vector<std::unique_ptr<Connection>>> ShmTransport::connect(const Set
   if (peers.empty()) return out;
   const int channels = ctx.config.nsocks;
   const std::size_t cap = ctx.config.buffSize;
-  const std::string prefix = "/braid-" + ctx.nonce;
+  const std::string prefix = ShmSegment::nameFor(ctx.nonce);
   const std::size_t bellBytes = bellsBytes(ctx.nranks);
   const int leader = std::min(ctx.rank, *std::min_element(peers.begin(), peers.end()));
-  const std::string bellName = prefix + "-db" + std::to_string(leader);
 
-  // Create first (doorbells if this rank leads the host, then the pairs it owns), publish, then
-  // open the others': nobody waits on a segment before creating its own, so setup cannot deadlock.
+  // Create first (doorbells if this rank leads the host, then the pairs it owns), publish their
+  // names, then open the others': nobody waits on a segment before creating its own, so setup
+  // cannot deadlock.
   if (leader == ctx.rank) {
+    // The host's first rank clears what ranks killed during an earlier setup left here.
+    const ShmSegment::Leftovers gone = ShmSegment::removeLeftovers();
+    if (gone.removed)
+      BRAID_LOG(kWarn, kShm, "shm: removed %d segments (%llu KiB) from /dev/shm that processes %s left when they died",
+                gone.removed, static_cast<unsigned long long>(gone.removedBytes >> 10), gone.removedPids.c_str());
+    const std::string bellName = prefix + "-db" + std::to_string(leader);
     auto seg = ShmSegment::create(bellName, bellBytes);
     if (!seg.ok()) return seg.status();
     bells_ = *seg;
     for (int r = 0; r < ctx.nranks; ++r) new (static_cast<Doorbell*>(bells_->data()) + r) Doorbell();
     for (int r = 0; r < ctx.nranks; ++r) new (mailboxAreas(bells_->data(), ctx.nranks) + r) MailboxArea();
     created_.push_back(bells_);
-    Status s = ctx.store.set("shm/db/" + std::to_string(leader), "1", ctx.deadline);
+    Status s = ctx.store.set("shm/db/" + std::to_string(leader), bellName, ctx.deadline);
     if (!s.ok()) return s;
   }
   std::vector<std::shared_ptr<ShmSegment>> pairs(peers.size());
@@ -102,13 +108,13 @@ Result<std::vector<std::unique_ptr<Connection>>> ShmTransport::connect(const Set
       for (int c = 0; c < channels; ++c) new (ring((*seg)->data(), channels, cap, dir, c).ctl) RingCtl();
     pairs[i] = *seg;
     created_.push_back(*seg);
-    Status s = ctx.store.set("shm/pair/" + std::to_string(ctx.rank) + "/" + std::to_string(p), "1", ctx.deadline);
+    Status s = ctx.store.set("shm/pair/" + std::to_string(ctx.rank) + "/" + std::to_string(p), name, ctx.deadline);
     if (!s.ok()) return s;
   }
   if (!bells_) {
-    auto ready = ctx.store.get("shm/db/" + std::to_string(leader), ctx.deadline);
-    if (!ready.ok()) return ready.status();
-    auto seg = ShmSegment::open(bellName, bellBytes);
+    auto bellName = ctx.store.get("shm/db/" + std::to_string(leader), ctx.deadline);
+    if (!bellName.ok()) return bellName.status();
+    auto seg = ShmSegment::open(*bellName, bellBytes);
     if (!seg.ok()) return seg.status();
     bells_ = *seg;
   }
@@ -118,9 +124,9 @@ Result<std::vector<std::unique_ptr<Connection>>> ShmTransport::connect(const Set
   for (std::size_t i = 0; i < peers.size(); ++i) {
     int p = peers[i];
     if (p > ctx.rank) continue;
-    auto ready = ctx.store.get("shm/pair/" + std::to_string(p) + "/" + std::to_string(ctx.rank), ctx.deadline);
-    if (!ready.ok()) return ready.status();
-    auto seg = ShmSegment::open(prefix + "-" + std::to_string(p) + "-" + std::to_string(ctx.rank), pairBytes(channels, cap));
+    auto name = ctx.store.get("shm/pair/" + std::to_string(p) + "/" + std::to_string(ctx.rank), ctx.deadline);
+    if (!name.ok()) return name.status();
+    auto seg = ShmSegment::open(*name, pairBytes(channels, cap));
     if (!seg.ok()) return seg.status();
     pairs[i] = *seg;
   }

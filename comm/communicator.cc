@@ -483,8 +483,42 @@ Status Comm::validate(const CollArgs& a) const {
     if (a.kind == CollKind::kBroadcast) needSend = a.root == rank_;
     if (needSend && !a.send) return Status::InvalidArgument("send buffer is NULL with count " + std::to_string(a.count));
     if (needRecv && !a.recv) return Status::InvalidArgument("receive buffer is NULL with count " + std::to_string(a.count));
+    if (needSend && needRecv && a.kind != CollKind::kSendRecv) return checkOverlap(a, es);
   }
   return Status::Ok();
+}
+
+// Send and receive buffers either do not overlap or are laid out exactly in place; anything in
+// between would read what the call already wrote (NCCL leaves it undefined), so it is refused
+// before anything is sent.
+Status Comm::checkOverlap(const CollArgs& a, std::size_t es) const {
+  const std::size_t n = static_cast<std::size_t>(nranks_), me = static_cast<std::size_t>(rank_);
+  std::size_t sendBytes = a.count * es, recvBytes = a.count * es;
+  const auto* send = static_cast<const std::byte*>(a.send);
+  const auto* recv = static_cast<const std::byte*>(a.recv);
+  const std::byte* inPlace = recv;  // where send must start for the in-place form
+  std::string form = "recvbuff == sendbuff";
+  if (a.kind == CollKind::kAllGather) {
+    recvBytes *= n;
+    inPlace = recv + me * sendBytes;
+    form = "sendbuff == recvbuff + rank * sendcount elements";
+  } else if (a.kind == CollKind::kReduceScatter) {
+    sendBytes *= n;
+    inPlace = recv - me * recvBytes;
+    form = "recvbuff == sendbuff + rank * recvcount elements";
+  } else if (a.kind == CollKind::kAllToAll) {
+    sendBytes *= n;
+    recvBytes *= n;
+  }
+  const auto lo = [](const std::byte* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  const bool overlap = lo(send) < lo(recv) + recvBytes && lo(recv) < lo(send) + sendBytes;
+  if (!overlap || send == inPlace) return Status::Ok();
+  char text[160];
+  std::snprintf(text, sizeof(text), "send buffer %p (%zu bytes) and receive buffer %p (%zu bytes)", a.send, sendBytes,
+                a.recv, recvBytes);
+  return Status::InvalidArgument(std::string(collName(a.kind)) + ": the " + text +
+                                 " overlap without being in place: only the exact in-place layout (" + form +
+                                 ") is defined; nothing was sent");
 }
 
 // The four arrays have nranks entries each; the counts and the buffer extents they imply fit in
@@ -515,6 +549,16 @@ Status Comm::validateAllToAllv(const CollArgs& a) const {
                                    "]): they must be equal");
   if (sends && !a.send) return Status::InvalidArgument("alltoallv: send buffer is NULL with nonzero sendcounts");
   if (recvs && !a.recv) return Status::InvalidArgument("alltoallv: receive buffer is NULL with nonzero recvcounts");
+  std::size_t sendEnd = 0, recvEnd = 0;  // in elements
+  for (std::size_t p = 0; p < n; ++p) {
+    if (v.sendCounts[p]) sendEnd = std::max(sendEnd, v.sendDispls[p] + v.sendCounts[p]);
+    if (v.recvCounts[p]) recvEnd = std::max(recvEnd, v.recvDispls[p] + v.recvCounts[p]);
+  }
+  const auto s = reinterpret_cast<std::uintptr_t>(a.send), r = reinterpret_cast<std::uintptr_t>(a.recv);
+  if (sendEnd && recvEnd && a.send != a.recv && s < r + recvEnd * es && r < s + sendEnd * es)
+    return Status::InvalidArgument("alltoallv: the send buffer (" + std::to_string(sendEnd * es) + " bytes) and the receive "
+                                   "buffer (" + std::to_string(recvEnd * es) + " bytes) overlap without being the same "
+                                   "buffer: only recvbuff == sendbuff is defined; nothing was sent");
   return Status::Ok();
 }
 

@@ -167,6 +167,7 @@ class Comm final : public EngineHost, public Workspace {
   Fingerprint numberCall(const CollArgs& a);
   Status executeSendRecvs(const std::vector<const CollArgs*>& calls);
   void waitForQueuedCalls();
+  Status checkOverlap(const CollArgs& a, std::size_t elementSize) const;
   Status validateAllToAllv(const CollArgs& a) const;
   // After executeCall's bookkeeping: the algorithms on host memory, and the device call around them.
   // userMemory: the buffers are the user's (false: the CUDA proxy's pinned staging memory, kept away

@@ -307,7 +307,18 @@ TEST(Misuse, BadArgumentsAreRejectedAndTheCommunicatorStaysUsable) {
         {"reduce overflow", braidReduce(buf, out, huge, braidInt32, braidSum, 0, comm, nullptr)},
         {"send overflow", braidSend(buf, huge, braidFloat64, 1 - rank, comm, nullptr)},
         {"recv overflow", braidRecv(out, SIZE_MAX, braidInt32, 1 - rank, comm, nullptr)},
+        // Send and receive buffers that overlap without being in place: refused, nothing sent.
+        {"allreduce recv = send + 1", braidAllReduce(out, out + 1, 4, braidFloat32, braidSum, comm, nullptr)},
+        {"allreduce recv = send - 1", braidAllReduce(out + 1, out, 4, braidFloat32, braidSum, comm, nullptr)},
+        {"allgather at the wrong offset", braidAllGather(out + 2 * rank + 1, out, 2, braidFloat32, comm, nullptr)},
+        {"allgather at the other rank's offset", braidAllGather(out + 2 * (1 - rank), out, 2, braidFloat32, comm, nullptr)},
+        {"reducescatter at the wrong offset", braidReduceScatter(out, out + 2 * rank + 1, 2, braidFloat32, braidSum, comm, nullptr)},
+        {"reducescatter recv = send", braidReduceScatter(out + 2, out + 2 + 2 * (1 - rank), 2, braidFloat32, braidSum, comm, nullptr)},
+        {"broadcast on the root, recv = send + 3", braidBroadcast(out, out + 3, 4, braidFloat32, rank, comm, nullptr)},
+        {"reduce on the root, recv = send + 1", braidReduce(out, out + 1, 4, braidFloat32, braidSum, rank, comm, nullptr)},
+        {"alltoall recv = send + 1", braidAllToAll(out, out + 1, 2, braidFloat32, comm, nullptr)},
     };
+    const std::string overlapText = braidGetLastError(nullptr);
     int bad = 0;
     for (const Case& c : cases) {
       if (c.got != braidInvalidArgument) {
@@ -323,6 +334,25 @@ TEST(Misuse, BadArgumentsAreRejectedAndTheCommunicatorStaysUsable) {
       report(rank, "bad arguments left an asynchronous error");
       ++bad;
     }
+    if (!contains(overlapText, "overlap") || !contains(overlapText, "in place") || !contains(overlapText, "nothing was sent")) {
+      report(rank, "the last overlap refusal says: " + overlapText);
+      ++bad;
+    }
+    // The exact in-place layouts are still accepted and exact (out: 16 floats, 2 ranks).
+    for (int i = 0; i < 16; ++i) out[i] = static_cast<float>(i + rank);
+    if (braidAllReduce(out, out, 4, braidFloat32, braidSum, comm, nullptr) != braidSuccess || out[3] != 2 * 3 + 1) ++bad;
+    for (int i = 0; i < 4; ++i) out[2 * rank + i % 2] = static_cast<float>(10 * rank + i % 2);
+    if (braidAllGather(out + 2 * rank, out, 2, braidFloat32, comm, nullptr) != braidSuccess || out[2] != 10 || out[1] != 1) {
+      report(rank, "in-place allgather");
+      ++bad;
+    }
+    for (int i = 0; i < 4; ++i) out[i] = static_cast<float>(i);
+    if (braidReduceScatter(out, out + 2 * rank, 2, braidFloat32, braidSum, comm, nullptr) != braidSuccess ||
+        out[2 * rank] != static_cast<float>(2 * (2 * rank))) {
+      report(rank, "in-place reducescatter");
+      ++bad;
+    }
+    for (float& o : out) o = -7;
     // Zero-count calls with NULL buffers are fine.
     if (braidAllReduce(nullptr, nullptr, 0, braidFloat32, braidSum, comm, nullptr) != braidSuccess) ++bad;
     // Still usable: a real all-reduce gives the right answer.

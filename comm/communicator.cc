@@ -720,13 +720,18 @@ Status Comm::runPlan() {
 
 Status Comm::runDevice(const CollArgs& dev, const DeviceCall& d) { return runInOrder(dev, &d); }
 
-Status Comm::runBlocking(const CollArgs& a) { return runInOrder(a, nullptr); }
+Status Comm::runBlocking(const CollArgs& a) {
+  Caller caller(*this, a);
+  return caller.status().ok() ? caller.finish(runInOrder(a, nullptr)) : caller.status();
+}
 
 Status Comm::runGroup(const std::vector<CollArgs>& calls) {
+  Caller caller(*this, calls.empty() ? CollArgs{} : calls.front());
+  if (!caller.status().ok()) return caller.status();
   waitForQueuedCalls();
   std::lock_guard<std::mutex> g(execMu_);
   if (closed_) return Status::Aborted("the communicator was aborted");
-  return executeGroup(calls);
+  return caller.finish(executeGroup(calls));
 }
 
 Status Comm::executeGroup(const std::vector<CollArgs>& calls) {

@@ -70,6 +70,30 @@ class Comm final : public EngineHost, public Workspace {
   Status validate(const CollArgs& a) const;
   // Runs one call to completion on this thread. `a` has passed validate() (cuda::run does that).
   Status runBlocking(const CollArgs& a);
+  // Claims the communicator for the calling thread for one call (runBlocking, runGroup, submit and
+  // submitGroup do). A second thread that calls while another is inside a call is refused with
+  // invalid usage naming both calls, and the communicator ends on every rank: the two threads' calls
+  // may already pair differently with other ranks' (comm/caller.cc). A thread may re-enter (a Work
+  // callback run by its wait), and Braid's own threads are exempt.
+  class Caller {
+   public:
+    Caller(Comm& comm, const CollArgs& a);
+    ~Caller();
+    Caller(const Caller&) = delete;
+    Caller& operator=(const Caller&) = delete;
+    const Status& status() const { return refused_; }
+    // The call's result: its own, unless another thread was refused while it ran (the call may
+    // have met another rank's call of the other thread: its data cannot be trusted).
+    Status finish(Status s) const;
+
+   private:
+    Comm& comm_;
+    bool claimed_ = false;
+    int overlapsBefore_ = 0;
+    Status refused_;
+  };
+  // Marks the calling thread as Braid's own (the worker, the CUDA proxy): never refused as a caller.
+  static void markInternalThread();
   // A group's calls on this communicator (braidGroupStart/End), validated already, on host memory:
   // its sends and receives as one plan (no order of posting them deadlocks), then its collectives
   // in call order.
@@ -303,6 +327,9 @@ class Comm final : public EngineHost, public Workspace {
 
   std::mutex failMu_;
   std::atomic<bool> failed_{false};
+  std::atomic<long> callerTid_{0};              // the thread inside a call (Caller), 0 if none
+  std::atomic<int> callerOverlaps_{0};          // threads refused so far
+  std::atomic<std::uint64_t> callerCall_{0};   // that call, packed (kind, type, count: comm/caller.cc)
   Status failure_;
   bool failureIsPeerGone_ = false;  // under failMu_: the first failure was a peer that left
   std::mutex timeoutMu_;

@@ -66,10 +66,22 @@ void Comm::waitForQueuedCalls() {
   }
 }
 
-std::shared_ptr<WorkState> Comm::submit(const CollArgs& a) { return enqueue({{a}, false, nullptr}); }
+namespace {
+std::shared_ptr<WorkState> refusedWork(const Status& s) {
+  auto w = std::make_shared<WorkState>();
+  w->finish(s);
+  return w;
+}
+}  // namespace
+
+std::shared_ptr<WorkState> Comm::submit(const CollArgs& a) {
+  Caller caller(*this, a);
+  return caller.status().ok() ? enqueue({{a}, false, nullptr}) : refusedWork(caller.status());
+}
 
 std::shared_ptr<WorkState> Comm::submitGroup(std::vector<CollArgs> calls) {
-  return enqueue({std::move(calls), true, nullptr});
+  Caller caller(*this, calls.empty() ? CollArgs{} : calls.front());
+  return caller.status().ok() ? enqueue({std::move(calls), true, nullptr}) : refusedWork(caller.status());
 }
 
 std::shared_ptr<WorkState> Comm::enqueue(Queued item) {
@@ -122,6 +134,7 @@ void Comm::runQueued(Queued& item) {
 }
 
 void Comm::workerLoop() {
+  markInternalThread();  // a Work callback it runs may call this communicator while a user thread is inside one
   for (;;) {
     Queued item;
     {

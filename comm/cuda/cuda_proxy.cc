@@ -321,6 +321,7 @@ void CudaProxy::stop(bool abortive) {
 }
 
 void CudaProxy::loop() {
+  Comm::markInternalThread();  // its calls run on the user's behalf, in the order the user made them
   if (cudaSetDevice(device_) != cudaSuccess) {
     // Every call will fail in stage() with the error named.
   }

@@ -13,6 +13,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <thread>
+#include <mutex>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -368,6 +371,51 @@ TEST(Misuse, BadArgumentsAreRejectedAndTheCommunicatorStaysUsable) {
 
 // After destroy (and after abort) the handle stays valid: every call returns invalid usage, does
 // nothing, and says why; destroying or aborting again is invalid usage too.
+// Two threads calling collectives on one communicator at once: their calls could pair with the other
+// rank's calls of the other thread and return mixed data with success. Here rank 0's first thread
+// waits inside an all-reduce that rank 1 makes late, and each rank's second thread makes one of the
+// same shape meanwhile (rank 1's second thread comes first there: it would meet rank 0's first). Rank 0 refuses its second thread (invalid
+// usage naming both calls); the call it was running fails too, and so does everything on rank 1:
+// no call returns success. (Threads that take turns without overlapping cannot be told apart from
+// one thread: include/braid/braid.h says what Braid cannot check.)
+TEST(Misuse, TwoThreadsAtOnceAreRefusedNamingBothCalls) {
+  auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
+    std::atomic<int> succeeded{0};
+    std::string refusal;
+    braidResult_t second = braidSuccess;
+    auto first = [&] {
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      std::vector<float> x(1024, static_cast<float>(rank));
+      if (braidAllReduce(x.data(), x.data(), x.size(), braidFloat32, braidSum, comm, nullptr) == braidSuccess) ++succeeded;
+    };
+    auto other = [&] {  // the same shape: nothing but the thread tells the two calls apart
+      std::this_thread::sleep_for(std::chrono::milliseconds(rank == 0 ? 150 : 300));
+      std::vector<float> y(1024, 100.0f);
+      second = braidAllReduce(y.data(), y.data(), y.size(), braidFloat32, braidSum, comm, nullptr);
+      if (second == braidSuccess) ++succeeded;
+      else refusal = braidGetLastError(nullptr);
+    };
+    std::thread a(first), b(other);
+    a.join();
+    b.join();
+    float z = 1;
+    const braidResult_t later = braidAllReduce(&z, &z, 1, braidFloat32, braidSum, comm, nullptr);
+    int bad = 0;
+    if (succeeded) { report(rank, std::to_string(succeeded.load()) + " of the overlapping calls returned success"); ++bad; }
+    if (later == braidSuccess) { report(rank, "a call after the refusal succeeded"); ++bad; }
+    if (rank == 0 && (second != braidInvalidUsage || !contains(refusal, "two threads called one communicator at once") ||
+                      !contains(refusal, "allreduce(count=1024, float32) on thread") ||
+                      !contains(refusal, "while allreduce(count=1024, float32) ran on thread") ||
+                      !contains(refusal, "braidCommSplit"))) {
+      report(rank, "the second thread got " + std::string(braidGetErrorString(second)) + ": " + refusal);
+      ++bad;
+    }
+    braidCommAbort(comm);
+    return bad ? bad : kAlreadyDestroyed;
+  }, {{"BRAID_TIMEOUT", "20"}}, 120);
+  expectEveryRankSucceeded(outcome);
+}
+
 TEST(Misuse, CallsAfterDestroyOrAbortAreInvalidUsage) {
   for (bool abortIt : {false, true}) {
     auto outcome = runRanks(2, [&](int rank, braidComm_t comm) {

@@ -801,6 +801,12 @@ void Comm::abort() {
   shutdown(true);
   std::lock_guard<std::mutex> g(execMu_);
   trace_.failed(failure());  // no call was running: the flight recorder is written here
+  releaseClosed();
+}
+
+void Comm::releaseClosed() {
+  trace_.release();
+  std::vector<Fingerprint>().swap(history_);
 }
 
 Status Comm::destroy() {
@@ -816,6 +822,10 @@ Status Comm::destroy() {
   }
   if (closed_.exchange(true)) return Status::Ok();
   shutdown(false);
+  {
+    std::lock_guard<std::mutex> g(execMu_);
+    releaseClosed();
+  }
   return left.ok() ? left : left.withContext("destroy on rank " + std::to_string(rank_));
 }
 

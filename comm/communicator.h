@@ -277,6 +277,10 @@ class Comm final : public EngineHost, public Workspace {
   void onNotice(const Notice& n);
   void workerLoop();
   void shutdown(bool abortive);
+  // After shutdown, under execMu_: what only calls use (the flight recorder's entries, the call
+  // history): a closed communicator's C handle is kept (late calls get invalid usage) but holds
+  // little more than its rank, size and last error.
+  void releaseClosed();
 
   int rank_ = 0, nranks_ = 1;
   Config config_;
@@ -311,7 +315,7 @@ class Comm final : public EngineHost, public Workspace {
   // This rank's last collectives by sequence number (mod 64), to name them when a peer's message
   // for one of them turns up unread (checkLeftovers).
   static constexpr std::uint64_t kHistory = 64;
-  Fingerprint history_[kHistory];
+  std::vector<Fingerprint> history_ = std::vector<Fingerprint>(kHistory);  // freed at close (releaseClosed)
   Status checkLeftovers(std::uint64_t finished);  // finished: the last collective this rank completed
   Status unreadMessageError(int peer, const Fingerprint& theirs) const;
   // Calls f(peer, header) for each header of this communicator waiting whole at the head of an

@@ -102,6 +102,12 @@ class FlightRecorder {
 
   // Cold path: writes the file now unless it was written already (abort with no call running).
   void failed(const Status& s);
+  // Frees the entries (the communicator is closed: its C handle may outlive it for a long time).
+  void release() {
+    std::vector<TraceEntry>().swap(ring_);
+    current_ = nullptr;
+    slot_ = 0;
+  }
   // The JSON document (for tests and failed()); `error` is the failure being reported.
   std::string toJson(const Status& error) const;
   // Path of this rank's file under dir ("" when no directory is set).

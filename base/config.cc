@@ -2,11 +2,17 @@
 // Config field, so adding a knob is one line here and one in docs/ENVIRONMENT.md.
 #include "base/config.h"
 
+#include "base/deadline.h"
 #include "base/hostlist.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include <unistd.h>  // environ
 
 namespace braid {
 
@@ -65,12 +71,12 @@ const Row kRows[] = {
      }},
     {"BRAID_DEBUG_SUBSYS", "ALL", "comma list of subsystems to log: INIT, COLL, NET, SHM, TUNE, BOOT, ALL",
      [](Config& c, const std::string& s) -> Status { c.debugSubsys = s; return Status::Ok(); }},
-    {"BRAID_TIMEOUT", "300", "seconds any blocking step may wait before it fails with a timeout",
+    {"BRAID_TIMEOUT", "300", "seconds any blocking step may wait before it fails with a timeout; inf (or 1e9 and more): no limit",
      [](Config& c, const std::string& s) -> Status {
        char* end = nullptr;
        double v = std::strtod(s.c_str(), &end);
-       if (end == s.c_str() || *end || !(v > 0)) return Status::InvalidArgument("expected seconds > 0");
-       c.timeoutSec = v;
+       if (end == s.c_str() || *end || !(v > 0)) return Status::InvalidArgument("expected seconds > 0, or inf");
+       c.timeoutSec = std::min(v, kNoTimeLimitSec);
        return Status::Ok();
      }},
     {"BRAID_ALGO", "auto", "force the algorithm: ring, tree, oneshot or hier (all-reduce across hosts of equal size; auto: the tuner's cost model decides)",
@@ -172,6 +178,9 @@ const Row kRows[] = {
 };
 #undef BRAID_ASSIGN_INT
 
+// BRAID_* variables that are not settings: braid run marks its ranks with BRAID_LAUNCHER=1.
+const char* const kOtherVariables[] = {"BRAID_LAUNCHER"};
+
 }  // namespace
 
 Result<std::size_t> parseSize(const std::string& text) {
@@ -198,10 +207,57 @@ Result<Config> Config::fromEnvironment() {
     const char* v = environmentValue(row.name);
     if (!v) continue;
     Status s = row.set(c, v);
-    if (!s.ok())
-      return Status::InvalidArgument(std::string(row.name) + "='" + v + "': " + s.message() + " (" + row.meaning + ")");
+    if (!s.ok()) {
+      const bool secret = std::string(row.name) == "BRAID_SECRET";  // never print it, not even when wrong
+      return Status::InvalidArgument(std::string(row.name) + (secret ? " (" + std::to_string(std::strlen(v)) + " characters)" : "='" + std::string(v) + "'") +
+                                     ": " + s.message() + " (" + row.meaning + ")");
+    }
   }
+  warnUnknownVariables();
   return c;
+}
+
+namespace {
+// Edits (insert, delete, substitute, swap two neighbours) between a and b.
+std::size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i)
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+}  // namespace
+
+std::vector<std::string> unknownVariables() {
+  std::vector<std::string> out;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string entry = *e;
+    if (entry.rfind("BRAID_", 0) != 0) continue;
+    const std::string name = entry.substr(0, entry.find('='));
+    bool known = false;
+    std::string nearest;
+    std::size_t best = ~std::size_t{0};
+    for (const Row& row : kRows) {
+      if (name == row.name) { known = true; break; }
+      const std::size_t d = editDistance(name, row.name);
+      if (d < best) { best = d; nearest = row.name; }
+    }
+    for (const char* other : kOtherVariables) known = known || name == other;
+    if (!known) out.push_back(name + (best <= 3 ? " (did you mean " + nearest + "?)" : ""));
+  }
+  return out;
+}
+
+void warnUnknownVariables() {
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  for (const std::string& v : unknownVariables())
+    std::fprintf(stderr, "braid: WARN %s is not a Braid setting and is ignored (docs/ENVIRONMENT.md lists them)\n",
+                 v.c_str());
 }
 
 std::vector<ConfigRow> describeConfig() {

@@ -55,6 +55,11 @@ struct ConfigRow {
   std::string current;  // value in effect ("" when unset)
 };
 std::vector<ConfigRow> describeConfig();
+// BRAID_* variables in the environment that are no setting, each with the nearest known name
+// when one is close ("BRAID_TIMEUOT (did you mean BRAID_TIMEOUT?)").
+std::vector<std::string> unknownVariables();
+// Prints them once per process on stderr (Config::fromEnvironment calls it).
+void warnUnknownVariables();
 
 // The launcher's variables (torchrun's names first, then Open MPI's, then Slurm's).
 struct LaunchEnv {

@@ -149,7 +149,9 @@ Result<Fd> listenOn(const std::string& ip, int port, int backlog) {
   setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (::bind(s.get(), reinterpret_cast<sockaddr*>(&*sa), sizeof(sockaddr_in)) != 0)
     return Status::SystemError("cannot listen on " + ip + ":" + std::to_string(port) + ": " + errnoText(errno) +
-                               (errno == EADDRINUSE ? " (another job uses this port: pick another MASTER_PORT)" : ""));
+                               (errno == EADDRINUSE ? " (another job holds this port, or another process that was also given rank 0: "
+                                                      "give each process its own RANK, or pick another MASTER_PORT)"
+                                                    : ""));
   if (::listen(s.get(), backlog) != 0) return Status::SystemError("listen: " + errnoText(errno));
   return s;
 }

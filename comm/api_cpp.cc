@@ -16,7 +16,7 @@ Status Work::wait(double timeoutSec) {
   // wait's to run past its time.)
   if (auto owner = state_->owner.lock()) owner->runQueuedThrough(state_, timeoutSec < 0);
   std::unique_lock<std::mutex> g(state_->mu);
-  if (timeoutSec < 0) {
+  if (timeoutSec < 0 || !(timeoutSec < kNoTimeLimitSec)) {  // waits of years are waits without a limit
     state_->cv.wait(g, [&] { return state_->done; });
   } else if (!state_->cv.wait_for(g, std::chrono::duration<double>(timeoutSec), [&] { return state_->done; })) {
     return Status::Timeout("the work did not finish within " + std::to_string(timeoutSec) + " s (it goes on)");

@@ -417,9 +417,18 @@ std::string Comm::deadLocalRanks() const {
   return "";
 }
 
+namespace {
+// "300 s", "0.1 s"
+std::string secondsText(double s) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%g s", s);
+  return b;
+}
+}  // namespace
+
 // Every rank that gives up waiting says so through the store. A rank that is stopped, hung, or busy
 // outside Braid says nothing: after a short grace, the ranks missing from the chorus are named.
-Status Comm::explainTimeout(const std::string& what, const std::string& detail) {
+Status Comm::explainTimeout(const std::string& what, const std::string& detail, bool moving) {
   // The notice carries the call ("allgather(count=4, float32) #3") on its first line, so that ranks
   // stuck in different calls (a mismatch in which nobody reads the other's header) are named.
   if (store_) store_->report({Notice::kTimedOut, rank_, Code::kTimeout, what + "\n" + detail});
@@ -443,11 +452,15 @@ Status Comm::explainTimeout(const std::string& what, const std::string& detail) 
   // collectives. (With a silent rank, others may legitimately be one call apart: name the silent one.)
   if (other >= 0 && silent.empty()) {  // "desc #seq" -> "desc as #seq", as the header check words it
     auto as = [](const std::string& w) { std::size_t h = w.rfind(" #"); return h == std::string::npos ? w : w.substr(0, h) + " as" + w.substr(h); };
-    return Status::InvalidUsage(what + " timed out after " + std::to_string(static_cast<long>(config_.timeoutSec)) +
-                                " s: " + mismatchText(rank_, as(what), other, as(otherWhat)));
+    return Status::InvalidUsage(what + " timed out after " + secondsText(config_.timeoutSec) + ": " + mismatchText(rank_, as(what), other, as(otherWhat)));
   }
+  if (moving)
+    return Status::Timeout(what + " did not finish within " + secondsText(config_.timeoutSec) +
+                           ", the time BRAID_TIMEOUT gives a whole call, though its data was still moving (" + detail +
+                           "): no rank is silent; the call is slower than the limit allows: raise BRAID_TIMEOUT, or "
+                           "look for a slow link (braid doctor)");
   const std::string who = rankList(silent);
-  std::string msg = what + " timed out after " + std::to_string(static_cast<long>(config_.timeoutSec)) + " s: ";
+  std::string msg = what + " timed out after " + secondsText(config_.timeoutSec) + ": ";
   if (!silent.empty() && silent.size() < static_cast<std::size_t>(nranks_ - 1))
     msg += who + (silent.size() == 1 ? " is" : " are") + " silent (stopped, hung, or busy outside Braid) while the " +
            "other ranks wait; ";

@@ -164,7 +164,7 @@ class Comm final : public EngineHost, public Workspace {
   std::string peerName(int peer) const;
   // "rank 2, rank 3 (host braid-h2)": ranks, each other host named once after its last rank.
   std::string rankList(const std::vector<int>& ranks) const;
-  Status explainTimeout(const std::string& what, const std::string& detail) override;
+  Status explainTimeout(const std::string& what, const std::string& detail, bool moving = false) override;
   int pidOf(int rank) const { return pids_[static_cast<std::size_t>(rank)]; }
   std::byte* scratch(std::size_t bytes) override;
   const std::vector<int>& ringOrder() const override { return ringOrder_; }

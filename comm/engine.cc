@@ -379,6 +379,8 @@ Status Engine::run(Plan& plan, EngineHost& host) {
   // The clock is read only once the plan has to wait: a call that completes without waiting
   // (most small ones) costs no clock read.
   std::optional<Deadline> deadline;
+  Clock::time_point lastCheck{};
+  bool movedSinceWait = false;  // data moved after the call first had to wait (no clock read for it)
   const auto queues = std::span(plan.queues_.data(), plan.numQueues_);
   for (;;) {
     bool moved = false, all = true;
@@ -407,22 +409,30 @@ Status Engine::run(Plan& plan, EngineHost& host) {
     if (host.failedFast()) return host.failure().withContext(failedOn(fp, plan.rank_));
     if (moved) {
       waiter.progressed();
+      movedSinceWait = deadline.has_value();
       continue;
     }
     if (plan.copyPiece()) continue;  // nothing arrived: do local work instead of waiting
     waiter.idle();
     if (!deadline) deadline = Deadline::after(host.timeoutSec());
-    if (deadline->expired()) {
+    if (deadline->expiredWhileRunning(&lastCheck)) {
       // Name the first peer this rank is still waiting to hear from (else to send to).
       const Plan::Queue* stuck = nullptr;
       for (const Plan::Queue& q : queues)
         if (q.head < q.ops.size() && (!stuck || (stuck->sending && !q.sending))) stuck = &q;
       const Op& op = plan.ops_[static_cast<std::size_t>(stuck->ops[stuck->head])];
       const Fingerprint& mine = plan.fingerprintOf(op);
+      std::size_t done = 0, bytes = 0;  // this rank's part of the call, all peers
+      for (const Op& o : plan.ops_) {
+        done += o.done;
+        bytes += o.bytes;
+      }
       return host.explainTimeout(mine.describe() + " #" + std::to_string(mine.seq), "rank " + std::to_string(plan.rank_) + " waited " +
                                            (stuck->sending ? "to send to " : "to receive from ") + runner.where(op) +
                                            " (" + std::to_string(op.done) + " of " + std::to_string(op.bytes) +
-                                           " bytes moved)");
+                                           " bytes moved; " + std::to_string(done) + " of " + std::to_string(bytes) +
+                                           " bytes of its whole part of the call)",
+                                 movedSinceWait);
     }
   }
 }

@@ -129,8 +129,9 @@ class EngineHost {
   // The host `peer` is on, when that is not this rank's ("" on this host): errors name it.
   virtual std::string remoteHostOf(int peer) const = 0;
   // The deadline passed; `detail` says what this rank waited for. The host may ask the other ranks
-  // who else is waiting, to name the rank that is silent.
-  virtual Status explainTimeout(const std::string& what, const std::string& detail) = 0;
+  // who else is waiting, to name the rank that is silent. `moving`: data still moved after the call
+  // first had to wait (then no rank is silent: the call is slower than the limit allows).
+  virtual Status explainTimeout(const std::string& what, const std::string& detail, bool moving = false) = 0;
 };
 
 // A peer's connection broke: that may only be the peer reacting to a failure elsewhere, which the

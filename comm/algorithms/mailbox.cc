@@ -52,6 +52,8 @@ Status Comm::mailboxWait(const Fingerprint& fp, Ready ready, MailboxWait why, in
   Waiter& w = *waiter_;
   w.progressed();
   std::optional<Deadline> deadline;
+  Clock::time_point lastCheck{};
+  int nothingMissing = 0;
   const auto what = [&] { return fp.describe() + " #" + std::to_string(fp.seq); };
   // The flight recorder learns whom a failed wait was waiting for.
   const auto stuckOn = [&] {
@@ -71,8 +73,10 @@ Status Comm::mailboxWait(const Fingerprint& fp, Ready ready, MailboxWait why, in
     }
     w.idle();
     if (!deadline) deadline = Deadline::after(config_.timeoutSec);
-    if (!deadline->expired()) continue;
+    if (!deadline->expiredWhileRunning(&lastCheck)) continue;
+    if (ready()) return Status::Ok();  // it came after all (checked once more, after the clock)
     const int who = stuckOn();
+    if (who < 0 && ++nothingMissing < 1000) continue;  // nothing missing any more: a next pass finds it ready
     return explainTimeout(what(), "rank " + std::to_string(rank_) + " waited " +
                                       (why == MailboxWait::kAnswer ? "for the answer to its CUDA IPC offer from rank "
                                        : posting                   ? "for its mailbox slot to be read by rank "

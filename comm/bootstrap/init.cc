@@ -1,5 +1,6 @@
 #include "comm/bootstrap/init.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -108,7 +109,8 @@ Status applyOptions(const CommOptions& options, Config* config) {
   if (options.timeoutSec < 0 || options.timeoutSec != options.timeoutSec)
     return Status::InvalidArgument("CommOptions::timeoutSec must be seconds > 0, or 0 for BRAID_TIMEOUT (got " +
                                    std::to_string(options.timeoutSec) + ")");
-  if (options.timeoutSec > 0 && !environmentValue("BRAID_TIMEOUT")) config->timeoutSec = options.timeoutSec;
+  if (options.timeoutSec > 0 && !environmentValue("BRAID_TIMEOUT"))
+    config->timeoutSec = std::min(options.timeoutSec, kNoTimeLimitSec);  // years: no limit
   return Status::Ok();
 }
 
@@ -184,9 +186,16 @@ Result<InitParams> paramsFromStore(const std::string& host, int port, bool isHos
 Result<InitParams> paramsFromEnv(const CommOptions& options) {
   auto le = readLaunchEnv();
   if (!le.ok()) return le.status();
-  if (le->rank < 0 || le->worldSize < 1)
+  if (le->rank < 0 || le->worldSize < 0)
     return Status::InvalidUsage("RANK and WORLD_SIZE are not set: start the program with `braid run -n N`, torchrun, "
                                 "mpirun or srun, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT yourself");
+  if (le->worldSize < 1)
+    return Status::InvalidArgument("the job's size (" + le->source + ": " + std::to_string(le->worldSize) +
+                                   ") must be at least 1 rank");
+  if (le->rank >= le->worldSize)
+    return Status::InvalidArgument("rank " + std::to_string(le->rank) + " (" + le->source + ") is outside 0.." +
+                                   std::to_string(le->worldSize - 1) + ": the job has " + std::to_string(le->worldSize) +
+                                   " ranks");
   if (le->masterAddr.empty() && le->severalHosts) {
     const std::string how = le->source == "Open MPI"
                                 ? "mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=29500 ..."

@@ -667,6 +667,48 @@ TEST(Init, ClosedCommunicatorsKeepAlmostNothing) {
   expectEveryRankSucceeded(outcome);
 }
 
+// Two processes both given RANK=0: the one that cannot host the store says that this may be why,
+// not only that the address is in use.
+TEST(Init, TwoProcessesGivenRankZeroAreToldSo) {
+  const std::string port = std::to_string(freePort());
+  auto outcome = forkRanks(2, [&](int proc) {
+    launchedAs(0, 2, port);
+    setenv("BRAID_TIMEOUT", "2", 1);
+    if (proc == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the other hosts the store
+    braidComm_t comm;
+    if (braidCommInitFromEnv(&comm) == braidSuccess) { braidCommDestroy(comm); return 1; }
+    const std::string msg = braidGetLastError(nullptr);
+    if (proc == 0) return 0;  // it waited for a rank 1 that never came
+    if (!contains(msg, "Address already in use") || !contains(msg, "also given rank 0") || !contains(msg, "own RANK")) {
+      report(proc, msg);
+      return 2;
+    }
+    return 0;
+  }, 60);
+  expectEveryRankSucceeded(outcome);
+}
+
+// A call whose data is still moving when BRAID_TIMEOUT (which bounds the whole call) runs out says
+// so, with the bytes moved, instead of calling a rank silent.
+TEST(Init, TimeoutWhileDataStillMovesSaysSoAndNamesNoSilentRank) {
+  auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
+    std::vector<float> big(std::size_t{128} << 20, 1.0f);  // 512 MiB over tcp: far more than 0.1 s here
+    const braidResult_t r = braidAllReduce(big.data(), big.data(), big.size(), braidFloat32, braidSum, comm, nullptr);
+    const std::string msg = braidGetLastError(comm);
+    if (r != braidTimeout && r != braidRemoteError) { report(rank, std::string("got ") + braidGetErrorString(r)); return 1; }
+    // A rank that timed out itself describes its own call; the other may learn of it from that one.
+    if (r == braidTimeout && (!contains(msg, "though its data was still moving") || !contains(msg, "no rank is silent") ||
+                              !contains(msg, "bytes of its whole part of the call") || !contains(msg, "within 0.1 s") ||
+                              contains(msg, "silent (stopped"))) {
+      report(rank, msg);
+      return 2;
+    }
+    braidCommAbort(comm);
+    return kAlreadyDestroyed;
+  }, {{"BRAID_TIMEOUT", "0.1"}, {"BRAID_SHM_DISABLE", "1"}, {"BRAID_IB_DISABLE", "1"}}, 120);
+  expectEveryRankSucceeded(outcome);
+}
+
 TEST(Init, RankOutOfRangeAndZeroRanksAreInvalidArguments) {
   braidUniqueId id;
   std::memset(&id, 0, sizeof(id));

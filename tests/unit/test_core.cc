@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "braid/braid.h"
@@ -68,6 +69,84 @@ TEST(Config, BadValuesNameTheVariable) {
   setenv("BRAID_BUFFSIZE", "3000", 1);
   EXPECT_FALSE(Config::fromEnvironment().ok());  // not a power of two
   unsetenv("BRAID_BUFFSIZE");
+}
+
+// BRAID_TIMEOUT=inf or a huge value is a wait without a limit, never an overflow that expires at
+// once ("timed out after -9223372036854775808 s").
+TEST(Config, HugeOrInfiniteTimeoutsMeanNoLimit) {
+  for (const char* v : {"inf", "1e10", "1e300", "infinity"}) {
+    setenv("BRAID_TIMEOUT", v, 1);
+    auto c = Config::fromEnvironment();
+    ASSERT_TRUE(c.ok()) << v << ": " << c.status().toString();
+    EXPECT_DOUBLE_EQ(c->timeoutSec, kNoTimeLimitSec) << v;
+    Deadline d = Deadline::after(c->timeoutSec);
+    EXPECT_FALSE(d.expired()) << v;
+    EXPECT_EQ(d.msLeft(), 1 << 30) << v;
+  }
+  unsetenv("BRAID_TIMEOUT");
+  for (double sec : {1e10, 1e300, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()})
+    EXPECT_FALSE(Deadline::after(sec).expired()) << sec;
+  setenv("BRAID_TIMEOUT", "nan", 1);
+  EXPECT_FALSE(Config::fromEnvironment().ok());
+  unsetenv("BRAID_TIMEOUT");
+  Config c;
+  CommOptions o;
+  o.timeoutSec = 1e12;  // torch's timeout=timedelta(days=1e7)
+  ASSERT_TRUE(applyOptions(o, &c).ok());
+  EXPECT_DOUBLE_EQ(c.timeoutSec, kNoTimeLimitSec);
+}
+
+// A wait that checks its deadline on every idle pass does not count time the process was stopped.
+TEST(Config, DeadlinesDoNotCountTimeTheProcessWasStopped) {
+  Deadline d = Deadline::after(2);
+  Clock::time_point last{};
+  EXPECT_FALSE(d.expiredWhileRunning(&last));
+  last -= std::chrono::seconds(30);  // as if SIGSTOPped for 30 s since the last check
+  EXPECT_FALSE(d.expiredWhileRunning(&last));
+  EXPECT_GT(d.msLeft(), 1000);
+  Deadline e = Deadline::after(0.05);
+  Clock::time_point l{};
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a short gap counts
+  EXPECT_TRUE(e.expiredWhileRunning(&l));
+}
+
+TEST(Config, ASecretThatIsRefusedIsNotPrinted) {
+  setenv("BRAID_SECRET", "hunter2-short", 1);
+  auto c = Config::fromEnvironment();
+  unsetenv("BRAID_SECRET");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message().find("hunter2"), std::string::npos) << c.status().message();
+  EXPECT_NE(c.status().message().find("BRAID_SECRET (13 characters)"), std::string::npos) << c.status().message();
+}
+
+TEST(Config, UnknownBraidVariablesAreNamedWithTheNearestSetting) {
+  setenv("BRAID_TIMEUOT", "30", 1);
+  setenv("BRAID_NOTHING_LIKE_ANY", "1", 1);
+  setenv("BRAID_LAUNCHER", "1", 1);
+  auto unknown = unknownVariables();
+  unsetenv("BRAID_TIMEUOT");
+  unsetenv("BRAID_NOTHING_LIKE_ANY");
+  unsetenv("BRAID_LAUNCHER");
+  std::sort(unknown.begin(), unknown.end());
+  ASSERT_EQ(unknown.size(), 2u);
+  EXPECT_EQ(unknown[0], "BRAID_NOTHING_LIKE_ANY");
+  EXPECT_EQ(unknown[1], "BRAID_TIMEUOT (did you mean BRAID_TIMEOUT?)");
+}
+
+TEST(Config, ASizeOfZeroOrARankOutsideTheJobIsNotCalledUnset) {
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "0", 1);
+  auto p = paramsFromEnv({});
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().message().find("not set"), std::string::npos) << p.status().message();
+  EXPECT_NE(p.status().message().find("at least 1 rank"), std::string::npos) << p.status().message();
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("RANK", "2", 1);
+  p = paramsFromEnv({});
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("rank 2 (torchrun) is outside 0..1"), std::string::npos) << p.status().message();
 }
 
 TEST(Config, EveryRowIsDocumented) {

@@ -379,8 +379,8 @@ Status Engine::run(Plan& plan, EngineHost& host) {
   // The clock is read only once the plan has to wait: a call that completes without waiting
   // (most small ones) costs no clock read.
   std::optional<Deadline> deadline;
-  Clock::time_point lastCheck{};
-  bool movedSinceWait = false;  // data moved after the call first had to wait (no clock read for it)
+  Clock::time_point lastCheck{}, lastMoved{};
+  bool movedSinceCheck = false;  // data moved since the last idle pass read the clock (no clock read for it)
   const auto queues = std::span(plan.queues_.data(), plan.numQueues_);
   for (;;) {
     bool moved = false, all = true;
@@ -409,13 +409,19 @@ Status Engine::run(Plan& plan, EngineHost& host) {
     if (host.failedFast()) return host.failure().withContext(failedOn(fp, plan.rank_));
     if (moved) {
       waiter.progressed();
-      movedSinceWait = deadline.has_value();
+      movedSinceCheck = true;
       continue;
     }
     if (plan.copyPiece()) continue;  // nothing arrived: do local work instead of waiting
     waiter.idle();
     if (!deadline) deadline = Deadline::after(host.timeoutSec());
-    if (deadline->expiredWhileRunning(&lastCheck)) {
+    const bool expired = deadline->expiredWhileRunning(&lastCheck);
+    if (movedSinceCheck) lastMoved = lastCheck;  // data moved since the pass before: about now
+    movedSinceCheck = false;
+    if (expired) {
+      // Still moving: data came or went within the last tenth of the limit (at least 50 ms).
+      const auto recent = std::chrono::duration<double>(std::max(0.05, host.timeoutSec() / 10));
+      const bool moving = lastMoved.time_since_epoch().count() != 0 && lastCheck - lastMoved < recent;
       // Name the first peer this rank is still waiting to hear from (else to send to).
       const Plan::Queue* stuck = nullptr;
       for (const Plan::Queue& q : queues)
@@ -432,7 +438,7 @@ Status Engine::run(Plan& plan, EngineHost& host) {
                                            " (" + std::to_string(op.done) + " of " + std::to_string(op.bytes) +
                                            " bytes moved; " + std::to_string(done) + " of " + std::to_string(bytes) +
                                            " bytes of its whole part of the call)",
-                                 movedSinceWait);
+                                 moving);
     }
   }
 }

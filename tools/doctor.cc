@@ -34,12 +34,15 @@ namespace {
 using namespace doctor;
 
 const char* kUsage =
-    "usage: braid doctor [--bytes SIZE] [--iters N] [--slow RATIO] [--baseline FILE] [--json FILE] [--svg FILE]\n"
+    "usage: braid doctor [--bytes SIZE] [--iters N] [--slow RATIO] [--one-kernel half|full] [--baseline FILE]\n"
+    "                    [--json FILE] [--svg FILE]\n"
     "  run it like any Braid program: braid run -n 4 braid doctor; torchrun ... --no_python braid doctor; mpirun\n"
     "  --bytes SIZE   what each pair sends both ways per iteration, and the ring all-reduce's size (default 4M)\n"
     "  --iters N      timed iterations per pair and per ring, after one warm-up; the best counts (default 3)\n"
     "  --slow RATIO   a link between hosts is slow below RATIO x the fastest one of its transport (default 0.5;\n"
     "                 half of it between hosts on one kernel, namespaces or containers of one machine)\n"
+    "  --one-kernel full  hold links between hosts of one kernel to the whole RATIO too, as between machines\n"
+    "                 (where their links are capped, so that the CPUs they share are not what limits them)\n"
     "  --baseline FILE  an earlier healthy run's --json: links between hosts are also held to its fastest\n"
     "                 (so that a system where every link is equally slow is found)\n"
     "  --json FILE    everything, for tools;  --svg FILE: the pair bandwidth matrix as a heatmap\n"
@@ -49,6 +52,7 @@ struct Options {
   std::size_t bytes = 4u << 20;
   int iters = 3;
   double slow = 0.5;
+  bool halveOnOneKernel = true;
   std::string json, svg, baseline;
 };
 
@@ -80,6 +84,8 @@ int parse(int argc, char** argv, Options& o) {
     } else if (a == "--bytes" && (v = value()) && parseSize(v, &o.bytes) && o.bytes >= 8) {
     } else if (a == "--iters" && (v = value()) && (o.iters = std::atoi(v)) >= 1) {
     } else if (a == "--slow" && (v = value()) && (o.slow = std::atof(v)) > 0 && o.slow < 1) {
+    } else if (a == "--one-kernel" && (v = value()) && (std::string(v) == "half" || std::string(v) == "full")) {
+      o.halveOnOneKernel = std::string(v) == "half";
     } else if (a == "--json" && (v = value())) {
       o.json = v;
     } else if (a == "--baseline" && (v = value())) {
@@ -398,6 +404,7 @@ int runDoctor(int argc, char** argv) {
   data.bytes = o.bytes;
   data.iters = o.iters;
   data.slowRatio = o.slow;
+  data.halveOnOneKernel = o.halveOnOneKernel;
   data.version = std::string("braid ") + std::to_string(BRAID_MAJOR) + "." + std::to_string(BRAID_MINOR) + "." +
                  std::to_string(BRAID_PATCH) + " (" + BRAID_VERSION_TAG + ")";
   if (!o.baseline.empty()) {

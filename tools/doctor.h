@@ -111,6 +111,7 @@ struct Data {
   std::size_t bytes = 0;
   int iters = 0;
   double slowRatio = 0.5;
+  bool halveOnOneKernel = true;  // --one-kernel half (default): links between hosts of one kernel held to half the ratio
   std::string startedAt, version;
 };
 
@@ -140,7 +141,7 @@ struct HostLink {
   double latUs = 0;
   int pairs = 0;
   std::string transport;
-  bool oneKernel = false;  // both hosts run on one kernel (the same boot id): namespaces or containers of one machine
+  bool oneKernel = false;  // both hosts run on one kernel (the same boot id), held to half the ratio (--one-kernel half)
 };
 std::vector<HostLink> hostLinks(const Data& d, const HostLayout& h);
 // The ratio `link` is held to: `ratio`, or half of it between hosts on one kernel. Their link is

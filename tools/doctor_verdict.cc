@@ -305,7 +305,9 @@ void transportFindings(const Data& d, const HostLayout& h, bool ibExplained, std
                    "make every host offer the same transports (the reasons above say what is missing)"});
   };
   bool shmOff = false;
-  for (const RankFacts& f : d.ranks) shmOff |= f.shmOffByDoctor;
+  // Shared memory off by the doctor, or unusable on a host (a finding of its own): pairs within
+  // hosts differ for that reason, already named.
+  for (const RankFacts& f : d.ranks) shmOff |= f.shmOffByDoctor || (!f.shmProbe.empty() && !disabledByUser(f.shmProbe));
   if (!ibExplained) report(across, "between hosts");
   if (!shmOff) report(within, "within hosts");
 }
@@ -375,7 +377,7 @@ std::vector<HostLink> hostLinks(const Data& d, const HostLayout& h) {
     l.latUs = median(&Figure::latUs);
     l.transport = transport[key];
     const std::string& bootA = d.ranks[h.ranks[l.a][0]].bootId;
-    l.oneKernel = !bootA.empty() && bootA == d.ranks[h.ranks[l.b][0]].bootId;
+    l.oneKernel = d.halveOnOneKernel && !bootA.empty() && bootA == d.ranks[h.ranks[l.b][0]].bootId;
     if (auto c = d.confirmed.find(key); c != d.confirmed.end()) l.confirmed = c->second.median, l.confirmedBest = c->second.best;
     out.push_back(l);
   }

@@ -365,7 +365,7 @@ class Launcher {
   // 128 KiB all-reduce at 20-97 us instead of 10-11, pinned 1 did (at 20 us). So each rank gets a
   // core, and when ranks outnumber the cores they are dealt out round-robin, which puts ring
   // neighbours on different cores: 4 ranks on 2 cores ran an 8-byte all-reduce in 3.1 instead of
-  // 6.5 us, a 2 MiB one in 792 instead of 1428 (docs/PERFORMANCE.md). When the job leaves cores
+  // 6.5 us, a 2 MiB one in 792 instead of 1428 (docs/architecture/transports.md, "Pinning, measured"). When the job leaves cores
   // over, it takes the idle ones first, so that a second job on the host does not pile onto the
   // cores of the first, as `mpirun`'s binding does.
   void chooseBindings() {

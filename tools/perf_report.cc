@@ -15,10 +15,15 @@ namespace braid::tools {
 
 namespace {
 
-std::string cellJson(const PerfCell& c) {
+// -c 0 checks nothing: the count of wrong elements is unknown (nccl-tests prints N/A), never 0.
+std::string wrongText(std::uint64_t wrong, bool checked, const char* unknown) {
+  return checked ? std::to_string(wrong) : unknown;
+}
+
+std::string cellJson(const PerfCell& c, bool checked) {
   char buf[160];
-  std::snprintf(buf, sizeof(buf), "{\"time_us\": %.3f, \"algbw_gbps\": %.6g, \"busbw_gbps\": %.6g, \"wrong\": %llu}",
-                c.timeUs, c.algbw, c.busbw, static_cast<unsigned long long>(c.wrong));
+  std::snprintf(buf, sizeof(buf), "{\"time_us\": %.3f, \"algbw_gbps\": %.6g, \"busbw_gbps\": %.6g, \"wrong\": %s}",
+                c.timeUs, c.algbw, c.busbw, wrongText(c.wrong, checked, "null").c_str());
   return buf;
 }
 }  // namespace
@@ -78,10 +83,11 @@ void PerfReport::printHeader() const {
 }
 
 void PerfReport::addRow(const PerfRow& r) {
-  std::printf("  %10zu %12zu %8s %6s %6d %9.2f %8.2f %8.2f %6llu %9.2f %8.2f %8.2f %6llu\n", r.bytes, r.count,
+  const bool checked = h_.options.check != 0;
+  std::printf("  %10zu %12zu %8s %6s %6d %9.2f %8.2f %8.2f %6s %9.2f %8.2f %8.2f %6s\n", r.bytes, r.count,
               r.type.c_str(), r.op.c_str(), r.root, r.out.timeUs, r.out.algbw, r.out.busbw,
-              static_cast<unsigned long long>(r.out.wrong), r.in.timeUs, r.in.algbw, r.in.busbw,
-              static_cast<unsigned long long>(r.in.wrong));
+              wrongText(r.out.wrong, checked, "N/A").c_str(), r.in.timeUs, r.in.algbw, r.in.busbw,
+              wrongText(r.in.wrong, checked, "N/A").c_str());
   std::fflush(stdout);
   busSum_ += r.out.busbw + r.in.busbw;
   busCount_ += 2;
@@ -89,7 +95,10 @@ void PerfReport::addRow(const PerfRow& r) {
 }
 
 void PerfReport::printFooter(std::uint64_t wrong) const {
-  std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(wrong), wrong ? "FAILED" : "OK");
+  if (h_.options.check == 0)
+    std::printf("# Out of bounds values : N/A (not checked: -c 0)\n");
+  else
+    std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(wrong), wrong ? "FAILED" : "OK");
   std::printf("# Avg bus bandwidth    : %g\n#\n", busCount_ ? busSum_ / busCount_ : 0.0);
 }
 
@@ -114,10 +123,10 @@ bool PerfReport::writeJson(const std::string& path, std::uint64_t wrong) const {
     const PerfRow& r = rows_[i];
     std::fprintf(f, "    {\"size\": %zu, \"count\": %zu, \"type\": %s, \"redop\": %s, \"root\": %d, \"out_of_place\": %s, "
                     "\"in_place\": %s}%s\n",
-                 r.bytes, r.count, jsonString(r.type).c_str(), jsonString(r.op).c_str(), r.root, cellJson(r.out).c_str(),
-                 cellJson(r.in).c_str(), i + 1 < rows_.size() ? "," : "");
+                 r.bytes, r.count, jsonString(r.type).c_str(), jsonString(r.op).c_str(), r.root,
+                 cellJson(r.out, o.check != 0).c_str(), cellJson(r.in, o.check != 0).c_str(), i + 1 < rows_.size() ? "," : "");
   }
-  std::fprintf(f, "  ],\n  \"wrong\": %llu,\n  \"avg_busbw_gbps\": %.4f\n}\n", static_cast<unsigned long long>(wrong),
+  std::fprintf(f, "  ],\n  \"wrong\": %s,\n  \"avg_busbw_gbps\": %.4f\n}\n", wrongText(wrong, o.check != 0, "null").c_str(),
                busCount_ ? busSum_ / busCount_ : 0.0);
   return std::fclose(f) == 0;
 }

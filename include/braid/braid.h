@@ -7,9 +7,12 @@
  *  - Any other failure (a peer died, ranks called different collectives, a timeout) ends the
  *    communicator: every later call returns that error until braidCommDestroy or braidCommAbort.
  *  - With host buffers and stream == NULL a call returns when the collective is complete on this
- *    rank. No call waits longer than BRAID_TIMEOUT seconds (default 300).
+ *    rank. No call waits longer than BRAID_TIMEOUT seconds (default 300; inf: no limit), which
+ *    bounds the whole call.
  *  - In place: send == recv; for all-gather send == recv + rank*sendcount, for reduce-scatter
- *    recv == send + rank*recvcount (NCCL's conventions).
+ *    recv == send + rank*recvcount (NCCL's conventions). Send and receive buffers that overlap in
+ *    any other way are braidInvalidArgument (nothing is sent). Braid cannot see buffers that are
+ *    too short for count, or memory another thread writes during the call.
  *  - CUDA (a build configured with -Dcuda): send and recv may be CUDA device (or managed) memory,
  *    found with the driver's pointer attributes. The call then returns at once and is ordered with
  *    `stream` (a cudaStream_t; NULL is the legacy default stream): it starts after the work queued
@@ -18,9 +21,18 @@
  *    with a stream: the stream is waited for, then the call runs as with NULL. A failure found after
  *    the call returned (braidCudaError, braidTimeout, a peer's error) ends the communicator:
  *    braidCommGetAsyncError reports it and every later call returns it. Each rank uses the device
- *    whose context was current when it created the communicator; see the README for the rest.
+ *    whose context was current when it created the communicator; see docs/API.md for the rest.
  *  - A communicator is used by one thread at a time (like one CUDA stream in NCCL); different
- *    communicators are independent.
+ *    communicators are independent. A call made while another thread is inside a call of the same
+ *    communicator is braidInvalidUsage (naming both calls), and it ends the communicator on every
+ *    rank, the other thread's call included: the two threads' calls may already have met other
+ *    ranks' calls of the other thread. Threads that take turns without overlapping are allowed, and
+ *    must make their calls in the same order on every rank: that Braid cannot check.
+ *  - Files: a communicator makes room for its connections under RLIMIT_NOFILE before it opens any
+ *    (raising the soft limit toward the hard one when needed); when the hard limit is too low every
+ *    rank fails at creation, naming ulimit -n, what it needs and what it may open.
+ *  - After braidCommDestroy or braidCommAbort the handle stays valid for braidGetLastError,
+ *    braidCommCount and braidCommUserRank (other calls are braidInvalidUsage); it keeps a few KiB.
  */
 #ifndef BRAID_BRAID_H_
 #define BRAID_BRAID_H_

@@ -58,15 +58,26 @@ def train(rank, world, args):
         accuracy = evaluate(model.module, test_set, rank, world)
         if rank == 0:
             print(f"epoch {epoch}: loss {loss.item() * args.accumulate:.4f}, test accuracy {accuracy:.3f}", flush=True)
-    # Checkpoint: rank 0 saves model.module (the plain model), every rank loads it back.
+    # Checkpoint: rank 0 saves model.module (the plain model), every rank loads it back into a
+    # fresh model. What each rank loaded must equal what it trained (DDP keeps the replicas equal)
+    # and what rank 0 saved (rank 0's parameters, broadcast): a rank that read another file, a
+    # stale one or a partial one, differs from both.
+    trained = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
     if rank == 0:
-        torch.save(model.module.state_dict(), args.checkpoint)
+        torch.save(trained, args.checkpoint)
     dist.barrier()  # the file is complete before anyone reads it
-    state = torch.load(args.checkpoint)
-    model.module.load_state_dict(state)
-    same = all(torch.equal(p, state[k]) for k, p in model.module.state_dict().items())
+    fresh = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    fresh.load_state_dict(torch.load(args.checkpoint))
+    loaded = torch.cat([v.flatten() for v in fresh.state_dict().values()])
+    saved = torch.cat([v.flatten() for v in trained.values()])
+    dist.broadcast(saved, src=0)  # rank 0's parameters, as it saved them
+    same = torch.equal(loaded, saved) and torch.equal(loaded, torch.cat([v.flatten() for v in trained.values()]))
+    agree = torch.tensor([1 if same else 0])
+    dist.all_reduce(agree)  # how many ranks loaded exactly what rank 0 saved
     if rank == 0:
-        print(f"checkpoint saved and loaded on {world} ranks: {'identical' if same else 'DIFFERENT'}", flush=True)
+        print(f"checkpoint saved by rank 0 and loaded on {world} ranks: {agree.item()} of {world} loaded "
+              f"{'exactly what was saved' if agree.item() == world else 'something else'}", flush=True)
+    same = agree.item() == world
     dist.destroy_process_group()
     if not same or accuracy < 0.9:
         raise SystemExit(f"rank {rank}: checkpoint {'ok' if same else 'differs'}, accuracy {accuracy:.3f}")

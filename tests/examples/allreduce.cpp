@@ -1,4 +1,4 @@
-// The README's C++ example, built and run by the test suite (multiproc: example-cpp).
+// The C++ example of docs/API.md, built and run by the test suite (multiproc: example-cpp).
 #include <braid/braid.hpp>
 #include <iostream>
 #include <vector>

@@ -260,7 +260,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, GpuCollectives,
                                   (std::get<2>(info.param) ? "" : "_staged");
                          });
 
-// The largest size the issue names: every collective at 256 MiB per rank (+3 elements, so that no
+// The largest size of Braid's GPU targets: every collective at 256 MiB per rank (+3 elements, so that no
 // block, piece or slot is a round number), 2 ranks, through CUDA IPC (float32 sum, out of place) and
 // staged (bfloat16 avg, in place), each element checked. A real GPU only: the emulation would hold
 // several GiB of shared memory and copy them with the CI machine's 2 cores.

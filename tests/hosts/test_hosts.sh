@@ -339,6 +339,20 @@ doctor_everything() {
   return "$st"
 }
 check "doctor, every link capped alike: no finding alone, system-wide against a healthy run's --json (--baseline)" doctor_everything
+doctor_full_ratio() {
+  # The production ratio (--slow 0.5, with the re-measurement) on measured links: h3's links capped
+  # at 200 Mbit/s, the link h1-h2 at 80 (40% of them). Between test hosts, which share a kernel,
+  # the doctor holds links to half the ratio by default (25%: no finding); --one-kernel full holds
+  # them to the whole of it, as between machines, and must name that link.
+  local k st
+  "$testhosts" link h3 rate 200mbit && "$testhosts" link h1 rate 80mbit to h2 || return 1
+  doctor 3 1 0 && DOCTOR_ARGS="--one-kernel full" doctor 3 1 1 "link braid-h1–braid-h2" &&
+    grep -q "measured again" "$work/h1.log"
+  st=$?
+  for k in 1 2 3; do "$testhosts" link "h$k" clear; done
+  return "$st"
+}
+check "doctor, a link at 40% of the others: no finding at the one-kernel ratio, named at the whole --slow 0.5 (--one-kernel full)" doctor_full_ratio
 doctor_mtu() {
   "$testhosts" mtu h3 1400 && doctor 3 1 1 "MTU on host braid-h3"
   local st=$?

@@ -6,7 +6,7 @@
 //    return a remote error naming the dead rank, the collective and its sequence number within 10 s;
 //    no hang, no crash, nothing left in /dev/shm.
 // The seed is printed; STRESS_SEED=<n> repeats a run. STRESS_TRIALS=<n> sets the number of trials of
-// each test (default 30 mismatch trials and 10 kill trials; the figures use 200 kill trials).
+// each test (default 30 mismatch trials and 10 kill trials; the long run uses 200 kill trials).
 // These two variables belong to this test only; Braid itself never reads them.
 #include <dirent.h>
 #include <gtest/gtest.h>

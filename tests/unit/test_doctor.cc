@@ -127,6 +127,17 @@ TEST(Doctor, HostsOnOneKernelAreHeldToHalfTheRatio) {
   }
 }
 
+TEST(Doctor, OneKernelFullHoldsSuchHostsToTheWholeRatio) {
+  Data d = healthy(3, 1);
+  for (auto& r : d.ranks) r.bootId = "one-kernel";
+  setPair(d, 0, 1, 0.40);  // 40%: below 0.5, above its half
+  EXPECT_TRUE(analyse(d).empty()) << subjects(analyse(d));
+  d.halveOnOneKernel = false;  // --one-kernel full
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "link braid-h1–braid-h2");
+}
+
 TEST(Doctor, UnreachablePeerIsNamed) {
   Data d = healthy(2, 1);
   d.ranks[1].unreachable = "rank 0 (braid-h1) at 10.213.0.1: no route to 10.213.0.1: Network is unreachable";
@@ -251,6 +262,89 @@ TEST(Doctor, ShmLeftoversOfDeadProcessesAreNamedByHostWithThePids) {
   EXPECT_EQ(g.shmLeftovers, 3);
   EXPECT_EQ(g.shmLeftoverBytes, 12u << 20);
   EXPECT_EQ(g.shmLeftoverPids, "4242");
+}
+
+// Each rule below, its fault injected into otherwise healthy data: exactly that finding.
+TEST(Doctor, ShmUnusableOnOneHostIsNamed) {
+  Data d = healthy(4, 2);
+  d.ranks[2].shmProbe = d.ranks[3].shmProbe = "/dev/shm is not writable";
+  for (int a : {2, 3})
+    for (int p = 0; p < 4; ++p)
+      if (p != a) d.ranks[a].transportTo[p] = d.ranks[p].transportTo[a] = "tcp";
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "shm on host braid-h2");
+  EXPECT_NE(f[0].text.find("/dev/shm is not writable"), std::string::npos) << f[0].text;
+}
+
+TEST(Doctor, CrossMemoryAttachRefusedIsNamedWithPtraceScope) {
+  Data d = healthy(4, 2);
+  d.ranks[0].cmaRefused = "process_vm_readv to rank 1: Operation not permitted";
+  d.ranks[0].ptraceScope = d.ranks[1].ptraceScope = 2;
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "cross-memory attach on host braid-h1");
+  EXPECT_NE(f[0].text.find("kernel.yama.ptrace_scope=2"), std::string::npos) << f[0].text;
+}
+
+TEST(Doctor, IbMtuAndGidIndexThatDisagreeNameTheOddHost) {
+  Data d = healthy(3, 1);
+  for (auto& r : d.ranks) {
+    r.ibProbe = "";
+    r.ibPorts = {{"mlx5_0:1", "ACTIVE", "eth", 4096, 3, -1}};
+  }
+  d.ranks[1].ibPorts[0].mtu = 1024;
+  d.ranks[2].ibPorts[0].gidIndex = 1;
+  const auto f = analyse(d);
+  EXPECT_EQ(subjects(f), "[ib MTU on host braid-h2][ib GID index on host braid-h3]");
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_NE(f[1].fix.find("BRAID_IB_GID_INDEX=3"), std::string::npos) << f[1].fix;
+}
+
+TEST(Doctor, OpenFileLimitBelowTheJobsNeedIsNamed) {
+  Data d = healthy(4, 2);
+  d.ranks[3].nofile = 64;
+  d.ranks[3].nofileNeed = 200;
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "open files on rank 3 on braid-h2");
+  EXPECT_NE(f[0].fix.find("ulimit -n"), std::string::npos) << f[0].fix;
+}
+
+TEST(Doctor, RankAwayFromItsNicsNumaNodeIsNamed) {
+  Data d = healthy(2, 1);
+  d.ranks[1].numa = "1";
+  d.ranks[1].nicNuma = 0;
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "rank 1 on braid-h2");
+  EXPECT_NE(f[0].text.find("NUMA node 1"), std::string::npos) << f[0].text;
+}
+
+TEST(Doctor, TransportsThatDifferBetweenOrWithinHostsAreNamed) {
+  Data between = healthy(4, 1);
+  between.ranks[0].transportTo[1] = between.ranks[1].transportTo[0] = "ib";
+  auto f = analyse(between);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "transports between hosts");
+  Data within = healthy(4, 4);
+  within.ranks[0].transportTo[1] = within.ranks[1].transportTo[0] = "tcp";
+  within.ranks[0].skippedTo[1] = "shm: BRAID_SHM_DISABLE=1 on rank 1";
+  f = analyse(within);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "transports within hosts");
+  EXPECT_NE(f[0].text.find("shm 5, tcp 1"), std::string::npos) << f[0].text;
+}
+
+TEST(Doctor, WrongAllReduceResultsAreAFinding) {
+  Data d = healthy(2, 2);
+  d.rings.push_back({{0, 1}, 3.0, 6.0, 0});
+  EXPECT_TRUE(analyse(d).empty());
+  d.rings.push_back({{1, 0}, 3.0, 6.0, 17});
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, "all-reduce results");
+  EXPECT_NE(f[0].text.find("17 elements"), std::string::npos) << f[0].text;
 }
 
 TEST(Doctor, ClockFarOffIsNamed) {

@@ -24,7 +24,11 @@ enum : std::uint8_t {
   kChallenge = 'C', kHello = 'H', kSet = 'S', kGet = 'G', kAdd = 'A', kWaitGe = 'W', kReport = 'R', kBye = 'B',
   kOk = 'O', kValue = 'V', kErr = 'E', kNotice = 'N',
   kRetry = 'T',  // to a hello: this store serves a communicator that is closing; connect again
+  kMultiGet = 'M',  // several keys, answered together once every one of them is set
 };
+
+// Keys a multi-get asks for at most (its answer must fit a frame: PeerInfos are ~200 bytes).
+constexpr std::uint32_t kMultiGetKeys = 1024;
 
 std::string frame(std::uint8_t type, const std::string& payload) {
   Writer w;
@@ -95,6 +99,8 @@ struct PendingWait {
   std::uint8_t type;
   std::string key;
   std::int64_t atLeast;
+  std::vector<std::string> keys;  // kMultiGet
+  std::size_t present = 0;        // kMultiGet: keys[0..present) are known to be set
 };
 
 }  // namespace
@@ -145,6 +151,12 @@ void StoreServer::waitForDetached(const std::string& nonce, const Deadline& d) {
     if (it != detachedServers().end() && it->second.first == getpid()) s = it->second.second;
   }
   while (s && !s->finished_ && !d.expired()) usleep(2000);
+}
+
+std::int64_t StoreServer::requestsOfDetached(const std::string& nonce) {
+  std::lock_guard<std::mutex> g(detachedMutex());
+  auto it = detachedServers().find(nonce);
+  return it != detachedServers().end() && it->second.first == getpid() ? it->second.second->requests() : -1;
 }
 
 void StoreServer::detach() {
@@ -199,6 +211,15 @@ void StoreServer::serve(int listenFd) {
       if (pw.type == kGet) {
         auto it = kv.find(pw.key);
         if (it != kv.end()) { Writer v; v.str(it->second); send(clients[pw.client], kValue, v.data()); done = true; }
+      } else if (pw.type == kMultiGet) {
+        while (pw.present < pw.keys.size() && kv.count(pw.keys[pw.present])) ++pw.present;
+        if (pw.present == pw.keys.size()) {
+          Writer v;
+          v.u32(static_cast<std::uint32_t>(pw.keys.size()));
+          for (const std::string& k : pw.keys) v.str(kv[k]);
+          send(clients[pw.client], kValue, v.data());
+          done = true;
+        }
       } else if (counters[pw.key] >= pw.atLeast) {
         send(clients[pw.client], kOk, "");
         done = true;
@@ -209,6 +230,7 @@ void StoreServer::serve(int listenFd) {
   auto handle = [&](std::size_t i, std::uint8_t type, const std::string& payload) -> bool {
     ServerClient& c = clients[i];
     Reader r(payload);
+    requests_.fetch_add(1, std::memory_order_relaxed);
     if (c.rank < 0 && type != kHello) return false;  // nothing before a valid hello
     switch (type) {
       case kHello: {
@@ -258,7 +280,7 @@ void StoreServer::serve(int listenFd) {
       case kGet: {
         std::string k;
         if (!r.str(&k)) return false;
-        waits.push_back({i, kGet, k, 0});
+        waits.push_back({i, kGet, k, 0, {}, 0});
         serveWaits();
         return true;
       }
@@ -275,11 +297,22 @@ void StoreServer::serve(int listenFd) {
         serveWaits();
         return true;
       }
+      case kMultiGet: {
+        std::uint32_t count = 0;
+        if (!r.u32(&count) || count == 0 || count > kMultiGetKeys) return false;
+        PendingWait pw{i, kMultiGet, "", 0, {}, 0};
+        pw.keys.resize(count);
+        for (std::string& k : pw.keys)
+          if (!r.str(&k)) return false;
+        waits.push_back(std::move(pw));
+        serveWaits();
+        return true;
+      }
       case kWaitGe: {
         std::string k;
         std::int64_t n;
         if (!r.str(&k) || !r.i64(&n)) return false;
-        waits.push_back({i, kWaitGe, k, n});
+        waits.push_back({i, kWaitGe, k, n, {}, 0});
         serveWaits();
         return true;
       }
@@ -487,7 +520,7 @@ Result<std::string> StoreClient::request(std::uint8_t type, const std::string& p
       Notice n;
       if (!decodeNotice(p, &n)) return Status::RemoteError("malformed notice from the store");
       early_.push_back(n);
-      if (type == kGet || type == kWaitGe) {
+      if (type == kGet || type == kWaitGe || type == kMultiGet) {
         Deadline grace = Deadline::after(1.0);
         if (grace.at() < waitUntil.at()) waitUntil = grace;
       }
@@ -496,6 +529,7 @@ Result<std::string> StoreClient::request(std::uint8_t type, const std::string& p
     Reader r(p);
     std::string text;
     if (t == kErr) { r.str(&text); return Status::InvalidUsage(text); }
+    if (t == kValue && type == kMultiGet) return p;  // the values, as getMany reads them
     if (t == kValue) { if (!r.str(&text)) return Status::Internal("malformed store value"); return text; }
     if (t == kOk) return std::string();
     return Status::Internal("unexpected frame from the store");
@@ -513,6 +547,28 @@ Result<std::string> StoreClient::get(const std::string& key, const Deadline& d) 
   Writer w;
   w.str(key);
   return request(kGet, w.data(), d);
+}
+
+Result<std::vector<std::string>> StoreClient::getMany(const std::vector<std::string>& keys, const Deadline& d) {
+  std::vector<std::string> out;
+  out.reserve(keys.size());
+  for (std::size_t first = 0; first < keys.size(); first += kMultiGetKeys) {
+    const std::size_t count = std::min<std::size_t>(kMultiGetKeys, keys.size() - first);
+    Writer w;
+    w.u32(static_cast<std::uint32_t>(count));
+    for (std::size_t k = first; k < first + count; ++k) w.str(keys[k]);
+    auto reply = request(kMultiGet, w.data(), d);
+    if (!reply.ok()) return reply.status();
+    Reader r(*reply);
+    std::uint32_t n = 0;
+    if (!r.u32(&n) || n != count) return Status::Internal("malformed multi-get answer from the store");
+    for (std::uint32_t k = 0; k < n; ++k) {
+      std::string v;
+      if (!r.str(&v)) return Status::Internal("malformed multi-get answer from the store");
+      out.push_back(std::move(v));
+    }
+  }
+  return out;
 }
 
 Result<std::int64_t> StoreClient::add(const std::string& key, std::int64_t delta, const Deadline& d) {

@@ -39,6 +39,10 @@ class StoreServer {
   ~StoreServer();
   int port() const { return port_; }
   bool finished() const { return finished_; }  // every rank left (or stop): no longer serving
+  // Requests served so far (every frame a client sent: hello, set, get, multi-get, add, ...).
+  std::int64_t requests() const { return requests_.load(std::memory_order_relaxed); }
+  // The same for this process's detached store of `nonce` (unique-id mode); -1 if there is none.
+  static std::int64_t requestsOfDetached(const std::string& nonce);
   // Serves until every rank that said hello has left, or the deadline passes, then stops.
   void waitUntilAllLeft(const Deadline& d);
   // Lets the server thread run on its own and end when every rank has left (unique-id mode).
@@ -56,6 +60,7 @@ class StoreServer {
   std::string nonce_;  // the job's secret
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
+  std::atomic<std::int64_t> requests_{0};
   // Who closes the listener: the object (listen_, kOwned), the detached thread (kDetached), or
   // nobody yet because the thread ended first (kThreadDone: detach() closes it). Changed only by
   // exchange, so the thread never reads listen_ while detach() releases it.
@@ -73,6 +78,8 @@ class StoreClient final : public Exchange {
 
   Status set(const std::string& key, const std::string& value, const Deadline& d) override;
   Result<std::string> get(const std::string& key, const Deadline& d) override;        // waits for the key
+  // Waits for every key and returns their values in order: one request per 1,024 keys.
+  Result<std::vector<std::string>> getMany(const std::vector<std::string>& keys, const Deadline& d);
   Result<std::int64_t> add(const std::string& key, std::int64_t delta, const Deadline& d);
   Status waitAtLeast(const std::string& key, std::int64_t n, const Deadline& d);
   // Every rank adds itself to `name` and waits for all nranks.

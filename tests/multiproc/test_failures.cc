@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <thread>
+#include <map>
 #include <mutex>
 #include <atomic>
 #include <cstdint>
@@ -707,6 +708,41 @@ TEST(Init, TimeoutWhileDataStillMovesSaysSoAndNamesNoSilentRank) {
     return kAlreadyDestroyed;
   }, {{"BRAID_TIMEOUT", "0.1"}, {"BRAID_SHM_DISABLE", "1"}, {"BRAID_IB_DISABLE", "1"}}, 120);
   expectEveryRankSucceeded(outcome);
+}
+
+// The rendezvous store serves a number of requests per rank that does not grow with the ranks (one
+// multi-get for every PeerInfo, not a get per rank): at 2, 4, 8 and 16 ranks over tcp (shm would add
+// its per-pair keys, bounded by the ranks of one host), the count per rank stays the same, within
+// the few that only rank 0 makes.
+TEST(Init, StoreRequestsPerRankDoNotGrowWithTheRanks) {
+  std::map<int, double> perRank;
+  for (int n : {2, 4, 8, 16}) {
+    const std::string file = "/tmp/braid-store-requests-" + std::to_string(getpid()) + "-" + std::to_string(n);
+    auto outcome = runRanks(n, [&](int rank, braidComm_t comm) {
+      if (braidBarrier(comm) != braidSuccess) return 1;  // every rank's set-up requests have arrived
+      if (rank == 0) {
+        const long long served = comm->impl->storeRequests();
+        std::FILE* f = std::fopen(file.c_str(), "w");
+        if (!f || served < 0) return 2;
+        std::fprintf(f, "%lld\n", served);
+        std::fclose(f);
+      }
+      return 0;
+    }, transportEnv("tcp"), 120);
+    expectEveryRankSucceeded(outcome);
+    long long served = -1;
+    if (std::FILE* f = std::fopen(file.c_str(), "r")) {
+      if (std::fscanf(f, "%lld", &served) != 1) served = -1;
+      std::fclose(f);
+    }
+    std::remove(file.c_str());
+    ASSERT_GT(served, 0) << n << " ranks";
+    perRank[n] = static_cast<double>(served) / n;
+    std::printf("%d ranks: %lld store requests for the set-up, %.2f a rank\n", n, served, perRank[n]);
+  }
+  // n gets per rank would add 14 a rank from 2 to 16 ranks; the fixed ones spread thinner.
+  EXPECT_LE(perRank[16], perRank[2]);
+  EXPECT_LE(perRank[16] - perRank[8], 0.5);
 }
 
 TEST(Init, RankOutOfRangeAndZeroRanksAreInvalidArguments) {

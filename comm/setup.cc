@@ -1,0 +1,318 @@
+// Creating a communicator: the rendezvous (joining the store, the communicator's nonce, every
+// rank's PeerInfo), the choice of a transport per pair, what every rank agrees on before any
+// connection (descriptors, cross-memory attach, oversubscription), the connections, and the host
+// layout the tuner and the hierarchical algorithms read. docs/architecture/bootstrap.md.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "base/fdlimit.h"
+#include "base/log.h"
+#include "comm/communicator.h"
+#include "comm/tuner.h"
+#include "kernels/reduce.h"
+#include "topology/topology.h"
+#include "transport/registry.h"
+#include "transport/setup.h"
+
+namespace braid {
+namespace {
+
+std::uint64_t fnv1a(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string readBootId() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(f, id);
+  return id;
+}
+
+std::string hostName() {
+  char buf[256] = {};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+}  // namespace
+
+namespace {
+Result<std::shared_ptr<Comm>> created(Result<InitParams> p) {
+  if (!p.ok()) return p.status();
+  return Comm::create(std::move(*p));
+}
+}  // namespace
+
+Result<std::shared_ptr<Comm>> initFromUniqueId(const braidUniqueId& id, int nranks, int rank, const CommOptions& options) {
+  return created(paramsFromUniqueId(id, nranks, rank, options));
+}
+Result<std::shared_ptr<Comm>> initFromEnv(const CommOptions& options) { return created(paramsFromEnv(options)); }
+Result<std::shared_ptr<Comm>> initFromStore(const std::string& host, int port, bool isHost, int nranks, int rank,
+                                            const CommOptions& options) {
+  return created(paramsFromStore(host, port, isHost, nranks, rank, options));
+}
+
+Result<std::shared_ptr<Comm>> Comm::create(InitParams params) {
+  std::shared_ptr<Comm> c(new Comm());
+  c->self_ = c;
+  Status s = c->setup(params);
+  if (!s.ok()) {
+    // If this process hosts the store, keep it up a moment so that the notice of this failure
+    // reaches the other ranks (instead of their seeing the store vanish).
+    if (c->store_) c->store_->close();
+    Deadline grace = Deadline::after(std::min(5.0, params.config.timeoutSec));
+    if (c->storeServer_) c->storeServer_->waitUntilAllLeft(grace);
+    StoreServer::waitForDetached(params.storeNonce, grace);
+    c->shutdown(true);
+    return s;
+  }
+  c->noteCudaDevice();
+  return c;
+}
+
+Status Comm::setup(InitParams& p) {
+  rank_ = p.rank;
+  nranks_ = p.nranks;
+  storeNonce_ = p.storeNonce;
+  config_ = p.config;
+  log::configure(config_.debug, config_.debugSubsys);
+  log::setRank(rank_);
+  const Deadline deadline = Deadline::after(config_.timeoutSec);
+  const std::string me = "rank " + std::to_string(rank_);
+
+  if (p.hostStore) {
+    // MASTER_ADDR when it is ours, else the chosen interface; every address only if asked.
+    auto bindIp = net::bindAddressFor(p.storeIp, config_.socketIfname, config_.socketBindAll);
+    if (!bindIp.ok()) return bindIp.status().withContext(me + " could not host the rendezvous store");
+    auto srv = StoreServer::start(*bindIp, p.storePort, p.storeNonce);
+    if (!srv.ok()) return srv.status().withContext(me + " could not host the rendezvous store");
+    storeServer_ = std::move(srv.value());
+  }
+  auto store = StoreClient::connect(p.storeIp, p.storePort, p.storeNonce, rank_, nranks_, deadline);
+  if (!store.ok()) return store.status();
+  store_ = std::move(store.value());
+
+  // The communicator's own nonce names its shared memory and authenticates its sockets.
+  if (rank_ == 0) {
+    unsigned char raw[16] = {};
+    std::ifstream("/dev/urandom", std::ios::binary).read(reinterpret_cast<char*>(raw), sizeof(raw));
+    char hex[33];
+    for (int i = 0; i < 16; ++i) std::snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    Status s = store_->set("comm/nonce", hex, deadline);
+    if (!s.ok()) return s;
+  }
+  auto nonce = store_->get("comm/nonce", deadline);
+  if (!nonce.ok()) return nonce.status();
+  nonce_ = *nonce;
+  commTag_ = fnv1a(nonce_);
+
+  // Publish who this rank is, with every transport's address (or why it cannot run here), then
+  // learn everyone.
+  transports_ = makeTransports(config_);
+  PeerInfo self;
+  self.rank = rank_;
+  // BRAID_HOSTID stands for both: ranks that name the same host share it, whatever the kernel.
+  self.host = config_.hostId.empty() ? hostName() : config_.hostId;
+  self.bootId = config_.hostId.empty() ? readBootId() : "BRAID_HOSTID";
+  self.pid = getpid();
+  // Settings that shape the messages on the wire: ranks that differ would misread each other.
+  self.settings = "BRAID_NSOCKS=" + std::to_string(config_.nsocks) + " BRAID_BUFFSIZE=" +
+                  std::to_string(config_.buffSize) + " BRAID_ALGO=" + config_.algo +
+                  " BRAID_ZERO_COPY=" + (config_.zeroCopy ? "1" : "0") + " BRAID_CMA=" + (config_.cma ? "1" : "0") +
+                  " BRAID_TCP_CONGESTION=" + config_.tcpCongestion + " BRAID_CUDA_IPC=" + (config_.cudaIpc ? "1" : "0");
+  self.cmaProbe = cmaProbeAddress();
+  self.cpus = topology::cpuListText(topology::allowedCpus());
+  self.tuningL3 = topology::tuningL3Bytes();
+  for (auto& t : transports_) {
+    auto offer = offerTransport(*t, p.storeIp, nranks_ == 1);
+    if (!offer.ok()) return offer.status().withContext(me);
+    self.transports.push_back(std::move(*offer));
+  }
+  Status s = store_->set("info/" + std::to_string(rank_), self.serialize(), deadline);
+  if (!s.ok()) return s;
+  // Every rank's PeerInfo in one multi-get (a request per 1,024 ranks), not one get per rank: the
+  // store serves O(n) requests per communicator instead of O(n^2).
+  std::vector<std::string> keys;
+  for (int r = 0; r < nranks_; ++r) keys.push_back("info/" + std::to_string(r));
+  auto texts = store_->getMany(keys, deadline);
+  if (!texts.ok()) return texts.status();
+  std::vector<PeerInfo> infos(static_cast<std::size_t>(nranks_));
+  for (int r = 0; r < nranks_; ++r) {
+    auto info = PeerInfo::parse((*texts)[static_cast<std::size_t>(r)]);
+    if (!info.ok()) return info.status();
+    infos[static_cast<std::size_t>(r)] = *info;
+  }
+
+  for (const PeerInfo& info : infos)
+    if (info.settings != self.settings)
+      return Status::InvalidUsage("rank " + std::to_string(info.rank) + " runs with " + info.settings + " but rank " +
+                                  std::to_string(rank_) + " with " + self.settings +
+                                  ": set the same BRAID_* values on every rank");
+
+  // Choose a transport per peer (every rank could work out every pair's choice: selectTransport
+  // is a function of the two PeerInfos) and connect.
+  std::vector<std::vector<int>> peersOf(transports_.size());
+  transportNames_.assign(static_cast<std::size_t>(nranks_), "self");
+  skipped_.assign(static_cast<std::size_t>(nranks_), "");
+  int localRanks = 0;
+  std::set<int> localCpus;  // every CPU some rank of this host may run on
+  bool cpusKnown = true;
+  for (int r = 0; r < nranks_; ++r) {
+    if (infos[static_cast<std::size_t>(r)].sameHostAs(self)) {
+      ++localRanks;
+      std::vector<int> cpus = topology::parseCpuList(infos[static_cast<std::size_t>(r)].cpus);
+      cpusKnown = cpusKnown && !cpus.empty();
+      localCpus.insert(cpus.begin(), cpus.end());
+    }
+    if (r == rank_) continue;
+    Selection sel = selectTransport(transports_, self, infos[static_cast<std::size_t>(r)]);
+    if (sel.index < 0)
+      return Status::SystemError(me + " has no transport to rank " + std::to_string(r) + ": " + sel.skipped);
+    transportNames_[static_cast<std::size_t>(r)] = sel.transport;
+    skipped_[static_cast<std::size_t>(r)] = sel.skipped;
+    peersOf[static_cast<std::size_t>(sel.index)].push_back(r);
+    BRAID_LOG(kInfo, kInit, "peer %d: %s%s%s", r, sel.transport.c_str(), sel.skipped.empty() ? "" : " (",
+              sel.skipped.empty() ? "" : (sel.skipped + ")").c_str());
+  }
+  for (const PeerInfo& info : infos) {
+    pids_.push_back(info.pid);
+    localPeer_.push_back(info.sameHostAs(self));
+    hostNames_.push_back(info.host);
+  }
+  cmaCacheBytes_ = self.tuningL3 ? self.tuningL3 : topology::kAssumedL3Bytes;
+  for (const PeerInfo& info : infos)
+    if (info.sameHostAs(self) && info.tuningL3) cmaCacheBytes_ = std::min<std::size_t>(cmaCacheBytes_, info.tuningL3);
+  // Oversubscribed: this host's ranks outnumber the CPUs they may run on together (bound one per
+  // core by `braid run` or mpirun, or each free to use the whole machine).
+  const int hostCpus = cpusKnown ? static_cast<int>(localCpus.size()) : topology::summary().pus;
+  const bool oversubscribed = localRanks > hostCpus;
+  // The tuner's input and the shared-memory paths' condition, from every pair's link: the same on
+  // every rank, which sees the same PeerInfos.
+  link_ = slowestLink(transports_, infos);
+  // Descriptors: room for every connection this rank is about to open (and, on the store's host,
+  // one per rank for the store), the soft limit raised toward the hard one if needed.
+  long fdsNeeded = p.hostStore ? nranks_ : 0;
+  std::string fdsWhat = p.hostStore ? std::to_string(nranks_) + " for the rendezvous store's ranks" : "";
+  for (std::size_t i = 0; i < transports_.size(); ++i) {
+    const long per = transports_[i]->descriptorsPerPeer();
+    if (!per || peersOf[i].empty()) continue;
+    fdsNeeded += per * static_cast<long>(peersOf[i].size());
+    fdsWhat += std::string(fdsWhat.empty() ? "" : ", ") + std::to_string(per * static_cast<long>(peersOf[i].size())) +
+               " for " + std::to_string(peersOf[i].size()) + " " + std::string(transports_[i]->name()) + " peers";
+  }
+  const Status fds = fdlimit::reserve(fdsNeeded, me, fdsWhat.empty() ? "none for its peers" : fdsWhat);
+  // One counter, before any connection, holds what every rank must agree on: the low bits count
+  // the ranks that can attach to each other's memory (cross-memory attach: only if every rank can
+  // read every other, and only where no rank is oversubscribed), the middle ones the
+  // oversubscribed ranks, the high ones the ranks that cannot open the descriptors they need (then
+  // every rank fails now, naming one of them, instead of a connection timing out later).
+  constexpr std::int64_t kOversubscribedUnit = std::int64_t{1} << 21, kFdsShortUnit = std::int64_t{1} << 42;
+  const bool cmaHere = config_.cma && link_.sharedMemory && probeCma(infos);
+  if (!fds.ok()) {
+    s = store_->set("setup/fds", fds.message(), deadline);
+    if (!s.ok()) return s;
+  }
+  auto agreed = store_->add("setup/agree", (cmaHere ? 1 : 0) + (oversubscribed ? kOversubscribedUnit : 0) +
+                                               (fds.ok() ? 0 : kFdsShortUnit), deadline);
+  if (!agreed.ok()) return agreed.status();
+  s = store_->barrier("setup/ready", nranks_, deadline);
+  if (!s.ok()) return s;
+  auto total = store_->add("setup/agree", 0, deadline);
+  if (!total.ok()) return total.status();
+  if (!fds.ok()) return fds;
+  if (const std::int64_t shortRanks = *total / kFdsShortUnit) {
+    auto why = store_->get("setup/fds", deadline);
+    return Status::SystemError(std::to_string(shortRanks) + " rank(s) cannot open the descriptors this communicator "
+                               "needs, so no rank connects; " + (why.ok() ? *why : why.status().message()));
+  }
+  cmaUsable_ = link_.sharedMemory && *total % kOversubscribedUnit == nranks_;
+  oversubscribed_ = *total % kFdsShortUnit >= kOversubscribedUnit;
+  SetupContext ctx{rank_, nranks_, nonce_, p.storeNonce, config_, infos, *store_, deadline};
+  conns_.resize(static_cast<std::size_t>(nranks_));
+  for (std::size_t i = 0; i < transports_.size(); ++i) {
+    auto made = transports_[i]->connect(ctx, peersOf[i]);
+    const std::string name(transports_[i]->name());
+    if (!made.ok()) {
+      store_->report({Notice::kError, rank_, made.status().code(), me + ": " + made.status().message()});
+      return made.status().withContext(me + " " + name + " setup");
+    }
+    for (auto& c : *made) conns_[static_cast<std::size_t>(c->peer())] = std::move(c);
+  }
+  waiter_ = std::make_unique<Waiter>(config_.spinUs, oversubscribed);
+  lazyWorkerWake_ = oversubscribed;
+  for (auto& t : transports_) {
+    WaitSources w = t->waitSources();
+    if (w.doorbell) waiter_->setDoorbell(w.doorbell);
+    for (int fd : w.fds) waiter_->addSocket(fd);
+    for (std::atomic<bool>* f : w.beforeSleep) waiter_->addSleepFlag(f);
+    if (!mailbox_) mailbox_ = t->mailbox();
+  }
+  // Nobody returns before every rank has read the counters: a rank 0 that returned and died at
+  // once would take the store, and those reads, with it.
+  s = store_->barrier("setup/agreed", nranks_, deadline);
+  if (!s.ok()) return s;
+  maxChannels_ = config_.nsocks;
+  oneHost_ = std::all_of(infos.begin(), infos.end(), [&](const PeerInfo& i) { return i.sameHostAs(infos[0]); });
+  layOutHosts(infos);
+  const HostShape shape{static_cast<int>(hosts_.size()),
+                        uniformHosts_.empty() ? 0 : static_cast<int>(uniformHosts_[0].size()),
+                        slowestLink(transports_, infos, /*withinHosts=*/true)};
+  tuner_ = Tuner(config_, nranks_, maxChannels_, link_, shape);
+  for (auto& t : transports_) t->setupDone();  // everyone has mapped everything: nothing stays in /dev/shm
+  store_->startWatching([this](const Notice& n) { onNotice(n); });
+  if (const std::int64_t served = storeRequests(); served >= 0)
+    BRAID_LOG(kInfo, kBoot, "store: %lld requests so far for the set-up of %d ranks (%.1f a rank)",
+              static_cast<long long>(served), nranks_, static_cast<double>(served) / nranks_);
+  trace_.init(config_.traceBuffer, config_.traceDir, {rank_, nranks_, static_cast<long>(getpid()), self.host, commTag_});
+  std::string counts;
+  for (std::size_t i = 0; i < transports_.size(); ++i)
+    counts += std::to_string(peersOf[i].size()) + " " + std::string(transports_[i]->name()) + " peers, ";
+  BRAID_LOG(kInfo, kInit, "rank %d of %d ready: %s%d local ranks on %d cpus%s, reduce isa %s, cross-memory attach %s",
+            rank_, nranks_, counts.c_str(), localRanks, hostCpus, oversubscribed ? " (oversubscribed: spinning less)" : "",
+            kernels::isaName(), cmaUsable_ ? "on" : "off");
+  return Status::Ok();
+}
+
+std::int64_t Comm::storeRequests() const {
+  return storeServer_ ? storeServer_->requests() : StoreServer::requestsOfDetached(storeNonce_);
+}
+
+void Comm::layOutHosts(const std::vector<PeerInfo>& infos) {
+  hosts_.clear();
+  std::vector<int> hostOf(infos.size(), -1);
+  for (std::size_t r = 0; r < infos.size(); ++r) {
+    for (std::size_t h = 0; h < hosts_.size() && hostOf[r] < 0; ++h)
+      if (infos[static_cast<std::size_t>(hosts_[h][0])].sameHostAs(infos[r])) hostOf[r] = static_cast<int>(h);
+    if (hostOf[r] < 0) {
+      hostOf[r] = static_cast<int>(hosts_.size());
+      hosts_.emplace_back();
+    }
+    hosts_[static_cast<std::size_t>(hostOf[r])].push_back(static_cast<int>(r));
+  }
+  ringOrder_.clear();
+  for (const auto& h : hosts_) ringOrder_.insert(ringOrder_.end(), h.begin(), h.end());
+  ringPos_.assign(infos.size(), 0);
+  for (std::size_t p = 0; p < ringOrder_.size(); ++p) ringPos_[static_cast<std::size_t>(ringOrder_[p])] = static_cast<int>(p);
+  const bool uniform = std::all_of(hosts_.begin(), hosts_.end(), [&](const auto& h) { return h.size() == hosts_[0].size(); });
+  uniformHosts_ = uniform ? hosts_ : std::vector<std::vector<int>>{};
+}
+
+bool Comm::probeCma(const std::vector<PeerInfo>& infos) const {
+  for (const PeerInfo& info : infos) {
+    if (info.rank == rank_) continue;
+    Status s = cmaProbe(info.pid, info.cmaProbe);
+    if (!s.ok()) {
+      BRAID_LOG(kInfo, kInit, "cross-memory attach to rank %d: %s", info.rank, s.message().c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace braid

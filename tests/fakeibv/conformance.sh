@@ -15,7 +15,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export LD_LIBRARY_PATH=$lib FAKEIBV_DIR=$work/state FAKEIBV_REPORT=$work/report
 fail=0
-port=$((20000 + RANDOM % 20000))
+# Ports below the kernel's ephemeral range (32768 up), where the connections of tests running
+# beside this one take theirs; a server that still finds its port taken is retried on the next.
+port=$((20000 + RANDOM % 10000))
 # run NAME SERVER-ARGS... -- CLIENT-ARGS...: both ends, bounded; prints the client's last lines.
 run() {
   local name=$1; shift
@@ -23,17 +25,22 @@ run() {
   while [ "$1" != -- ]; do server+=("$1"); shift; done
   shift
   client=("$@")
-  port=$((port + 1))
-  : >"$work/report"
-  timeout 60 "${server[@]}" -p "$port" >"$work/server.log" 2>&1 &
-  local spid=$!
-  local rc=1
-  for _ in $(seq 50); do  # the server listens within a moment; the client retries until it does
-    sleep 0.1
-    timeout 60 "${client[@]}" -p "$port" localhost >"$work/client.log" 2>&1 && { rc=0; break; }
-    grep -q "Couldn't connect\|Unable to Connect\|connect to" "$work/client.log" || break
+  local rc=1 src=1 try
+  for try in 1 2 3; do
+    port=$((port + 1))
+    : >"$work/report"
+    timeout 60 "${server[@]}" -p "$port" >"$work/server.log" 2>&1 &
+    local spid=$!
+    rc=1
+    for _ in $(seq 50); do  # the server listens within a moment; the client retries until it does
+      sleep 0.1
+      timeout 60 "${client[@]}" -p "$port" localhost >"$work/client.log" 2>&1 && { rc=0; break; }
+      grep -q "Couldn't connect\|Unable to Connect\|connect to" "$work/client.log" || break
+      kill -0 "$spid" 2>/dev/null || break  # the server is gone (its port was taken)
+    done
+    wait "$spid"; src=$?
+    grep -q "Couldn't listen to port" "$work/server.log" || break
   done
-  wait "$spid"; local src=$?
   if [ "$rc" != 0 ] || [ "$src" != 0 ]; then
     echo "FAIL $name: client exit $rc, server exit $src"; cat "$work/client.log" "$work/server.log"; fail=1; return
   fi

@@ -123,6 +123,7 @@ class Comm final : public EngineHost, public Workspace {
   // right after a submit then costs no hand-off to the worker and back. (w null: every queued
   // call.) What it did not run, the worker has or will: wait as usual.
   void runQueuedThrough(const std::shared_ptr<WorkState>& w, bool alsoEarlier);
+  void runIfInCallback(const std::shared_ptr<WorkState>& w);  // comm/work_queue.cc
 
   // Stops everything: pending and later calls fail with aborted; other ranks are told.
   void abort();
@@ -372,7 +373,8 @@ class Comm final : public EngineHost, public Workspace {
   Status executeGroup(const std::vector<CollArgs>& calls);
   std::deque<Queued> queue_;
   bool workerBusy_ = false;
-  std::atomic<int> asyncPending_{0};  // submitted calls not yet finished (queued or running)
+  std::atomic<int> asyncPending_{0};  // submitted calls not yet finished (queued, running, or in their callbacks)
+  int callbacksRunning_ = 0;           // under qMu_: calls whose Work callbacks are running
   bool stopWorker_ = false;
   std::thread worker_;
 

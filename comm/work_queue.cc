@@ -32,6 +32,12 @@ constexpr std::int64_t kLeaveToWaiterUs = 50;
 // of calls costs under 1% of a core here).
 constexpr std::int64_t kLazyWakeUs = 2000;
 
+namespace {
+// How deep this thread is in Work callbacks that runQueued runs: a callback may make calls on the
+// communicator and wait for them, so it must not wait for callbacks (its own among them) to end.
+thread_local int tlsCallbackDepth = 0;
+}  // namespace
+
 void WorkState::finish(Status s) {
   std::vector<std::function<void(const Status&)>> callbacks;
   {
@@ -62,7 +68,7 @@ void Comm::waitForQueuedCalls() {
     // submit() is always seen here; without one, the common case, no lock is taken.)
     runQueuedThrough(nullptr, true);
     std::unique_lock<std::mutex> g(qMu_);
-    drainedCv_.wait(g, [&] { return queue_.empty() && !workerBusy_; });
+    drainedCv_.wait(g, [&] { return queue_.empty() && !workerBusy_ && (callbacksRunning_ == 0 || tlsCallbackDepth > 0); });
   }
 }
 
@@ -74,14 +80,28 @@ std::shared_ptr<WorkState> refusedWork(const Status& s) {
 }
 }  // namespace
 
+// A call made from a Work callback runs at once, on the callback's thread, with the calls queued
+// before it: the callback may wait for it without a Braid wait (a torch future completed by this
+// call's own callback, as a DDP comm hook chains them), and the worker that would run it may be
+// the thread running the callback.
+void Comm::runIfInCallback(const std::shared_ptr<WorkState>& w) {
+  if (tlsCallbackDepth > 0) runQueuedThrough(w, true);
+}
+
 std::shared_ptr<WorkState> Comm::submit(const CollArgs& a) {
   Caller caller(*this, a);
-  return caller.status().ok() ? enqueue({{a}, false, nullptr}) : refusedWork(caller.status());
+  if (!caller.status().ok()) return refusedWork(caller.status());
+  auto w = enqueue({{a}, false, nullptr});
+  runIfInCallback(w);
+  return w;
 }
 
 std::shared_ptr<WorkState> Comm::submitGroup(std::vector<CollArgs> calls) {
   Caller caller(*this, calls.empty() ? CollArgs{} : calls.front());
-  return caller.status().ok() ? enqueue({std::move(calls), true, nullptr}) : refusedWork(caller.status());
+  if (!caller.status().ok()) return refusedWork(caller.status());
+  auto w = enqueue({std::move(calls), true, nullptr});
+  runIfInCallback(w);
+  return w;
 }
 
 std::shared_ptr<WorkState> Comm::enqueue(Queued item) {
@@ -122,15 +142,22 @@ void Comm::runQueued(Queued& item) {
     }
   }
   setLastError(s);
-  item.work->finish(s);
-  std::lock_guard<std::mutex> g(qMu_);
-  workerBusy_ = false;
-  asyncPending_.fetch_sub(1, std::memory_order_release);
-  if (queue_.empty()) {
-    drainedCv_.notify_all();  // no syscall when nobody waits
-  } else if (workerSleeping_) {
-    workerAlarm_.wakeNow();  // the worker may wait behind this call for the next
+  // The call is over before its callbacks run: a callback may make calls on this communicator and
+  // wait for them (torch's DDP comm hooks chain collectives this way), which then run here, or on
+  // whichever thread gets to them first, rather than wait behind the call whose callback it is.
+  {
+    std::lock_guard<std::mutex> g(qMu_);
+    workerBusy_ = false;
+    ++callbacksRunning_;
+    if (!queue_.empty() && workerSleeping_) workerAlarm_.wakeNow();  // the worker may wait behind this call for the next
   }
+  ++tlsCallbackDepth;
+  item.work->finish(s);
+  --tlsCallbackDepth;
+  std::lock_guard<std::mutex> g(qMu_);
+  --callbacksRunning_;
+  asyncPending_.fetch_sub(1, std::memory_order_release);
+  if (queue_.empty() && !workerBusy_) drainedCv_.notify_all();  // no syscall when nobody waits
 }
 
 void Comm::workerLoop() {

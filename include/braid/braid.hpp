@@ -44,9 +44,11 @@ class BRAID_EXPORT Work {
   bool test();              // done?
   Status status() const;    // the result once done; in progress before
   // Calls f with the result once the work is done: at once, on this thread, if it is already;
-  // otherwise on the thread that finishes it (keep f short, and make no Braid call from it on
-  // the same communicator: that thread runs the communicator's calls). For futures (c10d's
-  // Work::getFuture) and completion queues.
+  // otherwise on the thread that finishes it (the communicator's worker, or a thread whose wait ran
+  // the call). f may make calls on the same communicator, blocking ones too, and wait for them (a
+  // DDP comm hook's chained all-reduce): the call it completes is over when f runs. Calls made from
+  // f are ordered among the others by when they are made: keep that the same on every rank. For
+  // futures (c10d's Work::getFuture) and completion queues.
   void onDone(std::function<void(const Status&)> f);
 
  private:

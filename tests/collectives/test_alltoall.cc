@@ -222,6 +222,41 @@ TEST(AllToAllvErrors, BadArgumentsAreRefusedAndMismatchedCountsNamed) {
   expectEveryRankSucceeded(outcome);
 }
 
+// A Work callback may make calls on its own communicator and wait for them, as a DDP comm hook does
+// (powerSGD: its future's callback starts an all-reduce and waits on it). Here each callback makes
+// a second all-reduce, waits on it, and then a blocking barrier; both ranks' results are exact and
+// nothing waits for BRAID_TIMEOUT (the callback ran on the worker, which used to hold the queue
+// until its callbacks returned: the nested wait never ended).
+TEST(WorkCpp, CallbackMayCallItsCommunicatorAndWait) {
+  auto outcome = runRanks(2, [&](int rank, braidComm_t c) {
+    Communicator comm(c->impl);
+    std::vector<float> x(1000, static_cast<float>(rank + 1)), y(1000, static_cast<float>(10 * (rank + 1)));
+    std::atomic<int> stage{0};
+    Status inner = Status::Internal("callback not run"), barrier = Status::Internal("callback not run");
+    const auto t0 = std::chrono::steady_clock::now();
+    Work w = comm.allReduce(x.data(), x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+    w.onDone([&](const Status& s) {
+      if (!s.ok()) { inner = s; stage = 3; return; }
+      Work second = comm.allReduce(y.data(), y.data(), y.size(), DataType::kFloat32, ReduceOp::kSum);
+      inner = second.wait();
+      barrier = comm.barrier().wait();
+      stage = 3;
+    });
+    for (int i = 0; i < 20000 && stage.load() != 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const Status outer = w.wait();
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (stage.load() != 3 || !outer.ok() || !inner.ok() || !barrier.ok() || took > 10) {
+      report(rank, "after " + std::to_string(took) + " s: outer " + outer.toString() + ", inner " + inner.toString() +
+                       ", barrier " + barrier.toString());
+      return 1;
+    }
+    for (std::size_t i = 0; i < x.size(); ++i)
+      if (x[i] != 3.0f || y[i] != 30.0f) { report(rank, "wrong sums"); return 2; }
+    return 0;
+  }, {{"BRAID_TIMEOUT", "20"}}, 60);
+  expectEveryRankSucceeded(outcome);
+}
+
 // The C++ API: allToAll and allToAllv as Work on the communicator's worker, whose vectors need not
 // outlive the call, and Work::onDone: called once with the result, on the finishing thread or at
 // once when the work is already done.

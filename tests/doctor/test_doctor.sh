@@ -86,9 +86,10 @@ dead_job_leftovers() {
   for try in 1 2 3 4 5; do
     "$braid" run -n 8 -- "$braid" perf allreduce -b 8 -e 8 -n 1 -w 0 >/dev/null 2>&1 &
     local launcher=$! i
-    for i in $(seq 1 5000); do
+    for i in $(seq 1 6000); do  # up to ~30 s: a sanitizer build starts its ranks slowly
       compgen -G "/dev/shm/braid-pid*" >/dev/null && break
       kill -0 "$launcher" 2>/dev/null || break
+      sleep 0.005
     done
     kill -9 "$launcher" 2>/dev/null
     wait "$launcher" 2>/dev/null

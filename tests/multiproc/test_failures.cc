@@ -694,6 +694,8 @@ TEST(Init, TwoProcessesGivenRankZeroAreToldSo) {
 TEST(Init, TimeoutWhileDataStillMovesSaysSoAndNamesNoSilentRank) {
   auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
     std::vector<float> big(std::size_t{128} << 20, 1.0f);  // 512 MiB over tcp: far more than 0.1 s here
+    // Both ranks ready (their buffers filled) before the timed call, so that data flows from its start.
+    if (braidBarrier(comm) != braidSuccess) { report(rank, "barrier"); return 3; }
     const braidResult_t r = braidAllReduce(big.data(), big.data(), big.size(), braidFloat32, braidSum, comm, nullptr);
     const std::string msg = braidGetLastError(comm);
     if (r != braidTimeout && r != braidRemoteError) { report(rank, std::string("got ") + braidGetErrorString(r)); return 1; }

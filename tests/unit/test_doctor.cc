@@ -52,6 +52,14 @@ std::string subjects(const std::vector<Finding>& f) {
   return s;
 }
 
+// Exactly one finding, about `subject`, whose text says `inText`.
+void expectOneFinding(const Data& d, const std::string& subject, const std::string& inText) {
+  const auto f = analyse(d);
+  ASSERT_EQ(f.size(), 1u) << subjects(f);
+  EXPECT_EQ(f[0].subject, subject);
+  EXPECT_NE((f[0].text + " fix: " + f[0].fix).find(inText), std::string::npos) << f[0].text << " fix: " << f[0].fix;
+}
+
 TEST(Doctor, HealthyDataHasNoFinding) {
   for (auto [n, per] : {std::pair{1, 1}, {8, 8}, {3, 1}, {6, 2}, {4, 2}}) {
     const auto f = analyse(healthy(n, per));
@@ -252,12 +260,7 @@ TEST(Doctor, ShmLeftoversOfDeadProcessesAreNamedByHostWithThePids) {
   d.ranks[3].shmLeftovers = 1;
   d.ranks[3].shmLeftoverBytes = 4u << 20;
   d.ranks[3].shmLeftoverPids = "4243";
-  const auto f = analyse(d);
-  ASSERT_EQ(f.size(), 1u) << subjects(f);
-  EXPECT_EQ(f[0].subject, "/dev/shm on host braid-h2");
-  EXPECT_NE(f[0].text.find("4 shared-memory segments"), std::string::npos) << f[0].text;
-  EXPECT_NE(f[0].text.find("4242, 4243"), std::string::npos) << f[0].text;
-  EXPECT_NE(f[0].text.find("removed them"), std::string::npos) << f[0].text;
+  expectOneFinding(d, "/dev/shm on host braid-h2", "4 shared-memory segments (16.0 MiB) that processes 4242, 4243 left");
   RankFacts g = RankFacts::parse(d.ranks[2].serialize());
   EXPECT_EQ(g.shmLeftovers, 3);
   EXPECT_EQ(g.shmLeftoverBytes, 12u << 20);
@@ -271,20 +274,14 @@ TEST(Doctor, ShmUnusableOnOneHostIsNamed) {
   for (int a : {2, 3})
     for (int p = 0; p < 4; ++p)
       if (p != a) d.ranks[a].transportTo[p] = d.ranks[p].transportTo[a] = "tcp";
-  const auto f = analyse(d);
-  ASSERT_EQ(f.size(), 1u) << subjects(f);
-  EXPECT_EQ(f[0].subject, "shm on host braid-h2");
-  EXPECT_NE(f[0].text.find("/dev/shm is not writable"), std::string::npos) << f[0].text;
+  expectOneFinding(d, "shm on host braid-h2", "/dev/shm is not writable");
 }
 
 TEST(Doctor, CrossMemoryAttachRefusedIsNamedWithPtraceScope) {
   Data d = healthy(4, 2);
   d.ranks[0].cmaRefused = "process_vm_readv to rank 1: Operation not permitted";
   d.ranks[0].ptraceScope = d.ranks[1].ptraceScope = 2;
-  const auto f = analyse(d);
-  ASSERT_EQ(f.size(), 1u) << subjects(f);
-  EXPECT_EQ(f[0].subject, "cross-memory attach on host braid-h1");
-  EXPECT_NE(f[0].text.find("kernel.yama.ptrace_scope=2"), std::string::npos) << f[0].text;
+  expectOneFinding(d, "cross-memory attach on host braid-h1", "kernel.yama.ptrace_scope=2");
 }
 
 TEST(Doctor, IbMtuAndGidIndexThatDisagreeNameTheOddHost) {
@@ -305,20 +302,14 @@ TEST(Doctor, OpenFileLimitBelowTheJobsNeedIsNamed) {
   Data d = healthy(4, 2);
   d.ranks[3].nofile = 64;
   d.ranks[3].nofileNeed = 200;
-  const auto f = analyse(d);
-  ASSERT_EQ(f.size(), 1u) << subjects(f);
-  EXPECT_EQ(f[0].subject, "open files on rank 3 on braid-h2");
-  EXPECT_NE(f[0].fix.find("ulimit -n"), std::string::npos) << f[0].fix;
+  expectOneFinding(d, "open files on rank 3 on braid-h2", "ulimit -n");
 }
 
 TEST(Doctor, RankAwayFromItsNicsNumaNodeIsNamed) {
   Data d = healthy(2, 1);
   d.ranks[1].numa = "1";
   d.ranks[1].nicNuma = 0;
-  const auto f = analyse(d);
-  ASSERT_EQ(f.size(), 1u) << subjects(f);
-  EXPECT_EQ(f[0].subject, "rank 1 on braid-h2");
-  EXPECT_NE(f[0].text.find("NUMA node 1"), std::string::npos) << f[0].text;
+  expectOneFinding(d, "rank 1 on braid-h2", "NUMA node 1");
 }
 
 TEST(Doctor, TransportsThatDifferBetweenOrWithinHostsAreNamed) {
@@ -341,10 +332,7 @@ TEST(Doctor, WrongAllReduceResultsAreAFinding) {
   d.rings.push_back({{0, 1}, 3.0, 6.0, 0});
   EXPECT_TRUE(analyse(d).empty());
   d.rings.push_back({{1, 0}, 3.0, 6.0, 17});
-  const auto f = analyse(d);
-  ASSERT_EQ(f.size(), 1u) << subjects(f);
-  EXPECT_EQ(f[0].subject, "all-reduce results");
-  EXPECT_NE(f[0].text.find("17 elements"), std::string::npos) << f[0].text;
+  expectOneFinding(d, "all-reduce results", "17 elements");
 }
 
 TEST(Doctor, ClockFarOffIsNamed) {

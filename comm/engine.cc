@@ -419,8 +419,9 @@ Status Engine::run(Plan& plan, EngineHost& host) {
     if (movedSinceCheck) lastMoved = lastCheck;  // data moved since the pass before: about now
     movedSinceCheck = false;
     if (expired) {
-      // Still moving: data came or went within the last tenth of the limit (at least 50 ms).
-      const auto recent = std::chrono::duration<double>(std::max(0.05, host.timeoutSec() / 10));
+      // Still moving: data came or went in the second half of the limit (at least the last 100 ms;
+      // a loaded host can pause a moving call for tens of milliseconds).
+      const auto recent = std::chrono::duration<double>(std::max(0.1, host.timeoutSec() / 2));
       const bool moving = lastMoved.time_since_epoch().count() != 0 && lastCheck - lastMoved < recent;
       // Name the first peer this rank is still waiting to hear from (else to send to).
       const Plan::Queue* stuck = nullptr;

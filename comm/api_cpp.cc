@@ -114,11 +114,7 @@ Work Communicator::sendRecvBatch(const std::vector<PeerOp>& ops, void* stream) {
     CollArgs a{CollKind::kSendRecv, isSend ? op.buf : nullptr, isSend ? nullptr : op.buf, op.count, op.type,
                ReduceOp::kSum, -1, op.peer, isSend, op.tag};
     Status s = cuda::admitToGroup(*impl_, a, stream);
-    if (!s.ok()) {
-      auto w = std::make_shared<WorkState>();
-      w->finish(s.withContext("sendRecvBatch, entry " + std::to_string(calls.size())));
-      return Work(w);
-    }
+    if (!s.ok()) return Work(WorkState::finished(s.withContext("sendRecvBatch, entry " + std::to_string(calls.size()))));
     calls.push_back(a);
   }
   return Work(impl_->submitGroup(std::move(calls)));

@@ -56,6 +56,12 @@ struct WorkState {
   Status status;
   std::vector<std::function<void(const Status&)>> onDone;  // whenDone's, until finish
   void finish(Status s);
+  // A work that is done already, with `s` (a call refused before it was queued).
+  static std::shared_ptr<WorkState> finished(Status s) {
+    auto w = std::make_shared<WorkState>();
+    w->finish(std::move(s));
+    return w;
+  }
   // Calls f(status) once the work is done: at once, on this thread, if it is; else on the thread
   // that finishes it (the communicator's worker, or the CUDA proxy), after waiters are woken.
   void whenDone(std::function<void(const Status&)> f);

@@ -6,10 +6,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <thread>
 
 #include "base/log.h"
+#include "base/process.h"
 #include "comm/communicator.h"
 
 namespace braid {
@@ -51,13 +51,7 @@ void Comm::onNotice(const Notice& n) {
 // "rank 0 (shm) exited; " for the ranks of this host whose process is gone (or a zombie), else "".
 // A process closes its sockets just before it becomes a zombie, so this looks again for up to 100 ms.
 std::string Comm::deadLocalRanks() const {
-  auto gone = [](int pid) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string text;
-    if (pid <= 0 || !std::getline(stat, text)) return pid > 0;
-    std::size_t paren = text.rfind(')');
-    return paren != std::string::npos && paren + 2 < text.size() && (text[paren + 2] == 'Z' || text[paren + 2] == 'X');
-  };
+  auto gone = [](int pid) { return pid > 0 && procState(pid) != ProcState::kRuns; };
   for (int attempt = 0; attempt < 20; ++attempt) {
     std::string dead;
     for (int r = 0; r < nranks_; ++r)

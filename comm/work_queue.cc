@@ -72,14 +72,6 @@ void Comm::waitForQueuedCalls() {
   }
 }
 
-namespace {
-std::shared_ptr<WorkState> refusedWork(const Status& s) {
-  auto w = std::make_shared<WorkState>();
-  w->finish(s);
-  return w;
-}
-}  // namespace
-
 // A call made from a Work callback runs at once, on the callback's thread, with the calls queued
 // before it: the callback may wait for it without a Braid wait (a torch future completed by this
 // call's own callback, as a DDP comm hook chains them), and the worker that would run it may be
@@ -90,7 +82,7 @@ void Comm::runIfInCallback(const std::shared_ptr<WorkState>& w) {
 
 std::shared_ptr<WorkState> Comm::submit(const CollArgs& a) {
   Caller caller(*this, a);
-  if (!caller.status().ok()) return refusedWork(caller.status());
+  if (!caller.status().ok()) return WorkState::finished(caller.status());
   auto w = enqueue({{a}, false, nullptr});
   runIfInCallback(w);
   return w;
@@ -98,7 +90,7 @@ std::shared_ptr<WorkState> Comm::submit(const CollArgs& a) {
 
 std::shared_ptr<WorkState> Comm::submitGroup(std::vector<CollArgs> calls) {
   Caller caller(*this, calls.empty() ? CollArgs{} : calls.front());
-  if (!caller.status().ok()) return refusedWork(caller.status());
+  if (!caller.status().ok()) return WorkState::finished(caller.status());
   auto w = enqueue({std::move(calls), true, nullptr});
   runIfInCallback(w);
   return w;

@@ -281,21 +281,16 @@ Status admitToGroup(Comm& comm, const CollArgs& a, void* stream) {
 }
 
 std::shared_ptr<WorkState> submit(Comm& comm, const CollArgs& a, void* stream) {
-  auto failed = [](Status s) {
-    auto w = std::make_shared<WorkState>();
-    w->finish(std::move(s));
-    return w;
-  };
   auto m = admit(comm, a, stream);
-  if (!m.ok()) return failed(m.status());
+  if (!m.ok()) return WorkState::finished(m.status());
   if (*m == Memory::kDevice) {
     auto w = std::make_shared<WorkState>();
     Status s = enqueueDevice(comm, a, stream, w);
-    if (!s.ok()) return failed(s);
+    if (!s.ok()) return WorkState::finished(s);
     return w;
   }
   Status s = hostReady(comm, stream);
-  return s.ok() ? comm.submit(a) : failed(s);
+  return s.ok() ? comm.submit(a) : WorkState::finished(s);
 }
 
 }  // namespace cuda

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/process.h"
 #include "base/socket.h"
 
 namespace braid {
@@ -70,19 +71,11 @@ std::uint64_t pidNamespace() {
   return open ? std::strtoull(open + 1, nullptr, 10) : 0;
 }
 
-// Whether `pid` (of this pid namespace) still runs: a zombie is gone (where nobody reaps orphans,
-// as under a container's first process, a killed rank stays one).
+// Whether `pid` (of this pid namespace) may still run: no such process, or a zombie, is gone; a
+// process /proc does not show keeps its segments.
 bool alive(pid_t pid) {
   if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
-  FILE* f = std::fopen(path, "r");
-  if (!f) return true;  // cannot tell: keep its segments
-  char line[512] = {};
-  const bool read = std::fgets(line, sizeof(line), f) != nullptr;
-  std::fclose(f);
-  const char* close = read ? std::strrchr(line, ')') : nullptr;  // "pid (comm) S ...": comm may hold spaces
-  return !(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
+  return procState(static_cast<int>(pid)) != ProcState::kEnded;
 }
 }  // namespace
 

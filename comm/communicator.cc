@@ -308,11 +308,11 @@ Status Comm::executeHost(const CollArgs& in, const Fingerprint& fp, std::size_t 
         return s;
       }
       if (t.algo == Algo::kTree) buildTreeAllReduce(a, *this, t.channels, plan_);
-      else if (t.algo == Algo::kHier && hierApplies(*this)) buildHierAllReduce(a, *this, t.channels, plan_);
+      else if (t.algo == Algo::kHier && hierApplies(*this, a.kind)) buildHierAllReduce(a, *this, t.channels, plan_);
       else buildRingAllReduce(a, *this, t.channels, plan_);
       break;
     case CollKind::kAllGather:
-      if (t.algo == Algo::kHier && hierApplies(*this)) buildHierAllGather(a, *this, t.channels, plan_);
+      if (t.algo == Algo::kHier && hierApplies(*this, a.kind)) buildHierAllGather(a, *this, t.channels, plan_);
       else buildRingAllGather(a, *this, t.channels, plan_);
       break;
     case CollKind::kReduceScatter: buildRingReduceScatter(a, *this, t.channels, plan_); break;

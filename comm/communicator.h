@@ -179,7 +179,7 @@ class Comm final : public EngineHost, public Workspace {
   std::byte* scratch(std::size_t bytes) override;
   const std::vector<int>& ringOrder() const override { return ringOrder_; }
   int ringPosition(int rank) const override { return ringPos_[static_cast<std::size_t>(rank)]; }
-  const std::vector<std::vector<int>>& hosts() const override { return uniformHosts_; }
+  const std::vector<std::vector<int>>& hosts() const override { return hosts_; }
 
   // CUDA (defined in comm/cuda/cuda_path.cc): the device a context was current on at creation (-1: none
   // chosen), the staging proxy (made on the first call with device buffers when `create`; null in
@@ -257,7 +257,7 @@ class Comm final : public EngineHost, public Workspace {
   Status cmaAllGather(const CollArgs& a, const Fingerprint& fp);
   Status cmaBroadcast(const CollArgs& a, const Fingerprint& fp);
   Status cmaCopyFailed(const Fingerprint& fp, int peer, const Status& s);
-  // Setup: hosts_, uniformHosts_ and the rings' order from every rank's PeerInfo.
+  // Setup: hosts_ and the rings' order from every rank's PeerInfo.
   void layOutHosts(const std::vector<PeerInfo>& infos);
   // Setup: can this rank read and write every other rank's memory (all on this host)?
   bool probeCma(const std::vector<PeerInfo>& infos) const;
@@ -312,9 +312,8 @@ class Comm final : public EngineHost, public Workspace {
   std::vector<int> pids_;  // by rank, to map peers' braidMemAlloc memory
   std::vector<bool> localPeer_;  // by rank: on this host (its pid can be checked)
   bool oneHost_ = false;         // every rank is on one host (agreed by all: the same PeerInfos)
-  // The hosts and the rings' order (Workspace), from the PeerInfos at setup; uniformHosts_ is
-  // every host's ranks when all hosts hold as many, else empty.
-  std::vector<std::vector<int>> hosts_, uniformHosts_;
+  // The hosts and the rings' order (Workspace), from the PeerInfos at setup.
+  std::vector<std::vector<int>> hosts_;
   std::vector<int> ringOrder_, ringPos_;
   std::string deadLocalRanks() const;
   mem::PeerMappings peerMemory_;

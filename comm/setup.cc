@@ -260,9 +260,8 @@ Status Comm::setup(InitParams& p) {
   maxChannels_ = config_.nsocks;
   oneHost_ = std::all_of(infos.begin(), infos.end(), [&](const PeerInfo& i) { return i.sameHostAs(infos[0]); });
   layOutHosts(infos);
-  const HostShape shape{static_cast<int>(hosts_.size()),
-                        uniformHosts_.empty() ? 0 : static_cast<int>(uniformHosts_[0].size()),
-                        slowestLink(transports_, infos, /*withinHosts=*/true)};
+  HostShape shape = hostShape(hosts_);
+  shape.local = slowestLink(transports_, infos, /*withinHosts=*/true);
   tuner_ = Tuner(config_, nranks_, maxChannels_, link_, shape);
   for (auto& t : transports_) t->setupDone();  // everyone has mapped everything: nothing stays in /dev/shm
   store_->startWatching([this](const Notice& n) { onNotice(n); });
@@ -299,8 +298,6 @@ void Comm::layOutHosts(const std::vector<PeerInfo>& infos) {
   for (const auto& h : hosts_) ringOrder_.insert(ringOrder_.end(), h.begin(), h.end());
   ringPos_.assign(infos.size(), 0);
   for (std::size_t p = 0; p < ringOrder_.size(); ++p) ringPos_[static_cast<std::size_t>(ringOrder_[p])] = static_cast<int>(p);
-  const bool uniform = std::all_of(hosts_.begin(), hosts_.end(), [&](const auto& h) { return h.size() == hosts_[0].size(); });
-  uniformHosts_ = uniform ? hosts_ : std::vector<std::vector<int>>{};
 }
 
 bool Comm::probeCma(const std::vector<PeerInfo>& infos) const {

@@ -8,7 +8,9 @@
 //   hier all-reduce    H hosts of L ranks: 2(L-1) alpha_l + 2 (L-1)/L S / beta_l     (within hosts)
 //                                        + 2(H-1) alpha + 2 (H-1)/H S / beta     (across: a host's L
 //                      columns share its link), against the flat ring whose every host crossing
-//                      carries 2 (n-1)/n S
+//                      carries 2 (n-1)/n S. Hosts of L to M ranks: L columns, and each base rank
+//                      takes in and returns up to F = ceil(M/L) - 1 extras' inputs one after another
+//                      (comm/algorithms/hier.cc): + 2 F (alpha_l + S / beta_l)
 //   hier all-gather    (L-1) alpha_l + (L-1)/L S / beta_l + (H-1) alpha + (H-1)/H S / beta, against
 //                      the flat ring's (n-1) alpha + (n-1)/n S / beta over every host crossing
 // alpha and beta come from the slowest link's class (Transport::linkClass: rough figures for this
@@ -19,6 +21,17 @@
 #include <cmath>
 
 namespace braid {
+
+HostShape hostShape(const std::vector<std::vector<int>>& hosts) {
+  HostShape shape;
+  shape.hosts = static_cast<int>(hosts.size());
+  for (const auto& h : hosts) {
+    const int size = static_cast<int>(h.size());
+    shape.perHost = shape.perHost == 0 ? size : std::min(shape.perHost, size);
+    shape.maxPerHost = std::max(shape.maxPerHost, size);
+  }
+  return shape;
+}
 
 TunerChoice tune(const TunerInput& in, const Config& config) {
   const double alpha = in.link.latencyUs;
@@ -42,15 +55,17 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
     double best = std::min(c.ringUs + (n - 1) / n * S / gamma, c.treeUs + S / gamma);
     if (c.oneShotUs < best) c.algo = Algo::kOneShot;
     const HostShape& h = in.shape;
-    if (h.hosts > 1 && h.perHost > 1 && in.kind == CollKind::kAllReduce) {
+    if (h.hosts > 1 && h.maxPerHost > 1 && in.kind == CollKind::kAllReduce) {
       const double L = h.perHost, H = h.hosts;
+      const double F = std::ceil(static_cast<double>(h.maxPerHost) / L) - 1;  // folds: extras a base rank serves
       c.hierUs = 2 * (L - 1) * h.local.latencyUs + 2 * (L - 1) / L * S / h.local.bytesPerUs + 2 * (H - 1) * alpha +
-                 2 * (H - 1) / H * S / beta + (L - 1) / L * S / gamma;
+                 2 * (H - 1) / H * S / beta + (L - 1) / L * S / gamma +
+                 2 * F * (h.local.latencyUs + S / h.local.bytesPerUs) + F * S / gamma;
       if (c.hierUs < std::min(best, c.oneShotUs)) c.algo = Algo::kHier;
     }
   }
   const HostShape& shape = in.shape;
-  if (shape.hosts > 1 && shape.perHost > 1 && in.kind == CollKind::kAllGather) {
+  if (shape.hosts > 1 && shape.perHost > 1 && shape.perHost == shape.maxPerHost && in.kind == CollKind::kAllGather) {
     const double L = shape.perHost, H = shape.hosts;
     const double flatUs = (n - 1) * alpha + (n - 1) / n * S / beta;
     c.hierUs = (L - 1) * shape.local.latencyUs + (L - 1) / L * S / shape.local.bytesPerUs + (H - 1) * alpha +

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "comm/algorithms/algorithms.h"
 #include "base/config.h"
@@ -15,13 +16,16 @@ namespace braid {
 // braidMemAlloc memory (one small exchange); below it the exchange would cost more than it saves.
 inline constexpr std::size_t kZeroCopyMinBytes = 256u << 10;
 
-// How the ranks sit on hosts, for the hierarchical all-reduce: `hosts` hosts of `perHost` ranks
-// each (perHost 0: the hosts hold different numbers), and the slowest link within a host.
+// How the ranks sit on hosts, for the hierarchical algorithms: `hosts` hosts of `perHost` ranks
+// (the smallest host's count: the columns) to `maxPerHost`, and the slowest link within a host.
 struct HostShape {
   int hosts = 1;
   int perHost = 0;
+  int maxPerHost = 0;
   LinkClass local;
 };
+// The shape of Workspace::hosts (every host's ranks); `local` left as it is.
+HostShape hostShape(const std::vector<std::vector<int>>& hosts);
 
 struct TunerInput {
   CollKind kind;

@@ -52,8 +52,8 @@ class Workspace {
   // ring crosses each host boundary once per direction), and each rank's position.
   virtual const std::vector<int>& ringOrder() const = 0;
   virtual int ringPosition(int rank) const = 0;
-  // Each host's ranks in rank order, hosts in the order of their lowest rank; empty when the hosts
-  // hold different numbers of ranks (then no hierarchical algorithm applies).
+  // Each host's ranks in rank order, hosts in the order of their lowest rank (hosts may hold
+  // different numbers of ranks).
   virtual const std::vector<std::vector<int>>& hosts() const = 0;
 };
 
@@ -85,7 +85,7 @@ inline Range split(std::size_t total, std::size_t parts, std::size_t i) {
 void buildRingAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
 // Hierarchical all-reduce (hier.cc): reduce-scatter within each host, all-reduce across hosts,
 // all-gather within each host. Applies when there are several hosts of the same size above 1.
-bool hierApplies(const Workspace& ws);
+bool hierApplies(const Workspace& ws, CollKind kind);
 void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
 // Hierarchical all-gather (hier.cc): all-gather across hosts within each column of local ranks,
 // then within each host.

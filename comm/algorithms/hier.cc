@@ -1,5 +1,12 @@
-// Hierarchical all-reduce, for ranks on several hosts with the same number of ranks on each
-// (Workspace::hosts): H hosts of L ranks, rank (host h, local index l).
+// Hierarchical all-reduce, for ranks on several hosts (Workspace::hosts): H hosts of L ranks,
+// rank (host h, local index l). Where hosts hold different numbers of ranks, L is the smallest
+// host's: a rank whose local index e is L or more is an extra, which
+//
+//   0. sends its whole input to the rank of local index e mod L on its host (its base), which
+//      reduces it into its own before step 1 (several extras of one base one after another),
+//
+// and gets the result back from its base once step 3 has finished each piece. Only hosts' own
+// links carry the extras' bytes (hosts of 7 to 9 ranks: 7 columns, up to two extras a host).
 //
 //   1. within each host, a ring reduce-scatter over its L ranks: local index l ends with block
 //      b = l + 1 (of L) reduced over the host;
@@ -14,7 +21,7 @@
 // 3 on the one of step 2 (a message may depend on one other, byte for byte: engine.h). All of it is
 // one plan: the steps pipeline, chunk by chunk, like the ring's.
 //
-// Hierarchical all-gather, the same shape without the reductions:
+// Hierarchical all-gather, the same shape without the reductions (hosts of one size only):
 //
 //   1. across hosts, a ring all-gather among each column: rank (h, l) ends with the blocks of
 //      every rank (h', l);
@@ -23,32 +30,45 @@
 //
 // A host's link then carries each other host's blocks once, (H-1)/H S inbound, where the flat ring
 // carries (n-1)/n S over every host crossing (2 hosts x 2 ranks: S/2 against 3/4 S).
+#include <algorithm>
+
 #include "comm/algorithms/algorithms.h"
+#include "comm/tuner.h"
 
 namespace braid {
 namespace {
 std::size_t mod(long long a, long long n) { return static_cast<std::size_t>(((a % n) + n) % n); }
 }  // namespace
 
-bool hierApplies(const Workspace& ws) {
-  const auto& hosts = ws.hosts();
-  return hosts.size() > 1 && hosts[0].size() > 1;
+bool hierApplies(const Workspace& ws, CollKind kind) {
+  const HostShape shape = hostShape(ws.hosts());
+  if (shape.hosts < 2) return false;
+  return kind == CollKind::kAllGather ? shape.perHost > 1 && shape.perHost == shape.maxPerHost : shape.maxPerHost > 1;
 }
 
 namespace {
-// This rank's place among the hosts, and its neighbours in its host's ring and its column's ring.
+// This rank's place among the hosts, its neighbours in its host's ring and its column's ring, and
+// its extras (or, for an extra, its base: `base`, and l >= L).
 struct HierPlace {
   int H, L, h = 0, l = 0;
   int localRight, localLeft, hostRight, hostLeft;
+  std::vector<int> extras;
   const std::vector<std::vector<int>>& hosts;
   HierPlace(const Workspace& ws)
-      : H(static_cast<int>(ws.hosts().size())), L(static_cast<int>(ws.hosts()[0].size())), hosts(ws.hosts()) {
-    for (int i = 0; i < H; ++i)
-      for (int j = 0; j < L; ++j)
-        if (hosts[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] == ws.rank()) h = i, l = j;
+      : H(static_cast<int>(ws.hosts().size())), L(hostShape(ws.hosts()).perHost), hosts(ws.hosts()) {
+    for (int i = 0; i < H; ++i) {
+      const auto& host = hosts[static_cast<std::size_t>(i)];
+      for (std::size_t j = 0; j < host.size(); ++j)
+        if (host[j] == ws.rank()) h = i, l = static_cast<int>(j);
+    }
     localRight = at(h, l + 1), localLeft = at(h, l - 1), hostRight = at(h + 1, l), hostLeft = at(h - 1, l);
+    const auto& mine = hosts[static_cast<std::size_t>(h)];
+    if (l < L)
+      for (std::size_t e = static_cast<std::size_t>(l + L); e < mine.size(); e += static_cast<std::size_t>(L)) extras.push_back(mine[e]);
   }
   int at(long long host, long long local) const { return hosts[mod(host, H)][mod(local, L)]; }
+  bool isExtra() const { return l >= L; }
+  int base() const { return at(h, l); }
 };
 }  // namespace
 
@@ -60,23 +80,48 @@ void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
   auto* send = static_cast<const std::byte*>(a.send);
   auto* recv = static_cast<std::byte*>(a.recv);
   const bool avg = a.op == ReduceOp::kAvg;
-  std::vector<int> prev(static_cast<std::size_t>(H)), done(static_cast<std::size_t>(H));
+  const auto HH = static_cast<std::size_t>(H);
+  // This rank's own input, which steps 1 and 2 read: the user's, or the extras' sum (step 0) in recv.
+  const std::byte* own = p.extras.empty() ? send : recv;
+  // `held`: where this rank's partial sums live once steps 0 and 1 wrote them (recv), or its own
+  // input on a host of one column without extras (no step wrote them).
+  const std::byte* held = L > 1 || !p.extras.empty() ? recv : send;
+  std::vector<int> prev(HH), done(HH), folded(static_cast<std::size_t>(L) * HH), fin(folded.size());
   for (int c = 0; c < channels; ++c) {
     const Range part = split(a.count, static_cast<std::size_t>(channels), static_cast<std::size_t>(c));
     // Bytes of sub-block k of block b of this channel's part.
     auto sub = [&](std::size_t b, std::size_t k) {
       const Range blk = split(part.len, static_cast<std::size_t>(L), b);
-      const Range s = split(blk.len, static_cast<std::size_t>(H), k);
+      const Range s = split(blk.len, HH, k);
       return Range{(part.off + blk.off + s.off) * es, s.len * es};
     };
+    auto piece = [&](std::size_t b, std::size_t k) { return b * HH + k; };
+    if (p.isExtra()) {  // steps 0 and 4, piece by piece in the base's order
+      for (std::size_t b = 0; b < static_cast<std::size_t>(L); ++b)
+        for (std::size_t k = 0; k < HH; ++k) plan.send(p.base(), c, send + sub(b, k).off, sub(b, k).len);
+      for (std::size_t b = 0; b < static_cast<std::size_t>(L); ++b)
+        for (std::size_t k = 0; k < HH; ++k) plan.recvCopy(p.base(), c, recv + sub(b, k).off, sub(b, k).len);
+      continue;
+    }
+    // 0. The extras' inputs, summed into recv piece by piece; folded[piece]: the message that
+    // finished it (-1: nothing to wait for).
+    std::fill(folded.begin(), folded.end(), -1);
+    for (std::size_t e = 0; e < p.extras.size(); ++e)
+      for (std::size_t b = 0; b < static_cast<std::size_t>(L); ++b)
+        for (std::size_t k = 0; k < HH; ++k) {
+          const Range r = sub(b, k);
+          int& f = folded[piece(b, k)];
+          f = plan.recvReduce(p.extras[e], c, recv + r.off, (e == 0 ? send : recv) + r.off, r.len, f);
+        }
     // 1. Reduce-scatter within the host.
-    std::fill(prev.begin(), prev.end(), -1);
+    for (int k = 0; k < H; ++k) prev[static_cast<std::size_t>(k)] = folded[piece(mod(l, L), static_cast<std::size_t>(k))];
     for (int s = 0; s < L - 1; ++s)
       for (int k = 0; k < H; ++k) {
         const auto kk = static_cast<std::size_t>(k);
-        const Range sb = sub(mod(l - s, L), kk), rb = sub(mod(l - s - 1, L), kk);
-        plan.send(localRight, c, (s == 0 ? send : recv) + sb.off, sb.len, prev[kk]);
-        prev[kk] = plan.recvReduce(localLeft, c, recv + rb.off, send + rb.off, rb.len);
+        const std::size_t rblock = mod(l - s - 1, L);
+        const Range sb = sub(mod(l - s, L), kk), rb = sub(rblock, kk);
+        plan.send(localRight, c, (s == 0 ? own : recv) + sb.off, sb.len, prev[kk]);
+        prev[kk] = plan.recvReduce(localLeft, c, recv + rb.off, own + rb.off, rb.len, folded[piece(rblock, kk)]);
       }
     const std::size_t mine = mod(l + 1, L);  // the block this rank now holds, reduced over the host
     // 2. All-reduce of that block across hosts; its sub-blocks are the ring's blocks. done[k]: the
@@ -86,9 +131,9 @@ void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
     for (int s = 0; s < H - 1; ++s) {
       const std::size_t ks = mod(h - s, H), kr = mod(h - s - 1, H);
       const Range sb = sub(mine, ks), rb = sub(mine, kr);
-      plan.send(hostRight, c, recv + sb.off, sb.len, s == 0 ? done[ks] : last);
-      // The local operand is this rank's own sum of sub-block kr, which step 1 finished.
-      last = plan.recvReduce(hostLeft, c, recv + rb.off, recv + rb.off, rb.len, done[kr], avg && s == H - 2);
+      plan.send(hostRight, c, (s == 0 ? held : recv) + sb.off, sb.len, s == 0 ? done[ks] : last);
+      // The local operand is this rank's own sum of sub-block kr, which steps 0 and 1 finished.
+      last = plan.recvReduce(hostLeft, c, recv + rb.off, held + rb.off, rb.len, done[kr], avg && s == H - 2);
     }
     done[mod(h + 1, H)] = last;
     for (int s = 0; s < H - 1; ++s) {
@@ -97,15 +142,21 @@ void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
       plan.send(hostRight, c, recv + sb.off, sb.len, last);
       last = done[kr] = plan.recvCopy(hostLeft, c, recv + rb.off, rb.len);
     }
+    for (std::size_t k = 0; k < HH; ++k) fin[piece(mine, k)] = done[k];
     // 3. All-gather within the host, block `mine` first.
     prev = done;
     for (int s = 0; s < L - 1; ++s)
       for (int k = 0; k < H; ++k) {
         const auto kk = static_cast<std::size_t>(k);
-        const Range sb = sub(mod(static_cast<long long>(mine) - s, L), kk), rb = sub(mod(static_cast<long long>(mine) - s - 1, L), kk);
+        const std::size_t rblock = mod(static_cast<long long>(mine) - s - 1, L);
+        const Range sb = sub(mod(static_cast<long long>(mine) - s, L), kk), rb = sub(rblock, kk);
         plan.send(localRight, c, recv + sb.off, sb.len, prev[kk]);
-        prev[kk] = plan.recvCopy(localLeft, c, recv + rb.off, rb.len);
+        prev[kk] = fin[piece(rblock, kk)] = plan.recvCopy(localLeft, c, recv + rb.off, rb.len);
       }
+    // 4. The result to each extra, each piece once it is final here.
+    for (int extra : p.extras)
+      for (std::size_t b = 0; b < static_cast<std::size_t>(L); ++b)
+        for (std::size_t k = 0; k < HH; ++k) plan.send(extra, c, recv + sub(b, k).off, sub(b, k).len, fin[piece(b, k)]);
   }
 }
 

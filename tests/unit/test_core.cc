@@ -637,14 +637,19 @@ TEST(Waiter, RaisesSleepFlagsOnlyBeforeItSleepsOnSockets) {
   ::close(fd);
 }
 
-// Across hosts of equal size the tuner takes the hierarchical all-reduce and all-gather for large
-// calls (fewer bytes over the links between hosts), never on one host or on hosts of unequal size,
-// and BRAID_ALGO=hier falls back to the ring where it does not apply.
-TEST(Tuner, HierarchicalAcrossEqualHostsOnly) {
+// Across hosts the tuner takes the hierarchical all-reduce and all-gather for large calls (fewer
+// bytes over the links between hosts), never on one host. Hosts of unequal size (3 and 2 ranks) keep
+// the all-reduce, with the extra rank's fold priced in, but not the all-gather, which BRAID_ALGO=hier
+// then runs as the ring.
+TEST(Tuner, HierarchicalAcrossHosts) {
   Config c;
   const std::vector<PeerInfo> twoByTwo = {infoOf(0, "a"), infoOf(1, "a"), infoOf(2, "b"), infoOf(3, "b")};
   const LinkClass across = linkOf(c, twoByTwo);
-  const HostShape shape{2, 2, slowestLink(makeTransports(c), twoByTwo, true)};
+  HostShape shape = hostShape({{0, 1}, {2, 3}});
+  EXPECT_EQ(shape.hosts, 2);
+  EXPECT_EQ(shape.perHost, 2);
+  EXPECT_EQ(shape.maxPerHost, 2);
+  shape.local = slowestLink(makeTransports(c), twoByTwo, true);
   EXPECT_TRUE(shape.local.sharedMemory);
   auto big = tune({CollKind::kAllReduce, 64u << 20, 4, 2, across, shape}, c);
   EXPECT_EQ(big.algo, Algo::kHier);
@@ -654,15 +659,20 @@ TEST(Tuner, HierarchicalAcrossEqualHostsOnly) {
   EXPECT_EQ(gather.algo, Algo::kHier);
   EXPECT_GT(gather.hierUs, 0);
   EXPECT_NE(tune({CollKind::kReduceScatter, 64u << 20, 4, 2, across, shape}, c).algo, Algo::kHier);
-  const HostShape uneven{2, 0, shape.local};
-  EXPECT_NE(tune({CollKind::kAllGather, 64u << 20, 4, 2, across, uneven}, c).algo, Algo::kHier);
-  EXPECT_EQ(tune({CollKind::kAllReduce, 64u << 20, 4, 2, across, uneven}, c).hierUs, 0);
-  EXPECT_NE(tune({CollKind::kAllReduce, 64u << 20, 4, 2, across, uneven}, c).algo, Algo::kHier);
-  const HostShape oneHost{1, 4, shape.local};
-  EXPECT_NE(tune({CollKind::kAllReduce, 64u << 20, 4, 2, shape.local, oneHost}, c).algo, Algo::kHier);
+  HostShape uneven = hostShape({{0, 1, 4}, {2, 3}});
+  EXPECT_EQ(uneven.perHost, 2);
+  EXPECT_EQ(uneven.maxPerHost, 3);
+  uneven.local = shape.local;
+  EXPECT_NE(tune({CollKind::kAllGather, 64u << 20, 5, 2, across, uneven}, c).algo, Algo::kHier);
+  const auto unevenBig = tune({CollKind::kAllReduce, 64u << 20, 5, 2, across, uneven}, c);
+  EXPECT_GT(unevenBig.hierUs, tune({CollKind::kAllReduce, 64u << 20, 5, 2, across, shape}, c).hierUs);  // the fold
+  HostShape oneHost = hostShape({{0, 1, 2, 3}});
+  oneHost.local = shape.local;
+  EXPECT_EQ(tune({CollKind::kAllReduce, 64u << 20, 4, 2, shape.local, oneHost}, c).hierUs, 0);
   c.algo = "hier";
   EXPECT_EQ(tune({CollKind::kAllReduce, 8, 4, 2, across, shape}, c).algo, Algo::kHier);
-  EXPECT_EQ(tune({CollKind::kAllReduce, 64u << 20, 4, 2, across, uneven}, c).algo, Algo::kRing);
+  EXPECT_EQ(tune({CollKind::kAllReduce, 64u << 20, 5, 2, across, uneven}, c).algo, Algo::kHier);
+  EXPECT_EQ(tune({CollKind::kAllGather, 64u << 20, 5, 2, across, uneven}, c).algo, Algo::kRing);
   EXPECT_EQ(tune({CollKind::kAllGather, 8, 4, 2, across, shape}, c).algo, Algo::kHier);
   EXPECT_EQ(tune({CollKind::kReduceScatter, 64u << 20, 4, 2, across, shape}, c).algo, Algo::kRing);
 }

@@ -130,6 +130,7 @@ Work Communicator::barrier() {
   return Work(cuda::submit(*impl_, {CollKind::kBarrier, nullptr, nullptr, 0, DataType::kInt8, ReduceOp::kSum}, nullptr));
 }
 
+void Communicator::finishQueued() { impl_->waitForQueuedCalls(); }
 void Communicator::abort() { impl_->abort(); }
 Status Communicator::asyncError() const { return impl_->failure(); }
 

@@ -188,6 +188,10 @@ class Comm final : public EngineHost, public Workspace {
   std::shared_ptr<CudaProxy> cudaProxy(bool create);
   void stopCudaProxy(bool abortive);
 
+  // Runs or waits for every queued asynchronous call, with what their callbacks queue meanwhile
+  // (Communicator::finishQueued; blocking calls and destroy first).
+  void waitForQueuedCalls();
+
  private:
   friend class CudaProxy;
   Comm() = default;
@@ -200,7 +204,6 @@ class Comm final : public EngineHost, public Workspace {
   // The call's fingerprint, with the next sequence number of its kind (collectives, or the pair).
   Fingerprint numberCall(const CollArgs& a);
   Status executeSendRecvs(const std::vector<const CollArgs*>& calls);
-  void waitForQueuedCalls();
   Status checkOverlap(const CollArgs& a, std::size_t elementSize) const;
   Status validateAllToAllv(const CollArgs& a) const;
   // After executeCall's bookkeeping: the algorithms on host memory, and the device call around them.

@@ -124,6 +124,11 @@ class BRAID_EXPORT Communicator {
                  void* recv, const std::vector<std::size_t>& recvCounts, const std::vector<std::size_t>& recvDispls,
                  DataType t, void* stream = nullptr);
 
+  // Returns once every call queued on this communicator has run, with the calls their Work
+  // callbacks queued meanwhile (what braidCommDestroy does first). The calling thread runs queued
+  // calls itself while the worker is idle. Callbacks that need a lock the caller holds (Python's
+  // GIL, say) must not be waited for with it held.
+  void finishQueued();
   // Ends the communicator at once (see braidCommAbort).
   void abort();
   // The error that ended the communicator, or ok.

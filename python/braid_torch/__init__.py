@@ -7,12 +7,17 @@ The process group rendezvouses through the store torch gives it (env://, tcp://,
 every collective on Braid's C++ API, and raises Braid's error (rank, peer, collective, sequence
 number) as a RuntimeError. See docs/PYTORCH.md for what is supported.
 """
+import atexit
 import inspect
 
 import torch
 import torch.distributed as _dist
 
-from ._C import ProcessGroupBraid, create as _create, cuda as _cuda
+from ._C import ProcessGroupBraid, create as _create, cuda as _cuda, _finish_all_queued
+
+# Calls still queued when the interpreter exits (a DDP comm hook's last all-reduce, an async call
+# nobody waited on) run now, while Python can still run their futures' callbacks.
+atexit.register(_finish_all_queued)
 
 
 def _create_braid(store, rank, size, timeout):

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -252,6 +253,35 @@ TEST(WorkCpp, CallbackMayCallItsCommunicatorAndWait) {
     }
     for (std::size_t i = 0; i < x.size(); ++i)
       if (x[i] != 3.0f || y[i] != 30.0f) { report(rank, "wrong sums"); return 2; }
+    return 0;
+  }, {{"BRAID_TIMEOUT", "20"}}, 60);
+  expectEveryRankSucceeded(outcome);
+}
+
+// Communicator::finishQueued returns only once every queued call has run, with the calls their
+// callbacks queued meanwhile (a chain of 5: each callback queues the next all-reduce and does not
+// wait for it), and its callbacks have returned: what braid_torch does at interpreter exit.
+TEST(WorkCpp, FinishQueuedRunsWhatCallbacksQueueToo) {
+  auto outcome = runRanks(2, [&](int rank, braidComm_t c) {
+    Communicator comm(c->impl);
+    constexpr int kChain = 5;
+    std::vector<std::vector<float>> bufs(kChain, std::vector<float>(4096, static_cast<float>(rank + 1)));
+    std::atomic<int> ran{0};
+    std::function<void(int)> queue = [&](int i) {
+      comm.allReduce(bufs[i].data(), bufs[i].data(), bufs[i].size(), DataType::kFloat32, ReduceOp::kSum)
+          .onDone([&, i](const Status& s) {
+            if (!s.ok()) return;
+            if (i + 1 < kChain) queue(i + 1);
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a slow callback is waited for too
+            ++ran;
+          });
+    };
+    queue(0);
+    comm.finishQueued();
+    if (ran.load() != kChain) { report(rank, "finishQueued returned after " + std::to_string(ran.load()) + " of 5 calls"); return 1; }
+    for (const auto& b : bufs)
+      for (float v : b)
+        if (v != 3.0f) { report(rank, "wrong sums"); return 2; }
     return 0;
   }, {{"BRAID_TIMEOUT", "20"}}, 60);
   expectEveryRankSucceeded(outcome);

@@ -287,6 +287,13 @@ def ddp_body(rank, world, port, backend, variant, out_path):
     if variant == "hook":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    elif variant == "powersgd":
+        # Its future's callback starts an all-reduce and waits for it (a callback calling its own
+        # group); the hook's last all-reduce may still be queued as the process exits.
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                                       min_compression_rate=0.5, random_seed=0)
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(99)
     data = [(torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)) for _ in range(20 * world)]
@@ -580,7 +587,7 @@ def check_coalescing():
 def check_ddp_matches_gloo():
     with tempfile.TemporaryDirectory() as d:
         for world in (2, 3):
-            for variant in ("plain", "no_sync", "small-buckets", "unused", "hook"):
+            for variant in ("plain", "no_sync", "small-buckets", "unused", "hook", "powersgd"):
                 res = {}
                 for backend in ("braid", "gloo"):
                     path = os.path.join(d, f"{backend}-{world}-{variant}.pt")

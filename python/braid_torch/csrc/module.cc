@@ -22,6 +22,8 @@ PYBIND11_MODULE(_C, m) {
            "[(is_send, tensor, group rank, tag)] as one Braid group; one Work per operation")
       .def("_cpp_all_reduce", &ProcessGroupBraid::cppAllReduce, py::arg("tensor"), py::call_guard<py::gil_scoped_release>(),
            "Sum all-reduce of a dense CPU tensor in place through Braid's C++ API, waited on (for benchmarks)");
+  m.def("_finish_all_queued", &ProcessGroupBraid::finishAllQueued, py::call_guard<py::gil_scoped_release>(),
+        "Runs what every Braid process group of this process still has queued (braid_torch: at exit)");
   m.attr("cuda") = py::bool_(BRAID_TORCH_CUDA != 0);  // CUDA tensors too (python/meson.build says when)
   m.def("create", &ProcessGroupBraid::create, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
         py::call_guard<py::gil_scoped_release>(),

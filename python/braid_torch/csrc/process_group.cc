@@ -2,7 +2,9 @@
 
 #include <pybind11/pybind11.h>  // gil_scoped_release (~ProcessGroupBraid)
 
+#include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <functional>
 #include <string>
 #include <utility>
@@ -66,7 +68,26 @@ void split(const at::Tensor& from, std::vector<at::Tensor>& to) {
 
 std::chrono::milliseconds braidTimeout(std::chrono::milliseconds timeout) { return timeout; }
 
+// The communicators of this process's groups (weak: the list keeps none alive, nor delays a
+// group's destructor), for finishAllQueued. Never freed: a group may go during the interpreter's
+// last steps, after static destructors.
+std::mutex liveMu;
+std::vector<std::weak_ptr<braid::Comm>>& live() {
+  static auto* comms = new std::vector<std::weak_ptr<braid::Comm>>();
+  return *comms;
+}
+
 }  // namespace
+
+void ProcessGroupBraid::finishAllQueued() {
+  std::vector<std::weak_ptr<braid::Comm>> comms;
+  {
+    std::lock_guard<std::mutex> g(liveMu);
+    comms = live();
+  }
+  for (auto& weak : comms)
+    if (auto impl = weak.lock()) braid::Communicator(std::move(impl)).finishQueued();
+}
 
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout)
@@ -88,6 +109,12 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   auto c = braid::Communicator::fromUniqueId(id, size, rank, options);
   TORCH_CHECK(c.ok(), "braid: rank ", rank, " could not join the communicator of ", size, " ranks: ", c.status().toString());
   comm_ = std::make_unique<braid::Communicator>(std::move(*c));
+  {
+    std::lock_guard<std::mutex> g(liveMu);
+    auto& comms = live();
+    comms.erase(std::remove_if(comms.begin(), comms.end(), [](const auto& w) { return w.expired(); }), comms.end());
+    comms.emplace_back(comm_->impl());
+  }
   p2p_ = std::make_shared<P2pQueue>(comm_.get(), rank);
 }
 

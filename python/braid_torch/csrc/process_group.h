@@ -97,6 +97,11 @@ class ProcessGroupBraid : public Base {
   // For torch.distributed.Backend.register_backend: (store, rank, size, timeout) -> process group.
   static c10::intrusive_ptr<Base> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                        const std::chrono::duration<float>& timeout);
+  // Runs what every group of this process still has queued, with what their Work callbacks
+  // queue meanwhile (braid::Communicator::finishQueued), without the GIL. braid_torch calls it at
+  // interpreter exit (atexit): a call left queued would otherwise finish on Braid's worker thread
+  // while Python shuts down, and its future's Python callback could no longer take the GIL.
+  static void finishAllQueued();
 
  private:
   // The communicator, after handing Braid the pending sends and receives (p2p.h).

@@ -90,11 +90,15 @@ Status Comm::waitForAnswer(const Fingerprint& fp, int peer, const std::function<
 }
 
 // A header of call `fp` waiting in a ring from some peer: that peer ran the call as a plan, so it
-// called something other than this rank's mailbox call. Or a peer's farewell: it made no such call.
+// called something other than this rank's mailbox call. Or a peer's farewell that names another
+// last call: it made no such call. (A farewell after this very call is no mismatch: that peer
+// posted its slot, read the others' and destroyed, all while this rank was between two looks.)
 Status Comm::ringMessageFor(const Fingerprint& fp) {
   return forEachWaitingHeader([&](int p, const WireHeader& h) {
     Fingerprint theirs = fingerprintOf(h);
-    if (isFarewell(h)) return Status::InvalidUsage(farewellMismatch(rank_, fp, p, theirs));
+    if (isFarewell(h))
+      return theirs.seq == fp.seq && theirs.sameCall(fp) ? Status::Ok()
+                                                         : Status::InvalidUsage(farewellMismatch(rank_, fp, p, theirs));
     if (h.seq != fp.seq || theirs.kind == CollKind::kSendRecv) return Status::Ok();
     return Status::InvalidUsage(mismatchText(rank_, callAs(fp), p, callAs(theirs)));
   });

@@ -325,6 +325,68 @@ def ddp_body(rank, world, port, backend, variant, out_path):
     dist.destroy_process_group()
 
 
+# ------------------------------------------------------------------ sparse
+
+def sparse_part(rank, dtype, dense_dims):
+    """Rank `rank`'s sparse COO tensor (10 x 6, `dense_dims` dense columns per entry when non-zero):
+    indices shared with other ranks and its own, a repeated index (uncoalesced), none at all on rank 2."""
+    if rank == 2:
+        idx = torch.zeros((2, 0), dtype=torch.int64)
+    else:
+        idx = torch.tensor([[0, rank, 5, 9 - rank, 5], [1, 2, 3, rank, 3]], dtype=torch.int64)
+    nnz = idx.shape[1]
+    vals = (torch.arange(nnz * max(dense_dims, 1)) % 5 + rank + 1).to(dtype)
+    if dense_dims:
+        return torch.sparse_coo_tensor(idx[:1], vals.reshape(nnz, dense_dims), (10, dense_dims))
+    return torch.sparse_coo_tensor(idx, vals, (10, 6))
+
+
+def sparse_body(rank, world, port):
+    init(rank, world, port)
+    for dtype in (torch.float32, torch.float64, torch.int64):
+        for dense_dims in (0, 3):
+            t = sparse_part(rank, dtype, dense_dims)
+            dist.all_reduce(t)
+            want = sum(sparse_part(q, dtype, dense_dims).to_dense() for q in range(world))
+            if not t.is_sparse or not torch.equal(t.to_dense(), want):
+                raise AssertionError(f"rank {rank}: sparse all_reduce of {dtype}, {dense_dims} dense dims: "
+                                     f"{t.to_dense()} != {want}")
+    try:
+        dist.all_reduce(sparse_part(rank, torch.float32, 0), op=dist.ReduceOp.MAX)
+        raise AssertionError("a sparse all_reduce with MAX did not raise")
+    except RuntimeError as e:
+        if "SUM only" not in str(e):
+            raise
+    x = torch.ones(4)
+    dist.all_reduce(x)  # the group goes on
+    if not torch.equal(x, torch.full((4,), float(world))):
+        raise AssertionError(f"rank {rank}: dense all_reduce after the refusal gave {x}")
+    dist.destroy_process_group()
+
+
+def sparse_ddp_body(rank, world, port, backend, out_path):
+    """DDP over an nn.Embedding with sparse gradients (and a dense layer after it), 10 SGD steps."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    init(rank, world, port, backend)
+    torch.manual_seed(4321)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 8, sparse=True), torch.nn.Flatten(), torch.nn.Linear(24, 2))
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(7)
+    for step in range(10):
+        tokens = torch.randint(0, 50, (world, 4, 3), generator=g)[rank]
+        target = torch.randn(world, 4, 2, generator=g)[rank]
+        torch.nn.functional.mse_loss(ddp(tokens), target).backward()
+        opt.step()
+        opt.zero_grad()
+    if rank == 0:
+        torch.save([p.detach().clone() for p in ddp.parameters()], out_path)
+    if backend == "gloo":
+        dist.barrier()
+        os._exit(0)  # (as ddp_body: torch 1.13's ~ProcessGroupGloo under the GIL)
+    dist.destroy_process_group()
+
+
 # ------------------------------------------------------------------ failure
 
 def killed_rank_body(rank, world, port, out_path):
@@ -599,6 +661,22 @@ def check_ddp_matches_gloo():
                     raise AssertionError(f"DDP {world} ranks {variant}: parameters differ from gloo's by {diff}")
 
 
+def check_sparse_all_reduce():
+    for world in (1, 2, 3):
+        spawn(sparse_body, world)
+    with tempfile.TemporaryDirectory() as d:
+        for world in (2, 3):
+            res = {}
+            for backend in ("braid", "gloo"):
+                path = os.path.join(d, f"{backend}-{world}.pt")
+                spawn(sparse_ddp_body, world, backend, path)
+                res[backend] = torch.load(path)
+            diff = max((a - b).abs().max().item() for a, b in zip(res["braid"], res["gloo"]))
+            print(f"  DDP {world} ranks, sparse embedding: max |braid - gloo| = {diff:.3g}")
+            if diff > 1e-6:
+                raise AssertionError(f"DDP {world} ranks with a sparse embedding: parameters differ from gloo's by {diff}")
+
+
 def check_killed_rank_is_named():
     world = 3
     with tempfile.TemporaryDirectory() as d:
@@ -623,7 +701,7 @@ def check_killed_rank_is_named():
             print(f"  survivor {rank} failed after {took.strip()} s: {msg.strip()[:160]}")
 
 
-CHECKS = [check_collectives, check_coalescing, check_ddp_matches_gloo, check_killed_rank_is_named, check_bad_input_raises_on_every_rank,
+CHECKS = [check_collectives, check_coalescing, check_ddp_matches_gloo, check_sparse_all_reduce, check_killed_rank_is_named, check_bad_input_raises_on_every_rank,
           check_destroy_with_unwaited_work]
 
 if __name__ == "__main__":

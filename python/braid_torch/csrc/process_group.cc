@@ -211,8 +211,48 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tens
   });
 }
 
+// The sum of sparse COO tensors: every rank's coalesced indices and values gathered (padded to the
+// largest count, which an all-gather of the counts gives first), laid end to end in rank order and
+// coalesced, which sums the entries that share an index (what gloo computes). The result replaces
+// the tensor's contents, as gloo's does. Only the counts are waited for here; the Work completes
+// with the values' all-gather, whose `after` builds the result.
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduceSparse(at::Tensor& t, const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK(opts.reduceOp == c10d::ReduceOp::SUM, "braid: all_reduce of a sparse tensor supports ReduceOp.SUM only");
+  TORCH_CHECK(t.layout() == at::kSparse, "braid: all_reduce supports sparse COO tensors, not ", t.layout());
+  TORCH_CHECK(t.device().is_cpu(), "braid: all_reduce of sparse tensors on the CPU only, not ", t.device());
+  const at::Tensor in = t.coalesce();
+  const int n = getSize();
+  const int64_t sparseDims = in.sparse_dim(), nnz = in._nnz();
+  at::Tensor counts = at::empty({n}, at::kLong), mine = at::full({1}, nnz, at::kLong);
+  const braid::Status counted = comm().allGather(ptr(mine), ptr(counts), 1, braid::DataType::kInt64).wait();
+  TORCH_CHECK(counted.ok(), "braid: sparse all_reduce: ", counted.toString());
+  const int64_t most = counts.max().item<int64_t>();
+  std::vector<int64_t> valueShape = in._values().sizes().vec();
+  valueShape[0] = most;
+  at::Tensor idx = at::zeros({sparseDims, most}, at::kLong), val = at::zeros(valueShape, in._values().options());
+  idx.narrow(1, 0, nnz).copy_(in._indices());
+  val.narrow(0, 0, nnz).copy_(in._values());
+  at::Tensor allIdx = at::empty({n, sparseDims, most}, at::kLong);
+  valueShape.insert(valueShape.begin(), n);
+  at::Tensor allVal = at::empty(valueShape, val.options());
+  (void)comm().allGather(ptr(idx), ptr(allIdx), count(idx), braid::DataType::kInt64);  // (in order: done before the values)
+  braid::Work w = comm().allGather(ptr(val), ptr(allVal), count(val), braidType(val));
+  auto after = [t, counts, allIdx, allVal, n]() mutable {
+    std::vector<at::Tensor> indices, values;
+    for (int q = 0; q < n; ++q) {
+      const int64_t k = counts[q].item<int64_t>();
+      indices.push_back(allIdx[q].narrow(1, 0, k));
+      values.push_back(allVal[q].narrow(0, 0, k));
+    }
+    t.copy_(at::sparse_coo_tensor(at::cat(indices, 1), at::cat(values, 0), t.sizes()).coalesce());
+  };
+  return WorkBraid::start(getRank(), c10d::OpType::ALLREDUCE, std::move(w), {t}, {idx, val, allIdx, allVal}, std::move(after));
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK(tensors.size() == 1, "braid: allreduce takes exactly one tensor per call, got ", tensors.size());
+  if (tensors[0].is_sparse()) return allreduceSparse(tensors[0], opts);
   at::Tensor& t = single(tensors, "allreduce");
   const braid::DataType dt = braidType(t);
   const braid::ReduceOp op = braidOp(opts.reduceOp, t);

@@ -71,6 +71,10 @@ class ProcessGroupBraid : public Base {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 #if BRAID_TORCH_COALESCING
+  // torch 2.x routes the all_reduce of a sparse tensor here (1.13 to allreduce).
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
+    return allreduce(tensors, opts);
+  }
   // Coalesced all_gather_into_tensor and reduce_scatter_tensor: one Braid call for the list.
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
@@ -106,6 +110,8 @@ class ProcessGroupBraid : public Base {
  private:
   // The communicator, after handing Braid the pending sends and receives (p2p.h).
   braid::Communicator& comm();
+  // allreduce of a sparse COO tensor (sum): all-gathers of the counts, indices and values, coalesced.
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(at::Tensor& t, const c10d::AllreduceOptions& opts);
   // Refuses a send or receive that cannot be made (peer, tag, tensor), on this rank alone.
   void checkPeerOp(bool isSend, const at::Tensor& user, int peer, int tag) const;
   // Queues one send or receive of the user's tensor (p2p.h: held back until flushed).

@@ -37,7 +37,8 @@ def _braid_of(group):
     """The ProcessGroupBraid that runs `group`'s calls, or None when another backend runs them.
 
     In torch 1.13 the group is the ProcessGroupBraid itself; in torch 2.x a group holds one backend
-    per device type, and Braid's is the CPU one.
+    per device type, and Braid's is the CPU one (inside torch's wrapper under
+    TORCH_DISTRIBUTED_DEBUG=DETAIL).
     """
     pg = group if group is not None else _dist.distributed_c10d._get_default_group()
     if isinstance(pg, ProcessGroupBraid):
@@ -46,6 +47,8 @@ def _braid_of(group):
         backend = pg._get_backend(torch.device("cpu"))
     except (AttributeError, RuntimeError):  # torch 1.13's other groups; a group without a CPU backend
         return None
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL: torch 2.x wraps every backend in a _ProcessGroupWrapper.
+    backend = getattr(backend, "wrapped_pg", backend)
     return backend if isinstance(backend, ProcessGroupBraid) else None
 
 

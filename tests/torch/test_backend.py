@@ -325,6 +325,31 @@ def ddp_body(rank, world, port, backend, variant, out_path):
     dist.destroy_process_group()
 
 
+# ------------------------------------------------------------------ sequence numbers
+
+def sequence_body(rank, world, port):
+    """torch's sequence numbers (TORCH_DISTRIBUTED_DEBUG=DETAIL sets them on every group it wraps):
+    0 once set, one more a call, the same on every rank."""
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    init(rank, world, port)
+    pg = braid_torch._braid_of(None)
+    pg._set_sequence_number_for_group()
+    seen = [pg._get_sequence_number_for_group()]
+    t = torch.ones(5)
+    for _ in range(3):
+        dist.all_reduce(t)
+        seen.append(pg._get_sequence_number_for_group())
+    if seen != [0, 1, 2, 3]:
+        raise AssertionError(f"rank {rank}: sequence numbers {seen} after 0, 1, 2 and 3 all-reduces")
+    mine = torch.tensor([pg._get_sequence_number_for_group()], dtype=torch.int64)
+    every = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(every, mine)
+    if any(int(e) != 3 for e in every):
+        raise AssertionError(f"rank {rank}: the ranks' sequence numbers after 3 all-reduces: {every}")
+    dist.monitored_barrier()
+    dist.destroy_process_group()
+
+
 # ------------------------------------------------------------------ sparse
 
 def sparse_part(rank, dtype, dense_dims):
@@ -661,6 +686,10 @@ def check_ddp_matches_gloo():
                     raise AssertionError(f"DDP {world} ranks {variant}: parameters differ from gloo's by {diff}")
 
 
+def check_sequence_numbers():
+    spawn(sequence_body, 2)
+
+
 def check_sparse_all_reduce():
     for world in (1, 2, 3):
         spawn(sparse_body, world)
@@ -701,7 +730,7 @@ def check_killed_rank_is_named():
             print(f"  survivor {rank} failed after {took.strip()} s: {msg.strip()[:160]}")
 
 
-CHECKS = [check_collectives, check_coalescing, check_ddp_matches_gloo, check_sparse_all_reduce, check_killed_rank_is_named, check_bad_input_raises_on_every_rank,
+CHECKS = [check_collectives, check_coalescing, check_ddp_matches_gloo, check_sequence_numbers, check_sparse_all_reduce, check_killed_rank_is_named, check_bad_input_raises_on_every_rank,
           check_destroy_with_unwaited_work]
 
 if __name__ == "__main__":

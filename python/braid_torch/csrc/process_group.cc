@@ -148,8 +148,14 @@ braid::Communicator& ProcessGroupBraid::comm() {
                 "make other collectives outside)");
   }
   p2p_->flush();  // calls run in the order they were made
+  seq_.fetch_add(1, std::memory_order_relaxed);
   return *comm_;
 }
+
+// Every rank starts at 0 and counts the calls made through comm(): the same number on every rank
+// after the same calls, as torch's checks (TORCH_DISTRIBUTED_DEBUG=DETAIL) expect.
+void ProcessGroupBraid::setSequenceNumberForGroup() { seq_.store(0, std::memory_order_relaxed); }
+uint64_t ProcessGroupBraid::getSequenceNumberForGroup() { return seq_.load(std::memory_order_relaxed); }
 
 void ProcessGroupBraid::checkPeerOp(bool isSend, const at::Tensor& user, int peer, int tag) const {
   const char* what = isSend ? "send to" : "recv from";
@@ -224,7 +230,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduceSparse(at::Tensor& t,
   const int n = getSize();
   const int64_t sparseDims = in.sparse_dim(), nnz = in._nnz();
   at::Tensor counts = at::empty({n}, at::kLong), mine = at::full({1}, nnz, at::kLong);
-  const braid::Status counted = comm().allGather(ptr(mine), ptr(counts), 1, braid::DataType::kInt64).wait();
+  braid::Communicator& c = comm();  // (one call in torch's count)
+  const braid::Status counted = c.allGather(ptr(mine), ptr(counts), 1, braid::DataType::kInt64).wait();
   TORCH_CHECK(counted.ok(), "braid: sparse all_reduce: ", counted.toString());
   const int64_t most = counts.max().item<int64_t>();
   std::vector<int64_t> valueShape = in._values().sizes().vec();
@@ -235,8 +242,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduceSparse(at::Tensor& t,
   at::Tensor allIdx = at::empty({n, sparseDims, most}, at::kLong);
   valueShape.insert(valueShape.begin(), n);
   at::Tensor allVal = at::empty(valueShape, val.options());
-  (void)comm().allGather(ptr(idx), ptr(allIdx), count(idx), braid::DataType::kInt64);  // (in order: done before the values)
-  braid::Work w = comm().allGather(ptr(val), ptr(allVal), count(val), braidType(val));
+  (void)c.allGather(ptr(idx), ptr(allIdx), count(idx), braid::DataType::kInt64);  // (in order: done before the values)
+  braid::Work w = c.allGather(ptr(val), ptr(allVal), count(val), braidType(val));
   auto after = [t, counts, allIdx, allVal, n]() mutable {
     std::vector<at::Tensor> indices, values;
     for (int q = 0; q < n; ++q) {

@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #endif
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -41,6 +42,9 @@ class ProcessGroupBraid : public Base {
   ~ProcessGroupBraid() override;
 
   const std::string getBackendName() const override { return "braid"; }
+  // Sequence numbers (TORCH_DISTRIBUTED_DEBUG=DETAIL: torch 2.x wraps every backend and sets them).
+  void setSequenceNumberForGroup() override;
+  uint64_t getSequenceNumberForGroup() override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
@@ -121,6 +125,7 @@ class ProcessGroupBraid : public Base {
   c10::intrusive_ptr<c10d::Store> store_;  // the group's: monitoredBarrier meets through it
   std::chrono::milliseconds timeout_;
   std::uint64_t monitoredRounds_ = 0;
+  std::atomic<std::uint64_t> seq_{0};  // calls made through comm() since setSequenceNumberForGroup
   bool coalescing_ = false;                                // between startCoalescing and endCoalescing
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;  // the sends and receives made meanwhile
 };

@@ -10,11 +10,27 @@
 namespace braid {
 namespace {
 constexpr std::size_t kStageBelow = 4096;
+constexpr std::size_t kSmallRing = 8192;
+constexpr std::uint64_t kGrowAfter = 64 << 10;  // bytes received on the channel before the ring takes its full size
 }  // namespace
 
-TcpChannel::TcpChannel(net::Fd fd, int peer, std::size_t cap) : fd_(std::move(fd)), peer_(peer), ring_(cap), mask_(cap - 1) {
+// (std::vector zeroes the ring: its pages are touched once here, not on the hot path.)
+TcpChannel::TcpChannel(net::Fd fd, int peer, std::size_t cap)
+    : fd_(std::move(fd)), peer_(peer), ring_(std::min(cap, kSmallRing)), mask_(ring_.size() - 1), fullCap_(cap) {
   net::setNonBlocking(fd_.get(), true);
-  std::memset(ring_.data(), 0, cap);  // touch once now, not on the hot path
+}
+
+void TcpChannel::grow() {
+  std::vector<std::byte> bigger(fullCap_);
+  const std::size_t newMask = fullCap_ - 1;
+  for (std::uint64_t o = tail_; o < head_;) {
+    const std::size_t from = static_cast<std::size_t>(o) & mask_, to = static_cast<std::size_t>(o) & newMask;
+    const std::size_t k = std::min({static_cast<std::size_t>(head_ - o), ring_.size() - from, fullCap_ - to});
+    std::memcpy(bigger.data() + to, ring_.data() + from, k);
+    o += k;
+  }
+  ring_.swap(bigger);
+  mask_ = newMask;
 }
 
 Status TcpChannel::closedError(int err) const {
@@ -42,6 +58,7 @@ Result<std::size_t> TcpChannel::trySend2(const void* a, std::size_t na, const vo
 }
 
 Result<std::span<const std::byte>> TcpChannel::peek() {
+  if (ring_.size() < fullCap_ && head_ >= kGrowAfter) grow();  // this channel carries bulk data
   std::size_t cap = ring_.size();
   std::size_t used = static_cast<std::size_t>(head_ - tail_);
   if (used < cap && !eof_) {

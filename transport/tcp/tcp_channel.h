@@ -24,10 +24,16 @@ class TcpChannel : public Channel {
 
  private:
   Status closedError(int err) const;
+  // The ring at its full size, the staged bytes kept at their stream offsets.
+  void grow();
   net::Fd fd_;
   int peer_;
-  std::vector<std::byte> ring_;   // staging for peek(); positions are absolute stream offsets
+  // Staging for peek(); positions are absolute stream offsets. It starts at 8 KiB (headers and
+  // small messages: every peer's channel has one, and most peers of a large communicator exchange
+  // little) and takes its full size, `fullCap_` (BRAID_BUFFSIZE), once 64 KiB have come through.
+  std::vector<std::byte> ring_;
   std::size_t mask_;
+  std::size_t fullCap_;
   std::uint64_t head_ = 0, tail_ = 0;
   bool eof_ = false;  // the peer closed: what is staged can still be read, then it is an error
 };

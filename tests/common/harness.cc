@@ -94,6 +94,8 @@ Env transportEnv(const std::string& transport) {
   // Pretend hosts on this machine: shm within each, tcp across.
   if (transport.rfind("hosts/", 0) == 0) return {{"BRAID_HOSTID", "h{rank/" + transport.substr(6) + "}"}};
   if (transport.rfind("hosts%", 0) == 0) return {{"BRAID_HOSTID", "h{rank%" + transport.substr(6) + "}"}};
+  // "hosts=3,4,5,4": consecutive ranks on hosts of those sizes.
+  if (transport.rfind("hosts=", 0) == 0) return {{"BRAID_HOSTID", "h{rank@" + transport.substr(6) + "}"}};
   return {};
 }
 
@@ -103,7 +105,16 @@ std::string forRank(std::string value, int rank) {
     if (end == std::string::npos) break;
     const char how = value[at + 5];
     const int k = how == '/' || how == '%' ? std::atoi(value.c_str() + at + 6) : 0;
-    const int v = k <= 0 ? rank : how == '/' ? rank / k : rank % k;
+    int v = k <= 0 ? rank : how == '/' ? rank / k : rank % k;
+    if (how == '@') {  // {rank@3,4,5}: the index of the host, of those sizes in order, that holds the rank
+      v = 0;
+      int first = 0;
+      for (std::size_t p = at + 6; p < end; p = value.find(',', p) + 1) {
+        first += std::atoi(value.c_str() + p);
+        if (rank < first || value.find(',', p) > end) break;
+        ++v;
+      }
+    }
     value.replace(at, end - at + 1, std::to_string(v));
   }
   return value;

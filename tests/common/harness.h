@@ -49,7 +49,8 @@ std::string fakeIbverbsLib();
 // the communicator when the Env has TEST_MEMLOCK_BYTES.
 bool lowerMemlock(std::uint64_t bytes);
 
-// An Env value for one rank: each "{rank}", "{rank/K}" and "{rank%K}" replaced by its figure
+// An Env value for one rank: each "{rank}", "{rank/K}" and "{rank%K}" replaced by its figure, and
+// "{rank@3,4,5}" by the index of the host holding it among hosts of those sizes, ranks in order
 // (runRanks applies it, so one Env can give every rank its own value).
 std::string forRank(std::string value, int rank);
 

@@ -329,9 +329,10 @@ def ddp_body(rank, world, port, backend, variant, out_path):
 
 def sequence_body(rank, world, port):
     """torch's sequence numbers (TORCH_DISTRIBUTED_DEBUG=DETAIL sets them on every group it wraps):
-    0 once set, one more a call, the same on every rank."""
-    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    0 once set, one more a call, the same on every rank; monitored_barrier through torch's wrapper."""
     init(rank, world, port)
+    if hasattr(dist, "get_debug_level") and dist.get_debug_level() != dist.DebugLevel.DETAIL:
+        raise AssertionError(f"rank {rank}: debug level {dist.get_debug_level()}, not DETAIL")
     pg = braid_torch._braid_of(None)
     pg._set_sequence_number_for_group()
     seen = [pg._get_sequence_number_for_group()]
@@ -687,7 +688,11 @@ def check_ddp_matches_gloo():
 
 
 def check_sequence_numbers():
-    spawn(sequence_body, 2)
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"  # read as torch is imported: the ranks inherit it
+    try:
+        spawn(sequence_body, 2)
+    finally:
+        del os.environ["TORCH_DISTRIBUTED_DEBUG"]
 
 
 def check_sparse_all_reduce():

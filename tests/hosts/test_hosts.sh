@@ -24,6 +24,8 @@
 #      a 1 MiB /dev/shm, memlock lowered where ib is used, an ib port DOWN, a blackholed interface
 #      and a BRAID_SOCKET_IFNAME matching nothing; every link capped alike, found only against the
 #      healthy run's JSON (--baseline) as system-wide
+#   9. 128 ranks on 32 hosts x 4: every collective exact; a rank killed on one of them is named by
+#      the ranks of host 1 within 10 s, and every launcher fails
 # Usage: test_hosts.sh BRAID TESTHOSTS [FAKEIBV_LIB]. Exit 77 (skip) with the reason where namespaces cannot be
 # made (not root, no ip/unshare/nsenter, a kernel without veth or bridges). Every test host is
 # removed at the end, also when a case fails.
@@ -407,6 +409,41 @@ outsiders_refused() {
   "$testhosts" link h1 rate 1gbit && "$testhosts" link h1 clear
 }
 check "the test hosts' lock: down and up from outside the session refused, naming it; the hosts stay" outsiders_refused
+
+# 128 ranks on 32 test hosts x 4 (tcp between hosts, shm within): every collective exact; then one
+# rank killed on host 17: h1's ranks fail within 10 s naming a rank of braid-h17, and every launcher
+# exits non-zero. (Last: it remakes the test hosts as 32.)
+scale_32x4() {
+  "$testhosts" up 32 --shm-size 64M >"$work/up32.log" 2>&1 || { echo "  up 32: $(tail -n 1 "$work/up32.log")"; return 1; }
+  local c t0
+  for c in "allreduce -d float32 -o sum" "allreduce -d int32 -o max" "allgather" "reducescatter" "broadcast -r 77" \
+           "reduce -r 126" "alltoall" "sendrecv" "barrier"; do
+    t0=$(date +%s%N)
+    # shellcheck disable=SC2086
+    run_on_hosts 32 4 240 "$braid" perf $c -b 8 -e 64K -f 64 -n 2 -w 1 -c 1 || { echo "  $c failed"; return 1; }
+    grep -q "128 ranks on 32 host(s)" "$work/h1.log" && grep -q "Out of bounds values : 0 OK" "$work/h1.log" ||
+      { echo "  $c: not exact on 128 ranks"; return 1; }
+    echo "  $c: $((($(date +%s%N) - t0) / 1000000)) ms for the launch, set-up and the sweep"
+  done
+  start_on_hosts 32 4 120 "$braid" perf allreduce -b 64K -e 64K -n 100000 -w 1 -c 1
+  sleep 8
+  local victim="" p t1 status bad=0 named
+  for p in $(ip netns pids braid-h17); do
+    tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "^$braid perf" && { victim=$p; break; }
+  done
+  [ -n "$victim" ] || { echo "  no rank found on braid-h17"; return 1; }
+  t0=$(date +%s%N)
+  kill -9 "$victim"
+  wait "${pids[0]}"
+  status=$?
+  t1=$(date +%s%N)
+  for p in "${pids[@]:1}"; do wait "$p" || bad=$((bad + 1)); done
+  named=$(grep -E "rank [0-3].*rank (6[4-7]) \(tcp, host braid-h17\)" "$work/h1.log" | head -n 1)
+  echo "  h1 exited with $status $(((t1 - t0) / 1000000)) ms after rank pid $victim on braid-h17 was killed; $bad of 31 other launchers non-zero"
+  echo "  ${named:0:200}"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ $(((t1 - t0) / 1000000)) -lt 10000 ] && [ -n "$named" ] && [ "$bad" = 31 ]
+}
+check "128 ranks on 32 hosts x 4: every collective exact; a rank killed on one host is named within 10 s" scale_32x4
 
 rm -rf "$work"
 echo "$passed passed, $fail failed"

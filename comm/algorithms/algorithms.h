@@ -86,6 +86,13 @@ void buildRingAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
 // Hierarchical all-reduce (hier.cc): reduce-scatter within each host, all-reduce across hosts,
 // all-gather within each host. Applies when there are several hosts of the same size above 1.
 bool hierApplies(const Workspace& ws, CollKind kind);
+// This rank's place in the tree of a broadcast or reduce from `root` (buildRooted): its parent (-1:
+// the root) and children, hosts' leaders first. The tree spans the hosts' leaders, then each host.
+struct RootedLinks {
+  int parent;
+  std::vector<int> children;
+};
+RootedLinks rootedLinks(const Workspace& ws, int root, Algo shape);
 void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
 // Hierarchical all-gather (hier.cc): all-gather across hosts within each column of local ranks,
 // then within each host.

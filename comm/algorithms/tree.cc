@@ -10,7 +10,11 @@
 // that are inner nodes in one tree are leaves in the other, so the two halves of the data load
 // different links. Each tree keeps its own channel, so its up and down streams never queue behind
 // the other tree's.
-// Broadcast and reduce use one tree rooted at `root`: a binary heap (kTree) or a chain (kRing).
+// Broadcast and reduce use one tree rooted at `root`, built over hosts first: a binary heap (kTree)
+// or a chain (kRing) of the hosts' leaders (the root for its host, each other host's first rank),
+// and under each leader the same shape over its host's ranks. So the data crosses into each host
+// once, over its leader's link, whatever the ranks' numbering (one host: the rank-order tree).
+#include <algorithm>
 #include <cstring>
 
 #include "comm/algorithms/algorithms.h"
@@ -20,7 +24,7 @@ namespace {
 
 struct Node {
   int parent = -1;
-  int children[2] = {-1, -1};
+  int children[4] = {-1, -1, -1, -1};  // (a leader: up to two hosts' leaders, then up to two of its host)
   int nchildren = 0;
 };
 
@@ -63,7 +67,37 @@ void broadcastDown(Plan& plan, const Node& node, int ch, const std::byte* rootSr
   for (int k = 0; k < node.nchildren; ++k) plan.send(node.children[k], ch, src, bytes, have);
 }
 
+// This rank's node in the rooted call's tree over hosts, then within each host (above).
+Node rootedNode(const Workspace& ws, int root, Algo shape) {
+  const auto& hosts = ws.hosts();
+  const int H = static_cast<int>(hosts.size());
+  auto hostOf = [&](int rank) {
+    for (int h = 0; h < H; ++h)
+      if (std::find(hosts[static_cast<std::size_t>(h)].begin(), hosts[static_cast<std::size_t>(h)].end(), rank) !=
+          hosts[static_cast<std::size_t>(h)].end())
+        return h;
+    return 0;
+  };
+  const int hr = hostOf(root), hm = hostOf(ws.rank());
+  const auto leader = [&](int h) { return h == hr ? root : hosts[static_cast<std::size_t>(h)][0]; };
+  // This host's ranks from its leader on, wrapping: the within-host tree's order.
+  const std::vector<int>& mine = hosts[static_cast<std::size_t>(hm)];
+  const int L = static_cast<int>(mine.size());
+  const int first = static_cast<int>(std::find(mine.begin(), mine.end(), leader(hm)) - mine.begin());
+  const int j = static_cast<int>(std::find(mine.begin(), mine.end(), ws.rank()) - mine.begin());
+  Node local = treeNode((j - first + L) % L, L, shape, [&](int v) { return mine[static_cast<std::size_t>((v + first) % L)]; });
+  if (j != first) return local;
+  Node node = treeNode((hm - hr + H) % H, H, shape, [&](int v) { return leader((v + hr) % H); });
+  for (int k = 0; k < local.nchildren; ++k) node.children[node.nchildren++] = local.children[k];
+  return node;
+}
+
 }  // namespace
+
+RootedLinks rootedLinks(const Workspace& ws, int root, Algo shape) {
+  const Node node = rootedNode(ws, root, shape);
+  return {node.parent, std::vector<int>(node.children, node.children + node.nchildren)};
+}
 
 void buildTreeAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan) {
   const int n = ws.nranks(), r = ws.rank();
@@ -82,12 +116,11 @@ void buildTreeAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
 }
 
 void buildRooted(const CollArgs& a, Workspace& ws, Algo shape, int channels, Plan& plan) {
-  const int n = ws.nranks(), r = ws.rank();
+  const int r = ws.rank();
   const std::size_t es = dataTypeSize(a.dtype);
   auto* send = static_cast<const std::byte*>(a.send);
   auto* recv = static_cast<std::byte*>(a.recv);
-  auto toRank = [&](int v) { return (v + a.root) % n; };
-  Node node = treeNode((r - a.root + n) % n, n, shape, toRank);
+  const Node node = rootedNode(ws, a.root, shape);
   const bool isRoot = r == a.root;
   const std::size_t total = a.count * es;
   if (a.kind == CollKind::kBroadcast && isRoot) plan.localCopy(recv, send, total);  // the root sends from `send`

@@ -637,6 +637,69 @@ TEST(Waiter, RaisesSleepFlagsOnlyBeforeItSleepsOnSockets) {
   ::close(fd);
 }
 
+// A Workspace with only a layout: ranks on hosts (rank order within each), for plan shapes.
+class LayoutOnly : public Workspace {
+ public:
+  LayoutOnly(int rank, std::vector<std::vector<int>> hosts) : rank_(rank), hosts_(std::move(hosts)) {
+    for (const auto& h : hosts_) order_.insert(order_.end(), h.begin(), h.end());
+    pos_.resize(order_.size());
+    for (std::size_t p = 0; p < order_.size(); ++p) pos_[static_cast<std::size_t>(order_[p])] = static_cast<int>(p);
+  }
+  int rank() const override { return rank_; }
+  int nranks() const override { return static_cast<int>(order_.size()); }
+  std::byte* scratch(std::size_t) override { return nullptr; }
+  const std::vector<int>& ringOrder() const override { return order_; }
+  int ringPosition(int r) const override { return pos_[static_cast<std::size_t>(r)]; }
+  const std::vector<std::vector<int>>& hosts() const override { return hosts_; }
+
+ private:
+  int rank_;
+  std::vector<std::vector<int>> hosts_;
+  std::vector<int> order_, pos_;
+};
+
+// The tree of a broadcast or reduce spans every rank (each but the root has one parent, which lists
+// it as a child) and enters each other host once, whatever the root, the shape and the ranks'
+// numbering: hosts dealt round robin (the rank-order tree crossed hosts at nearly every edge), of
+// unequal size, and one host.
+TEST(Rooted, TreeEntersEachHostOnceFromEveryRoot) {
+  const std::vector<std::vector<std::vector<int>>> layouts = {
+      {{0, 3, 6, 9}, {1, 4, 7, 10}, {2, 5, 8, 11}}, {{0, 1, 2}, {3, 4, 5, 6}, {7, 8, 9, 10, 11}, {12, 13, 14, 15}},
+      {{0, 1, 2, 3, 4}}, {{0}, {1}, {2}, {3}, {4}}};
+  for (const auto& hosts : layouts) {
+    int n = 0;
+    std::vector<int> hostOf(64, -1);
+    for (std::size_t h = 0; h < hosts.size(); ++h)
+      for (int r : hosts[h]) hostOf[static_cast<std::size_t>(r)] = static_cast<int>(h), ++n;
+    for (Algo shape : {Algo::kTree, Algo::kRing})
+      for (int root = 0; root < n; ++root) {
+        std::vector<int> parent(static_cast<std::size_t>(n), -2);
+        std::vector<std::vector<int>> children(static_cast<std::size_t>(n));
+        for (int r = 0; r < n; ++r) {
+          const RootedLinks l = rootedLinks(LayoutOnly(r, hosts), root, shape);
+          parent[static_cast<std::size_t>(r)] = l.parent;
+          children[static_cast<std::size_t>(r)] = l.children;
+        }
+        int crossings = 0;
+        for (int r = 0; r < n; ++r) {
+          const int p = parent[static_cast<std::size_t>(r)];
+          const std::string at = "root " + std::to_string(root) + ", rank " + std::to_string(r);
+          if (r == root) { EXPECT_EQ(p, -1) << at; continue; }
+          ASSERT_GE(p, 0) << at;
+          const auto& pc = children[static_cast<std::size_t>(p)];
+          EXPECT_EQ(std::count(pc.begin(), pc.end(), r), 1) << at << ": its parent " << p << " does not list it";
+          crossings += hostOf[static_cast<std::size_t>(p)] != hostOf[static_cast<std::size_t>(r)];
+        }
+        EXPECT_EQ(crossings, static_cast<int>(hosts.size()) - 1) << "root " << root << ", " << hosts.size() << " hosts";
+        for (int r = 0, seen; r < n; ++r) {  // every rank reaches the root: no cycle
+          int at = r;
+          for (seen = 0; at != root && at >= 0 && seen <= n; ++seen) at = parent[static_cast<std::size_t>(at)];
+          EXPECT_EQ(at, root) << "rank " << r << " does not reach root " << root;
+        }
+      }
+  }
+}
+
 // Across hosts the tuner takes the hierarchical all-reduce and all-gather for large calls (fewer
 // bytes over the links between hosts), never on one host. Hosts of unequal size (3 and 2 ranks) keep
 // the all-reduce, with the extra rank's fold priced in, but not the all-gather, which BRAID_ALGO=hier

@@ -664,6 +664,34 @@ def check_collectives():
         spawn(collectives_body, world)
 
 
+def mixed_body(rank, world, port):
+    """One group, a backend per device type: braid for CPU tensors, gloo for CUDA ones (which a
+    CPU-only torch creates but cannot run)."""
+    dist.init_process_group("cpu:braid,cuda:gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    pg = dist.distributed_c10d._get_default_group()
+    cpu, cuda = pg._get_backend(torch.device("cpu")), pg._get_backend(torch.device("cuda"))
+    if not isinstance(cpu, braid_torch.ProcessGroupBraid):
+        raise AssertionError(f"rank {rank}: the CPU backend is {type(cpu).__name__}, not braid's")
+    if "Gloo" not in type(cuda).__name__:
+        raise AssertionError(f"rank {rank}: the CUDA backend is {type(cuda).__name__}, not gloo's")
+    t = torch.arange(5, dtype=torch.float32) + rank
+    dist.all_reduce(t)
+    want = torch.arange(5, dtype=torch.float32) * world + world * (world - 1) / 2
+    if not torch.equal(t, want):
+        raise AssertionError(f"rank {rank}: all_reduce through the mixed group gave {t}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def check_mixed_backends():
+    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if version < (2, 0):
+        raise Skipped(f"torch {torch.__version__} takes one backend a group ('cpu:braid,cuda:gloo' needs torch >= 2.0; "
+                      "tools/torch2-check runs it)")
+    spawn(mixed_body, 2)
+
+
 def check_coalescing():
     version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
     if version < (2, 1):
@@ -735,7 +763,7 @@ def check_killed_rank_is_named():
             print(f"  survivor {rank} failed after {took.strip()} s: {msg.strip()[:160]}")
 
 
-CHECKS = [check_collectives, check_coalescing, check_ddp_matches_gloo, check_sequence_numbers, check_sparse_all_reduce, check_killed_rank_is_named, check_bad_input_raises_on_every_rank,
+CHECKS = [check_collectives, check_coalescing, check_mixed_backends, check_ddp_matches_gloo, check_sequence_numbers, check_sparse_all_reduce, check_killed_rank_is_named, check_bad_input_raises_on_every_rank,
           check_destroy_with_unwaited_work]
 
 if __name__ == "__main__":

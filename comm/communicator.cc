@@ -315,7 +315,10 @@ Status Comm::executeHost(const CollArgs& in, const Fingerprint& fp, std::size_t 
       if (t.algo == Algo::kHier && hierApplies(*this, a.kind)) buildHierAllGather(a, *this, t.channels, plan_);
       else buildRingAllGather(a, *this, t.channels, plan_);
       break;
-    case CollKind::kReduceScatter: buildRingReduceScatter(a, *this, t.channels, plan_); break;
+    case CollKind::kReduceScatter:
+      if (t.algo == Algo::kHier && hierApplies(*this, a.kind)) buildHierReduceScatter(a, *this, t.channels, plan_);
+      else buildRingReduceScatter(a, *this, t.channels, plan_);
+      break;
     case CollKind::kBroadcast:
     case CollKind::kReduce: buildRooted(a, *this, t.algo, t.channels, plan_); break;
     case CollKind::kSendRecv: buildSendRecv(a, plan_); break;

@@ -12,7 +12,8 @@
 //                      takes in and returns up to F = ceil(M/L) - 1 extras' inputs one after another
 //                      (comm/algorithms/hier.cc): + 2 F (alpha_l + S / beta_l)
 //   hier all-gather    (L-1) alpha_l + (L-1)/L S / beta_l + (H-1) alpha + (H-1)/H S / beta, against
-//                      the flat ring's (n-1) alpha + (n-1)/n S / beta over every host crossing
+//                      the flat ring's (n-1) alpha + (n-1)/n S / beta over every host crossing; the
+//                      hierarchical reduce-scatter (its mirror) the same
 // alpha and beta come from the slowest link's class (Transport::linkClass: rough figures for this
 // machine class, good enough to place the crossovers).
 #include "comm/tuner.h"
@@ -65,7 +66,8 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
     }
   }
   const HostShape& shape = in.shape;
-  if (shape.hosts > 1 && shape.perHost > 1 && shape.perHost == shape.maxPerHost && in.kind == CollKind::kAllGather) {
+  if (shape.hosts > 1 && shape.perHost > 1 && shape.perHost == shape.maxPerHost &&
+      (in.kind == CollKind::kAllGather || in.kind == CollKind::kReduceScatter)) {
     const double L = shape.perHost, H = shape.hosts;
     const double flatUs = (n - 1) * alpha + (n - 1) / n * S / beta;
     c.hierUs = (L - 1) * shape.local.latencyUs + (L - 1) / L * S / shape.local.bytesPerUs + (H - 1) * alpha +

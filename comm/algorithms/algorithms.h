@@ -97,6 +97,7 @@ void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
 // Hierarchical all-gather (hier.cc): all-gather across hosts within each column of local ranks,
 // then within each host.
 void buildHierAllGather(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
+void buildHierReduceScatter(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
 // All-to-all and all-to-allv (comm/algorithms/alltoall.cc): every rank sends its block for each
 // peer straight to it, all at once, and copies its own; in place, the send side is copied first.
 void buildAllToAll(const CollArgs& a, Workspace& ws, int channels, Plan& plan);

@@ -30,6 +30,18 @@
 //
 // A host's link then carries each other host's blocks once, (H-1)/H S inbound, where the flat ring
 // carries (n-1)/n S over every host crossing (2 hosts x 2 ranks: S/2 against 3/4 S).
+//
+// Hierarchical reduce-scatter, the all-gather's mirror (hosts of one size): S is the whole send
+// array, n blocks, block q for rank q.
+//
+//   1. within each host, a ring reduce-scatter of the columns: local index l ends with the H blocks
+//      of column l (the ranks (h', l)) summed over its host; each step passes one column as H
+//      messages, each depending on the message that brought that block's partial sum;
+//   2. across hosts, a ring reduce-scatter among each column of those H blocks: rank (h, l) ends
+//      with its own block summed over every host (the last reduction applies avg).
+//
+// A host's link carries (H-1)/H S outbound, where the flat ring carries (n-1)/n S over every host
+// crossing. Partial sums live in scratch laid out like the send buffer.
 #include <algorithm>
 
 #include "comm/algorithms/algorithms.h"
@@ -43,7 +55,9 @@ std::size_t mod(long long a, long long n) { return static_cast<std::size_t>(((a 
 bool hierApplies(const Workspace& ws, CollKind kind) {
   const HostShape shape = hostShape(ws.hosts());
   if (shape.hosts < 2) return false;
-  return kind == CollKind::kAllGather ? shape.perHost > 1 && shape.perHost == shape.maxPerHost : shape.maxPerHost > 1;
+  if (kind == CollKind::kAllGather || kind == CollKind::kReduceScatter)
+    return shape.perHost > 1 && shape.perHost == shape.maxPerHost;
+  return shape.maxPerHost > 1;
 }
 
 namespace {
@@ -190,6 +204,41 @@ void buildHierAllGather(const CollArgs& a, Workspace& ws, int channels, Plan& pl
         plan.send(p.localRight, c, source(out), blk(out).len, have[kk]);
         have[kk] = plan.recvCopy(p.localLeft, c, recv + blk(in).off, blk(in).len);
       }
+  }
+}
+
+void buildHierReduceScatter(const CollArgs& a, Workspace& ws, int channels, Plan& plan) {
+  const HierPlace p(ws);
+  const std::size_t es = dataTypeSize(a.dtype), blockBytes = a.count * es;
+  auto* send = static_cast<const std::byte*>(a.send);
+  auto* recv = static_cast<std::byte*>(a.recv);
+  std::byte* scratch = ws.scratch(blockBytes * static_cast<std::size_t>(ws.nranks()));
+  const bool avg = a.op == ReduceOp::kAvg;
+  std::vector<int> prev(static_cast<std::size_t>(p.H));
+  for (int c = 0; c < channels; ++c) {
+    const Range part = split(a.count, static_cast<std::size_t>(channels), static_cast<std::size_t>(c));
+    auto blk = [&](int rank) { return Range{static_cast<std::size_t>(rank) * blockBytes + part.off * es, part.len * es}; };
+    // 1. Within the host, column by column. prev[k]: the message that made this rank's partial sum
+    // of host k's block of the column being passed on (-1: none yet, its own input).
+    std::fill(prev.begin(), prev.end(), -1);
+    for (int s = 0; s < p.L - 1; ++s)
+      for (int k = 0; k < p.H; ++k) {
+        const auto kk = static_cast<std::size_t>(k);
+        const int out = p.at(k, p.l - s - 1), in = p.at(k, p.l - s - 2);
+        plan.send(p.localRight, c, (s == 0 ? send : scratch) + blk(out).off, blk(out).len, prev[kk]);
+        prev[kk] = plan.recvReduce(p.localLeft, c, scratch + blk(in).off, send + blk(in).off, blk(in).len);
+      }
+    // 2. Across hosts, within the column: step s passes host (h - s - 1)'s block and takes in host
+    // (h - s - 2)'s, the last (s = H - 2) this rank's own, written to the output.
+    int last = -1;
+    for (int s = 0; s < p.H - 1; ++s) {
+      const auto ko = mod(p.h - s - 1, p.H), ki = mod(p.h - s - 2, p.H);
+      const int out = p.at(static_cast<long long>(ko), p.l), in = p.at(static_cast<long long>(ki), p.l);
+      plan.send(p.hostRight, c, scratch + blk(out).off, blk(out).len, s == 0 ? prev[ko] : last);
+      const bool final = s == p.H - 2;
+      last = plan.recvReduce(p.hostLeft, c, final ? recv + part.off * es : scratch + blk(in).off, scratch + blk(in).off,
+                             blk(in).len, prev[ki], avg && final);
+    }
   }
 }
 

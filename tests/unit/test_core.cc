@@ -700,10 +700,10 @@ TEST(Rooted, TreeEntersEachHostOnceFromEveryRoot) {
   }
 }
 
-// Across hosts the tuner takes the hierarchical all-reduce and all-gather for large calls (fewer
-// bytes over the links between hosts), never on one host. Hosts of unequal size (3 and 2 ranks) keep
-// the all-reduce, with the extra rank's fold priced in, but not the all-gather, which BRAID_ALGO=hier
-// then runs as the ring.
+// Across hosts the tuner takes the hierarchical all-reduce, all-gather and reduce-scatter for large
+// calls (fewer bytes over the links between hosts), never on one host. Hosts of unequal size (3 and
+// 2 ranks) keep the all-reduce, with the extra rank's fold priced in, but not the all-gather and
+// reduce-scatter, which BRAID_ALGO=hier then runs as the ring.
 TEST(Tuner, HierarchicalAcrossHosts) {
   Config c;
   const std::vector<PeerInfo> twoByTwo = {infoOf(0, "a"), infoOf(1, "a"), infoOf(2, "b"), infoOf(3, "b")};
@@ -721,12 +721,13 @@ TEST(Tuner, HierarchicalAcrossHosts) {
   auto gather = tune({CollKind::kAllGather, 64u << 20, 4, 2, across, shape}, c);
   EXPECT_EQ(gather.algo, Algo::kHier);
   EXPECT_GT(gather.hierUs, 0);
-  EXPECT_NE(tune({CollKind::kReduceScatter, 64u << 20, 4, 2, across, shape}, c).algo, Algo::kHier);
+  EXPECT_EQ(tune({CollKind::kReduceScatter, 64u << 20, 4, 2, across, shape}, c).algo, Algo::kHier);
   HostShape uneven = hostShape({{0, 1, 4}, {2, 3}});
   EXPECT_EQ(uneven.perHost, 2);
   EXPECT_EQ(uneven.maxPerHost, 3);
   uneven.local = shape.local;
   EXPECT_NE(tune({CollKind::kAllGather, 64u << 20, 5, 2, across, uneven}, c).algo, Algo::kHier);
+  EXPECT_NE(tune({CollKind::kReduceScatter, 64u << 20, 5, 2, across, uneven}, c).algo, Algo::kHier);
   const auto unevenBig = tune({CollKind::kAllReduce, 64u << 20, 5, 2, across, uneven}, c);
   EXPECT_GT(unevenBig.hierUs, tune({CollKind::kAllReduce, 64u << 20, 5, 2, across, shape}, c).hierUs);  // the fold
   HostShape oneHost = hostShape({{0, 1, 2, 3}});
@@ -737,7 +738,8 @@ TEST(Tuner, HierarchicalAcrossHosts) {
   EXPECT_EQ(tune({CollKind::kAllReduce, 64u << 20, 5, 2, across, uneven}, c).algo, Algo::kHier);
   EXPECT_EQ(tune({CollKind::kAllGather, 64u << 20, 5, 2, across, uneven}, c).algo, Algo::kRing);
   EXPECT_EQ(tune({CollKind::kAllGather, 8, 4, 2, across, shape}, c).algo, Algo::kHier);
-  EXPECT_EQ(tune({CollKind::kReduceScatter, 64u << 20, 4, 2, across, shape}, c).algo, Algo::kRing);
+  EXPECT_EQ(tune({CollKind::kReduceScatter, 8, 4, 2, across, shape}, c).algo, Algo::kHier);
+  EXPECT_EQ(tune({CollKind::kReduceScatter, 64u << 20, 5, 2, across, uneven}, c).algo, Algo::kRing);
 }
 
 TEST(Store, SetGetAddBarrierAcrossClients) {

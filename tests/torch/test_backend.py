@@ -351,6 +351,39 @@ def sequence_body(rank, world, port):
     dist.destroy_process_group()
 
 
+# ------------------------------------------------------------------ dtypes
+
+def dtypes_body(rank, world, port):
+    """int16 is refused with the list of types Braid has, and the group goes on; torch >= 2.3's
+    uint32 and uint64 reduce exactly, past the signed types' ranges."""
+    init(rank, world, port)
+    try:
+        dist.all_reduce(torch.ones(3, dtype=torch.int16))
+        raise AssertionError("an int16 all_reduce did not raise")
+    except RuntimeError as e:
+        if "not supported (Braid has" not in str(e):
+            raise
+    for name, base in (("uint32", 1 << 30), ("uint64", 1 << 62)):
+        dtype = getattr(torch, name, None)
+        if dtype is None:  # torch < 2.3
+            continue
+        mine = [base + 1000 * rank + i for i in range(5)]
+        t = torch.tensor(mine, dtype=dtype)
+        dist.all_reduce(t)
+        want = [sum(base + 1000 * q + i for q in range(world)) for i in range(5)]
+        if t.tolist() != want:
+            raise AssertionError(f"rank {rank}: {name} sum {t.tolist()} != {want}")
+        t = torch.tensor([2 * base + rank] * 3, dtype=dtype)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if t.tolist() != [2 * base + world - 1] * 3:
+            raise AssertionError(f"rank {rank}: {name} max {t.tolist()}")
+    x = torch.ones(2)
+    dist.all_reduce(x)
+    if not torch.equal(x, torch.full((2,), float(world))):
+        raise AssertionError(f"rank {rank}: the group after the refusal: {x}")
+    dist.destroy_process_group()
+
+
 # ------------------------------------------------------------------ sparse
 
 def sparse_part(rank, dtype, dense_dims):
@@ -723,6 +756,11 @@ def check_sequence_numbers():
         del os.environ["TORCH_DISTRIBUTED_DEBUG"]
 
 
+def check_dtypes():
+    for world in (2, 3):
+        spawn(dtypes_body, world)
+
+
 def check_sparse_all_reduce():
     for world in (1, 2, 3):
         spawn(sparse_body, world)
@@ -763,7 +801,7 @@ def check_killed_rank_is_named():
             print(f"  survivor {rank} failed after {took.strip()} s: {msg.strip()[:160]}")
 
 
-CHECKS = [check_collectives, check_coalescing, check_mixed_backends, check_ddp_matches_gloo, check_sequence_numbers, check_sparse_all_reduce, check_killed_rank_is_named, check_bad_input_raises_on_every_rank,
+CHECKS = [check_collectives, check_coalescing, check_mixed_backends, check_dtypes, check_ddp_matches_gloo, check_sequence_numbers, check_sparse_all_reduce, check_killed_rank_is_named, check_bad_input_raises_on_every_rank,
           check_destroy_with_unwaited_work]
 
 if __name__ == "__main__":

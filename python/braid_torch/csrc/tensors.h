@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/api/include/torch/version.h>
 #ifndef BRAID_TORCH_CUDA
 #define BRAID_TORCH_CUDA 0
 #endif
@@ -17,6 +18,9 @@
 
 namespace braid::torch_backend {
 
+// torch 2.3 and later have unsigned 32- and 64-bit tensors, which Braid reduces as such.
+#define BRAID_TORCH_UINTS (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3))
+
 // Braid's element type for a dtype; bool travels as uint8 (its reductions: process_group.cc).
 inline braid::DataType braidType(at::ScalarType t) {
   switch (t) {
@@ -29,10 +33,15 @@ inline braid::DataType braidType(at::ScalarType t) {
     case at::kChar: return braid::DataType::kInt8;
     case at::kByte:
     case at::kBool: return braid::DataType::kUint8;
+#if BRAID_TORCH_UINTS
+    case at::kUInt32: return braid::DataType::kUint32;
+    case at::kUInt64: return braid::DataType::kUint64;
+#endif
     default: break;
   }
   TORCH_CHECK(false, "braid: tensors of type ", t,
-              " are not supported (Braid has float32, float64, float16, bfloat16, int8, uint8, int32, int64 and bool)");
+              " are not supported (Braid has float32, float64, float16, bfloat16, int8, uint8, int32, int64, bool",
+              BRAID_TORCH_UINTS ? ", uint32 and uint64)" : "; uint32 and uint64 with torch >= 2.3)");
 }
 inline braid::DataType braidType(const at::Tensor& t) { return braidType(t.scalar_type()); }
 

@@ -24,15 +24,17 @@
 #      a 1 MiB /dev/shm, memlock lowered where ib is used, an ib port DOWN, a blackholed interface
 #      and a BRAID_SOCKET_IFNAME matching nothing; every link capped alike, found only against the
 #      healthy run's JSON (--baseline) as system-wide
-#   9. 128 ranks on 32 hosts x 4: every collective exact; a rank killed on one of them is named by
-#      the ranks of host 1 within 10 s, and every launcher fails
-# Usage: test_hosts.sh BRAID TESTHOSTS [FAKEIBV_LIB]. Exit 77 (skip) with the reason where namespaces cannot be
+#   9. 128 ranks on 32 hosts x 4: every collective exact; the communicator split 8 ways (rank % 8),
+#      each part exact; a rank killed on one of them is named by the ranks of host 1 within 10 s,
+#      and every launcher fails
+# Usage: test_hosts.sh BRAID TESTHOSTS [FAKEIBV_LIB [SPLIT_CHECK]]. Exit 77 (skip) with the reason where namespaces cannot be
 # made (not root, no ip/unshare/nsenter, a kernel without veth or bridges). Every test host is
 # removed at the end, also when a case fails.
 set -uo pipefail
 braid=$1
 testhosts=$2
 fakeibv=${3:-}
+split_check=${4:-}  # tests/hosts/split_check.c: a split 8 ways, checked
 port=29611
 export BRAID_SECRET=braid-testhosts-$$-secret  # the same on every host
 # The cases below are about tcp across hosts, except the ib one, which turns ib back on: meson
@@ -425,6 +427,11 @@ scale_32x4() {
       { echo "  $c: not exact on 128 ranks"; return 1; }
     echo "  $c: $((($(date +%s%N) - t0) / 1000000)) ms for the launch, set-up and the sweep"
   done
+  if [ -n "$split_check" ]; then
+    run_on_hosts 32 4 120 "$split_check" && grep -q "128 ranks split 8 ways, every part exact" "$work/h1.log" ||
+      { echo "  the split into 8 communicators failed"; return 1; }
+    echo "  split 8 ways (rank % 8: 16 ranks a part, on 16 hosts): every part exact"
+  fi
   start_on_hosts 32 4 120 "$braid" perf allreduce -b 64K -e 64K -n 100000 -w 1 -c 1
   sleep 8
   local victim="" p t1 status bad=0 named
@@ -443,7 +450,7 @@ scale_32x4() {
   echo "  ${named:0:200}"
   [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ $(((t1 - t0) / 1000000)) -lt 10000 ] && [ -n "$named" ] && [ "$bad" = 31 ]
 }
-check "128 ranks on 32 hosts x 4: every collective exact; a rank killed on one host is named within 10 s" scale_32x4
+check "128 ranks on 32 hosts x 4: every collective exact, a split 8 ways exact; a rank killed on one host is named within 10 s" scale_32x4
 
 rm -rf "$work"
 echo "$passed passed, $fail failed"

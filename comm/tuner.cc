@@ -13,7 +13,9 @@
 //                      (comm/algorithms/hier.cc): + 2 F (alpha_l + S / beta_l)
 //   hier all-gather    (L-1) alpha_l + (L-1)/L S / beta_l + (H-1) alpha + (H-1)/H S / beta, against
 //                      the flat ring's (n-1) alpha + (n-1)/n S / beta over every host crossing; the
-//                      hierarchical reduce-scatter (its mirror) the same
+//                      hierarchical reduce-scatter (its mirror, equal hosts only) the same. Hosts of
+//                      L to M ranks (all-gather): + F (alpha_l + S / beta_l), each base rank sending
+//                      the whole result to its F extras
 // alpha and beta come from the slowest link's class (Transport::linkClass: rough figures for this
 // machine class, good enough to place the crossovers).
 #include "comm/tuner.h"
@@ -66,12 +68,14 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
     }
   }
   const HostShape& shape = in.shape;
-  if (shape.hosts > 1 && shape.perHost > 1 && shape.perHost == shape.maxPerHost &&
-      (in.kind == CollKind::kAllGather || in.kind == CollKind::kReduceScatter)) {
+  const bool equalHosts = shape.perHost == shape.maxPerHost;
+  if (shape.hosts > 1 && shape.maxPerHost > 1 &&
+      (in.kind == CollKind::kAllGather || (in.kind == CollKind::kReduceScatter && equalHosts))) {
     const double L = shape.perHost, H = shape.hosts;
+    const double F = std::ceil(static_cast<double>(shape.maxPerHost) / L) - 1;  // extras a base rank serves
     const double flatUs = (n - 1) * alpha + (n - 1) / n * S / beta;
     c.hierUs = (L - 1) * shape.local.latencyUs + (L - 1) / L * S / shape.local.bytesPerUs + (H - 1) * alpha +
-               (H - 1) / H * S / beta;
+               (H - 1) / H * S / beta + F * (shape.local.latencyUs + S / shape.local.bytesPerUs);
     if (c.hierUs < flatUs) c.algo = Algo::kHier;
   }
   if (config.algo == "ring") c.algo = Algo::kRing;

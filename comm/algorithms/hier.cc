@@ -21,7 +21,9 @@
 // 3 on the one of step 2 (a message may depend on one other, byte for byte: engine.h). All of it is
 // one plan: the steps pipeline, chunk by chunk, like the ring's.
 //
-// Hierarchical all-gather, the same shape without the reductions (hosts of one size only):
+// Hierarchical all-gather, the same shape without the reductions (on hosts of unequal size each
+// base rank carries its extras' blocks along with its own, and sends every block to each extra
+// at the end):
 //
 //   1. across hosts, a ring all-gather among each column: rank (h, l) ends with the blocks of
 //      every rank (h', l);
@@ -55,8 +57,7 @@ std::size_t mod(long long a, long long n) { return static_cast<std::size_t>(((a 
 bool hierApplies(const Workspace& ws, CollKind kind) {
   const HostShape shape = hostShape(ws.hosts());
   if (shape.hosts < 2) return false;
-  if (kind == CollKind::kAllGather || kind == CollKind::kReduceScatter)
-    return shape.perHost > 1 && shape.perHost == shape.maxPerHost;
+  if (kind == CollKind::kReduceScatter) return shape.perHost > 1 && shape.perHost == shape.maxPerHost;
   return shape.maxPerHost > 1;
 }
 
@@ -176,34 +177,49 @@ void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
 
 void buildHierAllGather(const CollArgs& a, Workspace& ws, int channels, Plan& plan) {
   const HierPlace p(ws);
+  const int n = ws.nranks(), me = ws.rank();
   const std::size_t es = dataTypeSize(a.dtype), blockBytes = a.count * es;
   auto* send = static_cast<const std::byte*>(a.send);
   auto* recv = static_cast<std::byte*>(a.recv);
-  if (blockBytes * static_cast<std::size_t>(ws.nranks()) >= largeCopyBytes()) plan.streamCopies();
-  plan.localCopy(recv + static_cast<std::size_t>(ws.rank()) * blockBytes, send, blockBytes);  // own block
-  std::vector<int> have(static_cast<std::size_t>(p.H));
+  if (blockBytes * static_cast<std::size_t>(n) >= largeCopyBytes()) plan.streamCopies();
+  plan.localCopy(recv + static_cast<std::size_t>(me) * blockBytes, send, blockBytes);  // own block
+  // The ranks whose blocks the base rank (host, column) carries: its own, then its extras'.
+  const auto carried = [&](long long host, long long column, const auto& f) {
+    const auto& ranks = p.hosts[mod(host, p.H)];
+    for (std::size_t e = mod(column, p.L); e < ranks.size(); e += static_cast<std::size_t>(p.L)) f(ranks[e]);
+  };
+  std::vector<int> have(static_cast<std::size_t>(n));  // by block: the message that brought it (-1: none)
   for (int c = 0; c < channels; ++c) {
     const Range part = split(a.count, static_cast<std::size_t>(channels), static_cast<std::size_t>(c));
     auto blk = [&](int rank) { return Range{static_cast<std::size_t>(rank) * blockBytes + part.off * es, part.len * es}; };
     // The own block is sent from `send` (the local copy is no message's dependency).
-    auto source = [&](int rank) { return rank == ws.rank() ? send + part.off * es : recv + blk(rank).off; };
-    // 1. Across hosts, within the column. have[k]: the message that brought host k's block of the
-    // column being passed on (-1: this rank's own).
+    auto source = [&](int rank) { return rank == me ? send + part.off * es : recv + blk(rank).off; };
+    if (p.isExtra()) {  // its block to its base; every other block back from it, in rank order
+      plan.send(p.base(), c, source(me), blk(me).len);
+      for (int b = 0; b < n; ++b)
+        if (b != me) plan.recvCopy(p.base(), c, recv + blk(b).off, blk(b).len);
+      continue;
+    }
     std::fill(have.begin(), have.end(), -1);
-    int prev = -1;
+    // 0. The extras' blocks.
+    for (int e : p.extras) have[static_cast<std::size_t>(e)] = plan.recvCopy(e, c, recv + blk(e).off, blk(e).len);
+    auto pass = [&](int to, int b) { plan.send(to, c, source(b), blk(b).len, have[static_cast<std::size_t>(b)]); };
+    auto take = [&](int from, int b) { have[static_cast<std::size_t>(b)] = plan.recvCopy(from, c, recv + blk(b).off, blk(b).len); };
+    // 1. Across hosts, within the column: the blocks each host's base carries.
     for (int s = 0; s < p.H - 1; ++s) {
-      const int out = p.at(p.h - s, p.l), in = p.at(p.h - s - 1, p.l);
-      plan.send(p.hostRight, c, source(out), blk(out).len, prev);
-      prev = have[mod(p.h - s - 1, p.H)] = plan.recvCopy(p.hostLeft, c, recv + blk(in).off, blk(in).len);
+      carried(p.h - s, p.l, [&](int b) { pass(p.hostRight, b); });
+      carried(p.h - s - 1, p.l, [&](int b) { take(p.hostLeft, b); });
     }
     // 2. Within the host, column by column, starting with this rank's own.
     for (int s = 0; s < p.L - 1; ++s)
       for (int k = 0; k < p.H; ++k) {
-        const auto kk = static_cast<std::size_t>(k);
-        const int out = p.at(k, p.l - s), in = p.at(k, p.l - s - 1);
-        plan.send(p.localRight, c, source(out), blk(out).len, have[kk]);
-        have[kk] = plan.recvCopy(p.localLeft, c, recv + blk(in).off, blk(in).len);
+        carried(k, p.l - s, [&](int b) { pass(p.localRight, b); });
+        carried(k, p.l - s - 1, [&](int b) { take(p.localLeft, b); });
       }
+    // 3. Every block but its own to each extra, in rank order.
+    for (int e : p.extras)
+      for (int b = 0; b < n; ++b)
+        if (b != e) pass(e, b);
   }
 }
 

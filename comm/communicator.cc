@@ -308,15 +308,15 @@ Status Comm::executeHost(const CollArgs& in, const Fingerprint& fp, std::size_t 
         return s;
       }
       if (t.algo == Algo::kTree) buildTreeAllReduce(a, *this, t.channels, plan_);
-      else if (t.algo == Algo::kHier && hierApplies(*this, a.kind)) buildHierAllReduce(a, *this, t.channels, plan_);
+      else if (t.algo == Algo::kHier && hierApplies(*this)) buildHierAllReduce(a, *this, t.channels, plan_);
       else buildRingAllReduce(a, *this, t.channels, plan_);
       break;
     case CollKind::kAllGather:
-      if (t.algo == Algo::kHier && hierApplies(*this, a.kind)) buildHierAllGather(a, *this, t.channels, plan_);
+      if (t.algo == Algo::kHier && hierApplies(*this)) buildHierAllGather(a, *this, t.channels, plan_);
       else buildRingAllGather(a, *this, t.channels, plan_);
       break;
     case CollKind::kReduceScatter:
-      if (t.algo == Algo::kHier && hierApplies(*this, a.kind)) buildHierReduceScatter(a, *this, t.channels, plan_);
+      if (t.algo == Algo::kHier && hierApplies(*this)) buildHierReduceScatter(a, *this, t.channels, plan_);
       else buildRingReduceScatter(a, *this, t.channels, plan_);
       break;
     case CollKind::kBroadcast:

@@ -13,9 +13,9 @@
 //                      (comm/algorithms/hier.cc): + 2 F (alpha_l + S / beta_l)
 //   hier all-gather    (L-1) alpha_l + (L-1)/L S / beta_l + (H-1) alpha + (H-1)/H S / beta, against
 //                      the flat ring's (n-1) alpha + (n-1)/n S / beta over every host crossing; the
-//                      hierarchical reduce-scatter (its mirror, equal hosts only) the same. Hosts of
-//                      L to M ranks (all-gather): + F (alpha_l + S / beta_l), each base rank sending
-//                      the whole result to its F extras
+//                      hierarchical reduce-scatter (its mirror) the same. Hosts of L to M ranks: +
+//                      F (alpha_l + S / beta_l), the whole array between each base rank and its F
+//                      extras (the result to them, or their inputs from them)
 // alpha and beta come from the slowest link's class (Transport::linkClass: rough figures for this
 // machine class, good enough to place the crossovers).
 #include "comm/tuner.h"
@@ -68,9 +68,7 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
     }
   }
   const HostShape& shape = in.shape;
-  const bool equalHosts = shape.perHost == shape.maxPerHost;
-  if (shape.hosts > 1 && shape.maxPerHost > 1 &&
-      (in.kind == CollKind::kAllGather || (in.kind == CollKind::kReduceScatter && equalHosts))) {
+  if (shape.hosts > 1 && shape.maxPerHost > 1 && (in.kind == CollKind::kAllGather || in.kind == CollKind::kReduceScatter)) {
     const double L = shape.perHost, H = shape.hosts;
     const double F = std::ceil(static_cast<double>(shape.maxPerHost) / L) - 1;  // extras a base rank serves
     const double flatUs = (n - 1) * alpha + (n - 1) / n * S / beta;

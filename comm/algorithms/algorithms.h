@@ -85,7 +85,7 @@ inline Range split(std::size_t total, std::size_t parts, std::size_t i) {
 void buildRingAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
 // Hierarchical all-reduce (hier.cc): reduce-scatter within each host, all-reduce across hosts,
 // all-gather within each host. Applies when there are several hosts of the same size above 1.
-bool hierApplies(const Workspace& ws, CollKind kind);
+bool hierApplies(const Workspace& ws);
 // This rank's place in the tree of a broadcast or reduce from `root` (buildRooted): its parent (-1:
 // the root) and children, hosts' leaders first. The tree spans the hosts' leaders, then each host.
 struct RootedLinks {

@@ -33,8 +33,10 @@
 // A host's link then carries each other host's blocks once, (H-1)/H S inbound, where the flat ring
 // carries (n-1)/n S over every host crossing (2 hosts x 2 ranks: S/2 against 3/4 S).
 //
-// Hierarchical reduce-scatter, the all-gather's mirror (hosts of one size): S is the whole send
-// array, n blocks, block q for rank q.
+// Hierarchical reduce-scatter, the all-gather's mirror: S is the whole send array, n blocks, block
+// q for rank q (on hosts of unequal size each extra first sends its whole input to its base, which
+// adds it into its own, carries the extras' blocks along with its own, and sends each extra its
+// block at the end).
 //
 //   1. within each host, a ring reduce-scatter of the columns: local index l ends with the H blocks
 //      of column l (the ranks (h', l)) summed over its host; each step passes one column as H
@@ -54,10 +56,9 @@ namespace {
 std::size_t mod(long long a, long long n) { return static_cast<std::size_t>(((a % n) + n) % n); }
 }  // namespace
 
-bool hierApplies(const Workspace& ws, CollKind kind) {
+bool hierApplies(const Workspace& ws) {
   const HostShape shape = hostShape(ws.hosts());
   if (shape.hosts < 2) return false;
-  if (kind == CollKind::kReduceScatter) return shape.perHost > 1 && shape.perHost == shape.maxPerHost;
   return shape.maxPerHost > 1;
 }
 
@@ -225,36 +226,64 @@ void buildHierAllGather(const CollArgs& a, Workspace& ws, int channels, Plan& pl
 
 void buildHierReduceScatter(const CollArgs& a, Workspace& ws, int channels, Plan& plan) {
   const HierPlace p(ws);
+  const int n = ws.nranks(), me = ws.rank();
   const std::size_t es = dataTypeSize(a.dtype), blockBytes = a.count * es;
   auto* send = static_cast<const std::byte*>(a.send);
   auto* recv = static_cast<std::byte*>(a.recv);
-  std::byte* scratch = ws.scratch(blockBytes * static_cast<std::size_t>(ws.nranks()));
+  std::byte* scratch = ws.scratch(blockBytes * static_cast<std::size_t>(n));
   const bool avg = a.op == ReduceOp::kAvg;
-  std::vector<int> prev(static_cast<std::size_t>(p.H));
+  // As the all-gather's: the ranks whose blocks the base rank (host, column) carries.
+  const auto carried = [&](long long host, long long column, const auto& f) {
+    const auto& ranks = p.hosts[mod(host, p.H)];
+    for (std::size_t e = mod(column, p.L); e < ranks.size(); e += static_cast<std::size_t>(p.L)) f(ranks[e]);
+  };
+  // This rank's partial sums: its input, or with its extras' inputs added (step 0) in scratch.
+  const std::byte* own = p.extras.empty() ? send : scratch;
+  std::vector<int> made(static_cast<std::size_t>(n));  // by block: the message that made its partial sum here
   for (int c = 0; c < channels; ++c) {
     const Range part = split(a.count, static_cast<std::size_t>(channels), static_cast<std::size_t>(c));
     auto blk = [&](int rank) { return Range{static_cast<std::size_t>(rank) * blockBytes + part.off * es, part.len * es}; };
-    // 1. Within the host, column by column. prev[k]: the message that made this rank's partial sum
-    // of host k's block of the column being passed on (-1: none yet, its own input).
-    std::fill(prev.begin(), prev.end(), -1);
+    if (p.isExtra()) {  // its whole input to its base; its own block back, summed
+      for (int b = 0; b < n; ++b) plan.send(p.base(), c, send + blk(b).off, blk(b).len);
+      plan.recvCopy(p.base(), c, recv + part.off * es, part.len * es);
+      continue;
+    }
+    std::fill(made.begin(), made.end(), -1);
+    // 0. The extras' inputs, summed into scratch block by block.
+    for (std::size_t e = 0; e < p.extras.size(); ++e)
+      for (int b = 0; b < n; ++b) {
+        int& m = made[static_cast<std::size_t>(b)];
+        m = plan.recvReduce(p.extras[e], c, scratch + blk(b).off, (e == 0 ? send : scratch) + blk(b).off, blk(b).len, m);
+      }
+    // 1. Within the host, column by column: local index l ends with column l's blocks summed over
+    // its host. A block received is added to this rank's own partial sum of it.
+    auto pass = [&](int to, int b, const std::byte* from) {
+      plan.send(to, c, from + blk(b).off, blk(b).len, made[static_cast<std::size_t>(b)]);
+    };
+    auto add = [&](int from, int b) {
+      int& m = made[static_cast<std::size_t>(b)];
+      m = plan.recvReduce(from, c, scratch + blk(b).off, own + blk(b).off, blk(b).len, m);
+    };
     for (int s = 0; s < p.L - 1; ++s)
       for (int k = 0; k < p.H; ++k) {
-        const auto kk = static_cast<std::size_t>(k);
-        const int out = p.at(k, p.l - s - 1), in = p.at(k, p.l - s - 2);
-        plan.send(p.localRight, c, (s == 0 ? send : scratch) + blk(out).off, blk(out).len, prev[kk]);
-        prev[kk] = plan.recvReduce(p.localLeft, c, scratch + blk(in).off, send + blk(in).off, blk(in).len);
+        carried(k, p.l - s - 1, [&](int b) { pass(p.localRight, b, s == 0 ? own : scratch); });
+        carried(k, p.l - s - 2, [&](int b) { add(p.localLeft, b); });
       }
-    // 2. Across hosts, within the column: step s passes host (h - s - 1)'s block and takes in host
-    // (h - s - 2)'s, the last (s = H - 2) this rank's own, written to the output.
-    int last = -1;
+    // 2. Across hosts, within the column: step s passes host (h - s - 1)'s blocks and takes in host
+    // (h - s - 2)'s; the last (s = H - 2) this host's, final: its own to the output, its extras'
+    // to scratch.
+    const std::byte* held = p.L > 1 || !p.extras.empty() ? scratch : send;  // the host's sums so far
     for (int s = 0; s < p.H - 1; ++s) {
-      const auto ko = mod(p.h - s - 1, p.H), ki = mod(p.h - s - 2, p.H);
-      const int out = p.at(static_cast<long long>(ko), p.l), in = p.at(static_cast<long long>(ki), p.l);
-      plan.send(p.hostRight, c, scratch + blk(out).off, blk(out).len, s == 0 ? prev[ko] : last);
       const bool final = s == p.H - 2;
-      last = plan.recvReduce(p.hostLeft, c, final ? recv + part.off * es : scratch + blk(in).off, scratch + blk(in).off,
-                             blk(in).len, prev[ki], avg && final);
+      carried(p.h - s - 1, p.l, [&](int b) { pass(p.hostRight, b, s == 0 ? held : scratch); });
+      carried(p.h - s - 2, p.l, [&](int b) {
+        int& m = made[static_cast<std::size_t>(b)];
+        m = plan.recvReduce(p.hostLeft, c, final && b == me ? recv + part.off * es : scratch + blk(b).off,
+                            held + blk(b).off, blk(b).len, m, avg && final);
+      });
     }
+    // 3. Each extra's block to it.
+    for (int e : p.extras) pass(e, e, scratch);
   }
 }
 

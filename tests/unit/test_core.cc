@@ -702,8 +702,7 @@ TEST(Rooted, TreeEntersEachHostOnceFromEveryRoot) {
 
 // Across hosts the tuner takes the hierarchical all-reduce, all-gather and reduce-scatter for large
 // calls (fewer bytes over the links between hosts), never on one host. Hosts of unequal size (3 and
-// 2 ranks) keep the all-reduce and all-gather, with the extra rank's fold priced in, but not the
-// reduce-scatter, which BRAID_ALGO=hier then runs as the ring.
+// 2 ranks) keep them, with the extra rank's fold priced in.
 TEST(Tuner, HierarchicalAcrossHosts) {
   Config c;
   const std::vector<PeerInfo> twoByTwo = {infoOf(0, "a"), infoOf(1, "a"), infoOf(2, "b"), infoOf(3, "b")};
@@ -728,7 +727,8 @@ TEST(Tuner, HierarchicalAcrossHosts) {
   uneven.local = shape.local;
   EXPECT_GT(tune({CollKind::kAllGather, 64u << 20, 5, 2, across, uneven}, c).hierUs,
             tune({CollKind::kAllGather, 64u << 20, 5, 2, across, shape}, c).hierUs);  // the extra's copy of the result
-  EXPECT_NE(tune({CollKind::kReduceScatter, 64u << 20, 5, 2, across, uneven}, c).algo, Algo::kHier);
+  EXPECT_GT(tune({CollKind::kReduceScatter, 64u << 20, 5, 2, across, uneven}, c).hierUs,
+            tune({CollKind::kReduceScatter, 64u << 20, 5, 2, across, shape}, c).hierUs);
   const auto unevenBig = tune({CollKind::kAllReduce, 64u << 20, 5, 2, across, uneven}, c);
   EXPECT_GT(unevenBig.hierUs, tune({CollKind::kAllReduce, 64u << 20, 5, 2, across, shape}, c).hierUs);  // the fold
   HostShape oneHost = hostShape({{0, 1, 2, 3}});
@@ -740,7 +740,7 @@ TEST(Tuner, HierarchicalAcrossHosts) {
   EXPECT_EQ(tune({CollKind::kAllGather, 64u << 20, 5, 2, across, uneven}, c).algo, Algo::kHier);
   EXPECT_EQ(tune({CollKind::kAllGather, 8, 4, 2, across, shape}, c).algo, Algo::kHier);
   EXPECT_EQ(tune({CollKind::kReduceScatter, 8, 4, 2, across, shape}, c).algo, Algo::kHier);
-  EXPECT_EQ(tune({CollKind::kReduceScatter, 64u << 20, 5, 2, across, uneven}, c).algo, Algo::kRing);
+  EXPECT_EQ(tune({CollKind::kReduceScatter, 64u << 20, 5, 2, across, uneven}, c).algo, Algo::kHier);
 }
 
 TEST(Store, SetGetAddBarrierAcrossClients) {

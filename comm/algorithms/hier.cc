@@ -85,6 +85,13 @@ struct HierPlace {
   int at(long long host, long long local) const { return hosts[mod(host, H)][mod(local, L)]; }
   bool isExtra() const { return l >= L; }
   int base() const { return at(h, l); }
+  // f(rank) for each rank whose block the base rank (host, column) carries: its own, then its
+  // extras' (the all-gather and reduce-scatter).
+  template <class F>
+  void carried(long long host, long long column, const F& f) const {
+    const auto& ranks = hosts[mod(host, H)];
+    for (std::size_t e = mod(column, L); e < ranks.size(); e += static_cast<std::size_t>(L)) f(ranks[e]);
+  }
 };
 }  // namespace
 
@@ -184,11 +191,6 @@ void buildHierAllGather(const CollArgs& a, Workspace& ws, int channels, Plan& pl
   auto* recv = static_cast<std::byte*>(a.recv);
   if (blockBytes * static_cast<std::size_t>(n) >= largeCopyBytes()) plan.streamCopies();
   plan.localCopy(recv + static_cast<std::size_t>(me) * blockBytes, send, blockBytes);  // own block
-  // The ranks whose blocks the base rank (host, column) carries: its own, then its extras'.
-  const auto carried = [&](long long host, long long column, const auto& f) {
-    const auto& ranks = p.hosts[mod(host, p.H)];
-    for (std::size_t e = mod(column, p.L); e < ranks.size(); e += static_cast<std::size_t>(p.L)) f(ranks[e]);
-  };
   std::vector<int> have(static_cast<std::size_t>(n));  // by block: the message that brought it (-1: none)
   for (int c = 0; c < channels; ++c) {
     const Range part = split(a.count, static_cast<std::size_t>(channels), static_cast<std::size_t>(c));
@@ -208,14 +210,14 @@ void buildHierAllGather(const CollArgs& a, Workspace& ws, int channels, Plan& pl
     auto take = [&](int from, int b) { have[static_cast<std::size_t>(b)] = plan.recvCopy(from, c, recv + blk(b).off, blk(b).len); };
     // 1. Across hosts, within the column: the blocks each host's base carries.
     for (int s = 0; s < p.H - 1; ++s) {
-      carried(p.h - s, p.l, [&](int b) { pass(p.hostRight, b); });
-      carried(p.h - s - 1, p.l, [&](int b) { take(p.hostLeft, b); });
+      p.carried(p.h - s, p.l, [&](int b) { pass(p.hostRight, b); });
+      p.carried(p.h - s - 1, p.l, [&](int b) { take(p.hostLeft, b); });
     }
     // 2. Within the host, column by column, starting with this rank's own.
     for (int s = 0; s < p.L - 1; ++s)
       for (int k = 0; k < p.H; ++k) {
-        carried(k, p.l - s, [&](int b) { pass(p.localRight, b); });
-        carried(k, p.l - s - 1, [&](int b) { take(p.localLeft, b); });
+        p.carried(k, p.l - s, [&](int b) { pass(p.localRight, b); });
+        p.carried(k, p.l - s - 1, [&](int b) { take(p.localLeft, b); });
       }
     // 3. Every block but its own to each extra, in rank order.
     for (int e : p.extras)
@@ -232,11 +234,6 @@ void buildHierReduceScatter(const CollArgs& a, Workspace& ws, int channels, Plan
   auto* recv = static_cast<std::byte*>(a.recv);
   std::byte* scratch = ws.scratch(blockBytes * static_cast<std::size_t>(n));
   const bool avg = a.op == ReduceOp::kAvg;
-  // As the all-gather's: the ranks whose blocks the base rank (host, column) carries.
-  const auto carried = [&](long long host, long long column, const auto& f) {
-    const auto& ranks = p.hosts[mod(host, p.H)];
-    for (std::size_t e = mod(column, p.L); e < ranks.size(); e += static_cast<std::size_t>(p.L)) f(ranks[e]);
-  };
   // This rank's partial sums: its input, or with its extras' inputs added (step 0) in scratch.
   const std::byte* own = p.extras.empty() ? send : scratch;
   std::vector<int> made(static_cast<std::size_t>(n));  // by block: the message that made its partial sum here
@@ -266,8 +263,8 @@ void buildHierReduceScatter(const CollArgs& a, Workspace& ws, int channels, Plan
     };
     for (int s = 0; s < p.L - 1; ++s)
       for (int k = 0; k < p.H; ++k) {
-        carried(k, p.l - s - 1, [&](int b) { pass(p.localRight, b, s == 0 ? own : scratch); });
-        carried(k, p.l - s - 2, [&](int b) { add(p.localLeft, b); });
+        p.carried(k, p.l - s - 1, [&](int b) { pass(p.localRight, b, s == 0 ? own : scratch); });
+        p.carried(k, p.l - s - 2, [&](int b) { add(p.localLeft, b); });
       }
     // 2. Across hosts, within the column: step s passes host (h - s - 1)'s blocks and takes in host
     // (h - s - 2)'s; the last (s = H - 2) this host's, final: its own to the output, its extras'
@@ -275,8 +272,8 @@ void buildHierReduceScatter(const CollArgs& a, Workspace& ws, int channels, Plan
     const std::byte* held = p.L > 1 || !p.extras.empty() ? scratch : send;  // the host's sums so far
     for (int s = 0; s < p.H - 1; ++s) {
       const bool final = s == p.H - 2;
-      carried(p.h - s - 1, p.l, [&](int b) { pass(p.hostRight, b, s == 0 ? held : scratch); });
-      carried(p.h - s - 2, p.l, [&](int b) {
+      p.carried(p.h - s - 1, p.l, [&](int b) { pass(p.hostRight, b, s == 0 ? held : scratch); });
+      p.carried(p.h - s - 2, p.l, [&](int b) {
         int& m = made[static_cast<std::size_t>(b)];
         m = plan.recvReduce(p.hostLeft, c, final && b == me ? recv + part.off * es : scratch + blk(b).off,
                             held + blk(b).off, blk(b).len, m, avg && final);

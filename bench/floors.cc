@@ -1,4 +1,4 @@
-// The machine's floors under Braid's all-reduce, measured in the same session as the comparison
+// The machine's floors under Braid's all-reduce, measured in the same run as the comparison
 // (bench/compare runs this program once per round, interleaved with the collectives):
 //
 //   floors mem --sizes S1,S2,...   For an all-reduce of S bytes, the memory work that the zero-copy

@@ -180,6 +180,7 @@ class Comm final : public EngineHost, public Workspace {
   const std::vector<int>& ringOrder() const override { return ringOrder_; }
   int ringPosition(int rank) const override { return ringPos_[static_cast<std::size_t>(rank)]; }
   const std::vector<std::vector<int>>& hosts() const override { return hosts_; }
+  int hostIndex(int rank) const override { return hostOf_[static_cast<std::size_t>(rank)]; }
 
   // CUDA (defined in comm/cuda/cuda_path.cc): the device a context was current on at creation (-1: none
   // chosen), the staging proxy (made on the first call with device buffers when `create`; null in
@@ -260,7 +261,7 @@ class Comm final : public EngineHost, public Workspace {
   Status cmaAllGather(const CollArgs& a, const Fingerprint& fp);
   Status cmaBroadcast(const CollArgs& a, const Fingerprint& fp);
   Status cmaCopyFailed(const Fingerprint& fp, int peer, const Status& s);
-  // Setup: hosts_ and the rings' order from every rank's PeerInfo.
+  // Setup: hosts_, hostOf_ and the rings' order from every rank's PeerInfo.
   void layOutHosts(const std::vector<PeerInfo>& infos);
   // Setup: can this rank read and write every other rank's memory (all on this host)?
   bool probeCma(const std::vector<PeerInfo>& infos) const;
@@ -317,6 +318,7 @@ class Comm final : public EngineHost, public Workspace {
   bool oneHost_ = false;         // every rank is on one host (agreed by all: the same PeerInfos)
   // The hosts and the rings' order (Workspace), from the PeerInfos at setup.
   std::vector<std::vector<int>> hosts_;
+  std::vector<int> hostOf_;  // by rank: its index in hosts_
   std::vector<int> ringOrder_, ringPos_;
   std::string deadLocalRanks() const;
   mem::PeerMappings peerMemory_;

@@ -284,15 +284,15 @@ std::int64_t Comm::storeRequests() const {
 
 void Comm::layOutHosts(const std::vector<PeerInfo>& infos) {
   hosts_.clear();
-  std::vector<int> hostOf(infos.size(), -1);
+  hostOf_.assign(infos.size(), -1);
   for (std::size_t r = 0; r < infos.size(); ++r) {
-    for (std::size_t h = 0; h < hosts_.size() && hostOf[r] < 0; ++h)
-      if (infos[static_cast<std::size_t>(hosts_[h][0])].sameHostAs(infos[r])) hostOf[r] = static_cast<int>(h);
-    if (hostOf[r] < 0) {
-      hostOf[r] = static_cast<int>(hosts_.size());
+    for (std::size_t h = 0; h < hosts_.size() && hostOf_[r] < 0; ++h)
+      if (infos[static_cast<std::size_t>(hosts_[h][0])].sameHostAs(infos[r])) hostOf_[r] = static_cast<int>(h);
+    if (hostOf_[r] < 0) {
+      hostOf_[r] = static_cast<int>(hosts_.size());
       hosts_.emplace_back();
     }
-    hosts_[static_cast<std::size_t>(hostOf[r])].push_back(static_cast<int>(r));
+    hosts_[static_cast<std::size_t>(hostOf_[r])].push_back(static_cast<int>(r));
   }
   ringOrder_.clear();
   for (const auto& h : hosts_) ringOrder_.insert(ringOrder_.end(), h.begin(), h.end());

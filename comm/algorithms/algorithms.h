@@ -53,8 +53,9 @@ class Workspace {
   virtual const std::vector<int>& ringOrder() const = 0;
   virtual int ringPosition(int rank) const = 0;
   // Each host's ranks in rank order, hosts in the order of their lowest rank (hosts may hold
-  // different numbers of ranks).
+  // different numbers of ranks), and which of them holds `rank`.
   virtual const std::vector<std::vector<int>>& hosts() const = 0;
+  virtual int hostIndex(int rank) const = 0;
 };
 
 // The bytes a call moves in all: count elements, times the ranks for all-gather, reduce-scatter
@@ -83,8 +84,9 @@ inline Range split(std::size_t total, std::size_t parts, std::size_t i) {
 }
 
 void buildRingAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
-// Hierarchical all-reduce (hier.cc): reduce-scatter within each host, all-reduce across hosts,
-// all-gather within each host. Applies when there are several hosts of the same size above 1.
+// Hierarchical all-reduce, all-gather and reduce-scatter (hier.cc): within each host and across
+// hosts in columns of local ranks. They apply when there are several hosts and one holds more than
+// one rank (hosts of unequal size fold their extra ranks into the smallest host's columns).
 bool hierApplies(const Workspace& ws);
 // This rank's place in the tree of a broadcast or reduce from `root` (buildRooted): its parent (-1:
 // the root) and children, hosts' leaders first. The tree spans the hosts' leaders, then each host.
@@ -97,6 +99,7 @@ void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
 // Hierarchical all-gather (hier.cc): all-gather across hosts within each column of local ranks,
 // then within each host.
 void buildHierAllGather(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
+// Hierarchical reduce-scatter (hier.cc): within each host by columns, then across hosts in each column.
 void buildHierReduceScatter(const CollArgs& a, Workspace& ws, int channels, Plan& plan);
 // All-to-all and all-to-allv (comm/algorithms/alltoall.cc): every rank sends its block for each
 // peer straight to it, all at once, and copies its own; in place, the send side is copied first.

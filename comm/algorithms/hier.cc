@@ -58,27 +58,23 @@ std::size_t mod(long long a, long long n) { return static_cast<std::size_t>(((a 
 
 bool hierApplies(const Workspace& ws) {
   const HostShape shape = hostShape(ws.hosts());
-  if (shape.hosts < 2) return false;
-  return shape.maxPerHost > 1;
+  return shape.hosts > 1 && shape.maxPerHost > 1;
 }
 
 namespace {
 // This rank's place among the hosts, its neighbours in its host's ring and its column's ring, and
 // its extras (or, for an extra, its base: `base`, and l >= L).
 struct HierPlace {
-  int H, L, h = 0, l = 0;
+  int H, L, h, l = 0;
   int localRight, localLeft, hostRight, hostLeft;
   std::vector<int> extras;
   const std::vector<std::vector<int>>& hosts;
   HierPlace(const Workspace& ws)
-      : H(static_cast<int>(ws.hosts().size())), L(hostShape(ws.hosts()).perHost), hosts(ws.hosts()) {
-    for (int i = 0; i < H; ++i) {
-      const auto& host = hosts[static_cast<std::size_t>(i)];
-      for (std::size_t j = 0; j < host.size(); ++j)
-        if (host[j] == ws.rank()) h = i, l = static_cast<int>(j);
-    }
-    localRight = at(h, l + 1), localLeft = at(h, l - 1), hostRight = at(h + 1, l), hostLeft = at(h - 1, l);
+      : H(static_cast<int>(ws.hosts().size())), L(hostShape(ws.hosts()).perHost), h(ws.hostIndex(ws.rank())),
+        hosts(ws.hosts()) {
     const auto& mine = hosts[static_cast<std::size_t>(h)];
+    l = static_cast<int>(std::find(mine.begin(), mine.end(), ws.rank()) - mine.begin());
+    localRight = at(h, l + 1), localLeft = at(h, l - 1), hostRight = at(h + 1, l), hostLeft = at(h - 1, l);
     if (l < L)
       for (std::size_t e = static_cast<std::size_t>(l + L); e < mine.size(); e += static_cast<std::size_t>(L)) extras.push_back(mine[e]);
   }

@@ -71,14 +71,7 @@ void broadcastDown(Plan& plan, const Node& node, int ch, const std::byte* rootSr
 Node rootedNode(const Workspace& ws, int root, Algo shape) {
   const auto& hosts = ws.hosts();
   const int H = static_cast<int>(hosts.size());
-  auto hostOf = [&](int rank) {
-    for (int h = 0; h < H; ++h)
-      if (std::find(hosts[static_cast<std::size_t>(h)].begin(), hosts[static_cast<std::size_t>(h)].end(), rank) !=
-          hosts[static_cast<std::size_t>(h)].end())
-        return h;
-    return 0;
-  };
-  const int hr = hostOf(root), hm = hostOf(ws.rank());
+  const int hr = ws.hostIndex(root), hm = ws.hostIndex(ws.rank());
   const auto leader = [&](int h) { return h == hr ? root : hosts[static_cast<std::size_t>(h)][0]; };
   // This host's ranks from its leader on, wrapping: the within-host tree's order.
   const std::vector<int>& mine = hosts[static_cast<std::size_t>(hm)];

@@ -651,6 +651,11 @@ class LayoutOnly : public Workspace {
   const std::vector<int>& ringOrder() const override { return order_; }
   int ringPosition(int r) const override { return pos_[static_cast<std::size_t>(r)]; }
   const std::vector<std::vector<int>>& hosts() const override { return hosts_; }
+  int hostIndex(int r) const override {
+    for (std::size_t h = 0; h < hosts_.size(); ++h)
+      if (std::count(hosts_[h].begin(), hosts_[h].end(), r)) return static_cast<int>(h);
+    return -1;
+  }
 
  private:
   int rank_;

@@ -79,11 +79,17 @@ const Row kRows[] = {
        c.timeoutSec = std::min(v, kNoTimeLimitSec);
        return Status::Ok();
      }},
-    {"BRAID_ALGO", "auto", "force the algorithm: ring, tree, oneshot or hier (all-reduce across hosts of equal size; auto: the tuner's cost model decides)",
+    {"BRAID_ALGO", "auto", "force the algorithm: ring, tree, oneshot or hier (all-reduce, all-gather and reduce-scatter across several hosts; auto: the tuner's cost model decides)",
      [](Config& c, const std::string& s) -> Status {
        if (s != "auto" && s != "ring" && s != "tree" && s != "oneshot" && s != "hier")
          return Status::InvalidArgument("expected auto, ring, tree, oneshot or hier");
        c.algo = s;
+       return Status::Ok();
+     }},
+    {"BRAID_CONNECT", "auto", "which pairs connect at set-up: used (the ranks of this host and the peers the algorithms the tuner may choose need; any other pair on its first send/recv, all-to-all, gather or scatter), all (every pair), auto (all up to 8 ranks, used beyond)",
+     [](Config& c, const std::string& s) -> Status {
+       if (s != "auto" && s != "all" && s != "used") return Status::InvalidArgument("expected auto, all or used");
+       c.connect = s;
        return Status::Ok();
      }},
     {"BRAID_HOSTID", "", "the host identity ranks compare to find who shares a host (shm, host-aware rings, the hierarchical all-reduce); unset: host name and kernel boot id",

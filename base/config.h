@@ -15,6 +15,7 @@ struct Config {
   std::string debugSubsys = "ALL";   // BRAID_DEBUG_SUBSYS
   double timeoutSec = 300;           // BRAID_TIMEOUT
   std::string algo = "auto";         // BRAID_ALGO
+  std::string connect = "auto";      // BRAID_CONNECT
   bool shmDisable = false;           // BRAID_SHM_DISABLE
   bool ibDisable = false;            // BRAID_IB_DISABLE
   std::string ibverbsLib = "libibverbs.so.1";  // BRAID_IBVERBS_LIB

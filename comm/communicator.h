@@ -67,6 +67,10 @@ struct WorkState {
   void whenDone(std::function<void(const Status&)> f);
 };
 
+// BRAID_CONNECT=auto connects every pair at set-up up to this many ranks, and beyond only the
+// ranks of each host and the peers the algorithms need (comm/connect.cc).
+inline constexpr int kConnectAllUpTo = 8;
+
 class Comm final : public EngineHost, public Workspace {
  public:
   static Result<std::shared_ptr<Comm>> create(InitParams params);
@@ -163,6 +167,9 @@ class Comm final : public EngineHost, public Workspace {
   // before it in the registry were skipped ("" when none was).
   std::string transportOf(int peer) const;
   std::string skippedTransports(int peer) const;
+  // Whether this rank holds a connection to `peer` now (BRAID_CONNECT: a peer left for first use
+  // is not connected until a call reaches it); false for itself.
+  bool connectedTo(int peer) const;
 
   // EngineHost / Workspace
   Connection* connection(int peer) override { return conns_[static_cast<std::size_t>(peer)].get(); }
@@ -288,6 +295,10 @@ class Comm final : public EngineHost, public Workspace {
   void fail(const Status& s, bool tellOthers, bool peerGone = false);
   // destroy: every rank tells every peer its last collective and waits for theirs (see destroy()).
   Status farewell();
+  // Connect-on-use (comm/connect.cc): the peers this rank connects at set-up, and the connections
+  // a plan needs that are not made yet.
+  std::vector<int> peersAtSetup();
+  Status connectPlanPeers(const Plan& plan);
   void onNotice(const Notice& n);
   void workerLoop();
   void shutdown(bool abortive);
@@ -304,7 +315,9 @@ class Comm final : public EngineHost, public Workspace {
   std::unique_ptr<StoreServer> storeServer_;
   std::unique_ptr<StoreClient> store_;
   TransportList transports_;  // every transport of the registry, used or not
-  std::vector<std::unique_ptr<Connection>> conns_;  // by peer rank; null for self
+  std::vector<std::unique_ptr<Connection>> conns_;  // by peer rank; null for self and for peers not connected yet
+  std::vector<int> laterVia_;  // by peer rank: the transport (index) that connects it on first use; -1: none
+  std::vector<std::size_t> waitedFds_;  // by transport: how many of its waitSources().fds the waiter has
   std::vector<std::string> transportNames_, skipped_;  // by peer rank
   std::vector<std::string> hostNames_;  // by rank: PeerInfo::host
   std::unique_ptr<Waiter> waiter_;

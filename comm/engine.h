@@ -74,6 +74,11 @@ class Plan {
   const Fingerprint& fingerprintOf(const Op& op) const { return op.fp < 0 ? fp_ : opFps_[static_cast<std::size_t>(op.fp)]; }
   bool empty() const { return ops_.empty(); }
   int numOps() const { return static_cast<int>(ops_.size()); }
+  // Calls f(peer) for each queue: every peer the plan sends to or receives from (repeats allowed).
+  template <typename F>
+  void forEachPeer(F f) const {
+    for (std::size_t i = 0; i < numQueues_; ++i) f(queues_[i].peer);
+  }
 
  private:
   friend class Engine;

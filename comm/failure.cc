@@ -181,7 +181,13 @@ Status Comm::farewell() {
   std::vector<std::size_t> sent(static_cast<std::size_t>(nranks_), 0);
   std::vector<bool> done(static_cast<std::size_t>(nranks_), false);
   done[static_cast<std::size_t>(rank_)] = true;
-  int left = nranks_ - 1;
+  // Only connected peers take part: a peer never reached had no message from this rank to miss.
+  int left = 0;
+  for (int p = 0; p < nranks_; ++p) {
+    const auto pi = static_cast<std::size_t>(p);
+    if (conns_[pi]) ++left;
+    else done[pi] = true, sent[pi] = sizeof(bye);
+  }
   auto unsent = [&] {
     for (int p = 0; p < nranks_; ++p)
       if (p != rank_ && sent[static_cast<std::size_t>(p)] < sizeof(bye)) return true;
@@ -192,7 +198,7 @@ Status Comm::farewell() {
     bool moved = false;
     for (int p = 0; p < nranks_; ++p) {
       const auto pi = static_cast<std::size_t>(p);
-      if (p == rank_) continue;
+      if (p == rank_ || !conns_[pi]) continue;
       Channel& ch = conns_[pi]->channel(0);
       if (sent[pi] < sizeof(bye)) {
         auto k = ch.trySend(reinterpret_cast<const std::byte*>(&bye) + sent[pi], sizeof(bye) - sent[pi]);

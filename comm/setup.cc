@@ -123,7 +123,7 @@ Status Comm::setup(InitParams& p) {
   self.pid = getpid();
   // Settings that shape the messages on the wire: ranks that differ would misread each other.
   self.settings = "BRAID_NSOCKS=" + std::to_string(config_.nsocks) + " BRAID_BUFFSIZE=" +
-                  std::to_string(config_.buffSize) + " BRAID_ALGO=" + config_.algo +
+                  std::to_string(config_.buffSize) + " BRAID_ALGO=" + config_.algo + " BRAID_CONNECT=" + config_.connect +
                   " BRAID_ZERO_COPY=" + (config_.zeroCopy ? "1" : "0") + " BRAID_CMA=" + (config_.cma ? "1" : "0") +
                   " BRAID_TCP_CONGESTION=" + config_.tcpCongestion + " BRAID_CUDA_IPC=" + (config_.cudaIpc ? "1" : "0");
   self.cmaProbe = cmaProbeAddress();
@@ -160,6 +160,7 @@ Status Comm::setup(InitParams& p) {
   std::vector<std::vector<int>> peersOf(transports_.size());
   transportNames_.assign(static_cast<std::size_t>(nranks_), "self");
   skipped_.assign(static_cast<std::size_t>(nranks_), "");
+  std::vector<int> chosen(static_cast<std::size_t>(nranks_), -1);  // by peer: its transport's index
   int localRanks = 0;
   std::set<int> localCpus;  // every CPU some rank of this host may run on
   bool cpusKnown = true;
@@ -176,9 +177,31 @@ Status Comm::setup(InitParams& p) {
       return Status::SystemError(me + " has no transport to rank " + std::to_string(r) + ": " + sel.skipped);
     transportNames_[static_cast<std::size_t>(r)] = sel.transport;
     skipped_[static_cast<std::size_t>(r)] = sel.skipped;
-    peersOf[static_cast<std::size_t>(sel.index)].push_back(r);
+    chosen[static_cast<std::size_t>(r)] = sel.index;
     BRAID_LOG(kInfo, kInit, "peer %d: %s%s%s", r, sel.transport.c_str(), sel.skipped.empty() ? "" : " (",
               sel.skipped.empty() ? "" : (sel.skipped + ")").c_str());
+  }
+  // Which peers connect now (BRAID_CONNECT): all of them, or this host's ranks and the peers the
+  // algorithms reach (comm/connect.cc); a transport that cannot connect later connects all its peers.
+  maxChannels_ = config_.nsocks;
+  layOutHosts(infos);
+  const bool connectAll = config_.connect == "all" || (config_.connect == "auto" && nranks_ <= kConnectAllUpTo);
+  std::vector<char> now(static_cast<std::size_t>(nranks_), 1);
+  if (!connectAll) {
+    now.assign(static_cast<std::size_t>(nranks_), 0);
+    for (int r : peersAtSetup()) now[static_cast<std::size_t>(r)] = 1;
+  }
+  laterVia_.assign(static_cast<std::size_t>(nranks_), -1);
+  int later = 0;
+  for (int r = 0; r < nranks_; ++r) {
+    const int t = chosen[static_cast<std::size_t>(r)];
+    if (t < 0) continue;
+    if (now[static_cast<std::size_t>(r)] || !transports_[static_cast<std::size_t>(t)]->connectsOnUse()) {
+      peersOf[static_cast<std::size_t>(t)].push_back(r);
+    } else {
+      laterVia_[static_cast<std::size_t>(r)] = t;
+      ++later;
+    }
   }
   for (const PeerInfo& info : infos) {
     pids_.push_back(info.pid);
@@ -233,7 +256,7 @@ Status Comm::setup(InitParams& p) {
   }
   cmaUsable_ = link_.sharedMemory && *total % kOversubscribedUnit == nranks_;
   oversubscribed_ = *total % kFdsShortUnit >= kOversubscribedUnit;
-  SetupContext ctx{rank_, nranks_, nonce_, p.storeNonce, config_, infos, *store_, deadline};
+  SetupContext ctx{rank_, nranks_, nonce_, p.storeNonce, config_, infos, *store_, deadline, later > 0};
   conns_.resize(static_cast<std::size_t>(nranks_));
   for (std::size_t i = 0; i < transports_.size(); ++i) {
     auto made = transports_[i]->connect(ctx, peersOf[i]);
@@ -250,6 +273,7 @@ Status Comm::setup(InitParams& p) {
     WaitSources w = t->waitSources();
     if (w.doorbell) waiter_->setDoorbell(w.doorbell);
     for (int fd : w.fds) waiter_->addSocket(fd);
+    waitedFds_.push_back(w.fds.size());
     for (std::atomic<bool>* f : w.beforeSleep) waiter_->addSleepFlag(f);
     if (!mailbox_) mailbox_ = t->mailbox();
   }
@@ -257,12 +281,10 @@ Status Comm::setup(InitParams& p) {
   // once would take the store, and those reads, with it.
   s = store_->barrier("setup/agreed", nranks_, deadline);
   if (!s.ok()) return s;
-  maxChannels_ = config_.nsocks;
   oneHost_ = std::all_of(infos.begin(), infos.end(), [&](const PeerInfo& i) { return i.sameHostAs(infos[0]); });
-  layOutHosts(infos);
   HostShape shape = hostShape(hosts_);
   shape.local = slowestLink(transports_, infos, /*withinHosts=*/true);
-  tuner_ = Tuner(config_, nranks_, maxChannels_, link_, shape);
+  tuner_ = Tuner(config_, nranks_, maxChannels_, link_, shape, /*allPairs=*/later == 0);
   for (auto& t : transports_) t->setupDone();  // everyone has mapped everything: nothing stays in /dev/shm
   store_->startWatching([this](const Notice& n) { onNotice(n); });
   if (const std::int64_t served = storeRequests(); served >= 0)
@@ -272,6 +294,7 @@ Status Comm::setup(InitParams& p) {
   std::string counts;
   for (std::size_t i = 0; i < transports_.size(); ++i)
     counts += std::to_string(peersOf[i].size()) + " " + std::string(transports_[i]->name()) + " peers, ";
+  if (later) counts += std::to_string(later) + " more on first use, ";
   BRAID_LOG(kInfo, kInit, "rank %d of %d ready: %s%d local ranks on %d cpus%s, reduce isa %s, cross-memory attach %s",
             rank_, nranks_, counts.c_str(), localRanks, hostCpus, oversubscribed ? " (oversubscribed: spinning less)" : "",
             kernels::isaName(), cmaUsable_ ? "on" : "off");

@@ -54,9 +54,11 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
   c.algo = treeCapable && c.treeUs < c.ringUs ? Algo::kTree : Algo::kRing;
   if (in.kind == CollKind::kAllReduce || in.kind == CollKind::kBarrier) {
     const double gamma = 6000.0;  // reduction, bytes per microsecond
-    c.oneShotUs = alpha + (n - 1) * S / beta + (n - 1) * S / gamma;
     double best = std::min(c.ringUs + (n - 1) / n * S / gamma, c.treeUs + S / gamma);
-    if (c.oneShotUs < best) c.algo = Algo::kOneShot;
+    if (in.allPairs) {
+      c.oneShotUs = alpha + (n - 1) * S / beta + (n - 1) * S / gamma;
+      if (c.oneShotUs < best) c.algo = Algo::kOneShot;
+    }
     const HostShape& h = in.shape;
     if (h.hosts > 1 && h.maxPerHost > 1 && in.kind == CollKind::kAllReduce) {
       const double L = h.perHost, H = h.hosts;
@@ -64,7 +66,7 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
       c.hierUs = 2 * (L - 1) * h.local.latencyUs + 2 * (L - 1) / L * S / h.local.bytesPerUs + 2 * (H - 1) * alpha +
                  2 * (H - 1) / H * S / beta + (L - 1) / L * S / gamma +
                  2 * F * (h.local.latencyUs + S / h.local.bytesPerUs) + F * S / gamma;
-      if (c.hierUs < std::min(best, c.oneShotUs)) c.algo = Algo::kHier;
+      if (c.hierUs < (c.oneShotUs > 0 ? std::min(best, c.oneShotUs) : best)) c.algo = Algo::kHier;
     }
   }
   const HostShape& shape = in.shape;

@@ -36,6 +36,9 @@ struct TunerInput {
   // PeerInfos: transport/registry.h slowestLink).
   LinkClass link;
   HostShape shape = {};
+  // Every pair connected at set-up (BRAID_CONNECT): only then is the one-shot all-reduce, which
+  // reaches every peer, a candidate.
+  bool allPairs = true;
 };
 
 struct TunerChoice {
@@ -52,11 +55,12 @@ TunerChoice tune(const TunerInput& in, const Config& config);
 class Tuner {
  public:
   Tuner() = default;
-  Tuner(const Config& config, int nranks, int maxChannels, const LinkClass& link, const HostShape& shape = {})
-      : config_(config), nranks_(nranks), maxChannels_(maxChannels), link_(link), shape_(shape) {}
+  Tuner(const Config& config, int nranks, int maxChannels, const LinkClass& link, const HostShape& shape = {},
+        bool allPairs = true)
+      : config_(config), nranks_(nranks), maxChannels_(maxChannels), link_(link), shape_(shape), allPairs_(allPairs) {}
   const TunerChoice& choose(CollKind kind, std::size_t bytes) {
     if (!valid_ || kind != lastKind_ || bytes != lastBytes_) {
-      last_ = tune({kind, bytes, nranks_, maxChannels_, link_, shape_}, config_);
+      last_ = tune({kind, bytes, nranks_, maxChannels_, link_, shape_, allPairs_}, config_);
       lastKind_ = kind;
       lastBytes_ = bytes;
       valid_ = true;
@@ -69,6 +73,7 @@ class Tuner {
   int nranks_ = 1, maxChannels_ = 1;
   LinkClass link_;
   HostShape shape_;
+  bool allPairs_ = true;
   bool valid_ = false;
   CollKind lastKind_{};
   std::size_t lastBytes_ = 0;

@@ -22,6 +22,9 @@ struct SetupContext {
   const std::vector<PeerInfo>& peers;
   Exchange& store;
   Deadline deadline;
+  // Some peers of this transport are left for first use (Transport::connectOnUse): keep what
+  // they need to reach this rank (the tcp listener).
+  bool connectLater = false;
 };
 
 }  // namespace braid

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/deadline.h"
 #include "braid/status.hpp"
 
 namespace braid {
@@ -160,6 +161,18 @@ class Transport {
   // Connections to `peers` (ranks of ctx.peers, all of which chose this transport with this rank).
   virtual Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx,
                                                                     const std::vector<int>& peers) = 0;
+  // Whether connect() may be given only some of the peers that chose this transport, the others
+  // reached by connectOnUse() when a call first needs them.
+  virtual bool connectsOnUse() const { return false; }
+  // After connect(): connections to `peers` (none connected yet), made when a call first reaches
+  // them; each of them makes the same call for this rank (their call reaches it too). May also
+  // return connections to other peers that connected first (a peer a call ahead of this rank).
+  virtual Result<std::vector<std::unique_ptr<Connection>>> connectOnUse(const std::vector<int>& peers,
+                                                                        const Deadline& deadline) {
+    (void)peers;
+    (void)deadline;
+    return Status::Internal(std::string(name()) + " connects every peer at set-up");
+  }
   // File descriptors each peer's connection keeps open (the communicator makes room for them
   // before connecting: base/fdlimit.h).
   virtual long descriptorsPerPeer() const { return 0; }

@@ -94,51 +94,87 @@ LinkClass TcpTransport::linkClass(const PeerInfo& a, const PeerInfo& b) const {
 
 Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const SetupContext& ctx,
                                                                        const std::vector<int>& peers) {
-  const int channels = ctx.config.nsocks;
-  std::map<int, std::vector<net::Fd>> socks;
-  for (int p : peers) socks[p].resize(static_cast<std::size_t>(channels));
+  rank_ = ctx.rank;
+  secret_ = ctx.secret;
+  addresses_.assign(static_cast<std::size_t>(ctx.nranks), "");
+  sameHost_.assign(static_cast<std::size_t>(ctx.nranks), false);
+  for (int r = 0; r < ctx.nranks; ++r) {
+    const PeerInfo& info = ctx.peers[static_cast<std::size_t>(r)];
+    const TransportAddress* a = info.transport(name());
+    if (a && a->usable) addresses_[static_cast<std::size_t>(r)] = a->address;
+    sameHost_[static_cast<std::size_t>(r)] = info.sameHostAs(ctx.peers[static_cast<std::size_t>(ctx.rank)]);
+  }
+  connected_.assign(static_cast<std::size_t>(ctx.nranks), false);
+  auto out = establish(peers, ctx.deadline, /*onUse=*/false);
+  if (!ctx.connectLater) listener_.reset();  // everyone has connected: nobody else may
+  return out;
+}
+
+Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connectOnUse(const std::vector<int>& peers,
+                                                                            const Deadline& deadline) {
+  return establish(peers, deadline, /*onUse=*/true);
+}
+
+// Connects `channels` sockets to each lower rank of `peers` and accepts them from each higher one.
+// Every accepted connection gets a challenge and a short time to answer; they are served side by
+// side, so strangers that connect and stall cannot hold up real ranks. The listener is nonblocking
+// so that each pass accepts everything queued (a flood of strangers must not leave a real rank
+// waiting behind them one accept per pass), and only connections that poll reports readable are
+// read. On use, a higher rank not in `peers` that proves itself is kept too (it is a call ahead of
+// this rank and connected first): its connection is returned once all its channels came.
+Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::establish(const std::vector<int>& peers,
+                                                                         const Deadline& deadline, bool onUse) {
+  const int channels = config_.nsocks;
+  const std::string how = onUse ? " (tcp, connecting on first use)" : " (tcp)";
   int expectIncoming = 0;
   for (int p : peers) {
-    if (p > ctx.rank) { expectIncoming += channels; continue; }
-    const std::string& addr = ctx.peers[static_cast<std::size_t>(p)].transport(name())->address;
+    std::vector<net::Fd>& mine = socks_[p];
+    mine.resize(static_cast<std::size_t>(channels));
+    if (p > rank_) {
+      for (const net::Fd& fd : mine) expectIncoming += !fd.valid();
+      continue;
+    }
+    const std::string& addr = addresses_[static_cast<std::size_t>(p)];
     std::size_t colon = addr.rfind(':');
     std::string ip = addr.substr(0, colon);
     int port = std::atoi(addr.c_str() + colon + 1);
     for (int c = 0; c < channels; ++c) {
-      auto fd = net::connectWithRetry(ip, port, ctx.deadline);
+      auto fd = net::connectWithRetry(ip, port, deadline);
       std::string challenge(kChallengeBytes, '\0');
-      Status s = fd.ok() ? net::recvAll(fd->get(), challenge.data(), challenge.size(), ctx.deadline) : fd.status();
+      Status s = fd.ok() ? net::recvAll(fd->get(), challenge.data(), challenge.size(), deadline) : fd.status();
       if (!s.ok())
-        return Status::SystemError("rank " + std::to_string(ctx.rank) + " could not connect to rank " + std::to_string(p) +
-                                   " at " + addr + " (tcp): " + s.message() +
-                                   (s.message().find("open files") != std::string::npos
-                                        ? std::string()
-                                        : "; check BRAID_SOCKET_IFNAME and firewalls between the hosts"));
+        return Status::SystemError("rank " + std::to_string(rank_) + " could not connect to rank " + std::to_string(p) +
+                                   " at " + addr + how + ": " + s.message() +
+                                   (s.message().find("open files") != std::string::npos ? std::string()
+                                    : onUse ? "; rank " + std::to_string(p) + " did not answer within BRAID_TIMEOUT: "
+                                              "is it in a call that reaches rank " + std::to_string(rank_) + "?"
+                                            : "; check BRAID_SOCKET_IFNAME and firewalls between the hosts"));
       Hello h{};
-      h.rank = ctx.rank;
+      h.rank = rank_;
       h.channel = c;
-      auth::Digest mac = helloMac(ctx.secret, challenge, ctx.rank, p, c);
+      auth::Digest mac = helloMac(secret_, challenge, rank_, p, c);
       std::memcpy(h.mac, mac.data(), sizeof(h.mac));
-      s = net::sendAll(fd->get(), &h, sizeof(h), ctx.deadline);
+      s = net::sendAll(fd->get(), &h, sizeof(h), deadline);
       if (!s.ok()) return s;
-      socks[p][static_cast<std::size_t>(c)] = std::move(fd.value());
+      mine[static_cast<std::size_t>(c)] = std::move(fd.value());
     }
   }
-  // Accept from higher ranks. Every accepted connection gets a challenge and a short time to answer;
-  // they are served side by side, so strangers that connect and stall cannot hold up real ranks.
-  // The listener is nonblocking so that each pass accepts everything queued (a flood of strangers
-  // must not leave a real rank waiting behind them one accept per pass), and only connections that
-  // poll reports readable are read.
   std::vector<Pending> pending;
   std::size_t dropped = 0;
-  net::setNonBlocking(listener_.get(), true);
+  if (expectIncoming > 0) net::setNonBlocking(listener_.get(), true);
   while (expectIncoming > 0) {
-    if (ctx.deadline.expired())
-      return Status::Timeout("rank " + std::to_string(ctx.rank) + " waited for " + std::to_string(expectIncoming) +
-                             " tcp connections from higher ranks that never came (BRAID_TIMEOUT)");
+    if (deadline.expired()) {
+      std::string missing;
+      for (int p : peers)
+        if (p > rank_ && std::any_of(socks_[p].begin(), socks_[p].end(), [](const net::Fd& f) { return !f.valid(); }))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+      return Status::Timeout("rank " + std::to_string(rank_) + " waited for " + std::to_string(expectIncoming) +
+                             " tcp connections from higher ranks that never came (rank(s) " + missing + how +
+                             "; BRAID_TIMEOUT)");
+    }
     std::vector<pollfd> pfds{{listener_.get(), POLLIN, 0}};
     for (Pending& q : pending) pfds.push_back({q.fd.get(), POLLIN, 0});
-    ::poll(pfds.data(), pfds.size(), std::min(ctx.deadline.msLeft(), 100));
+    ::poll(pfds.data(), pfds.size(), std::min(deadline.msLeft(), 100));
     std::vector<bool> drop(pending.size(), false);
     for (std::size_t i = 0; i < pending.size(); ++i) {
       Pending& q = pending[i];
@@ -151,15 +187,22 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
       }
       if (!drop[i] && q.got == sizeof(Hello)) {
         const Hello& h = q.hello;
-        bool known = h.channel >= 0 && h.channel < channels && socks.count(h.rank) && h.rank > ctx.rank &&
-                     !socks[h.rank][static_cast<std::size_t>(h.channel)].valid();
+        // A rank this one expects now, or (on use) any higher tcp peer not connected yet.
+        const bool ranked = h.rank > rank_ && h.rank < static_cast<int>(addresses_.size()) &&
+                            h.channel >= 0 && h.channel < channels;
+        const bool expected = ranked && (socks_.count(h.rank) ||
+                                         (onUse && !connected_[static_cast<std::size_t>(h.rank)] &&
+                                          !addresses_[static_cast<std::size_t>(h.rank)].empty()));
+        std::vector<net::Fd>* slots = expected ? &socks_[h.rank] : nullptr;
+        if (slots) slots->resize(static_cast<std::size_t>(channels));
+        const bool known = slots && !(*slots)[static_cast<std::size_t>(h.channel)].valid();
         auth::Digest got{};
         std::memcpy(got.data(), h.mac, got.size());
-        if (known && auth::equal(got, helloMac(ctx.secret, q.challenge, h.rank, ctx.rank, h.channel))) {
+        if (known && auth::equal(got, helloMac(secret_, q.challenge, h.rank, rank_, h.channel))) {
           net::setNonBlocking(q.fd.get(), false);
           net::setNoDelay(q.fd.get());
-          socks[h.rank][static_cast<std::size_t>(h.channel)] = std::move(q.fd);
-          --expectIncoming;
+          (*slots)[static_cast<std::size_t>(h.channel)] = std::move(q.fd);
+          if (std::find(peers.begin(), peers.end(), h.rank) != peers.end()) --expectIncoming;
           drop[i] = true;  // done with it: it is a channel now
           continue;
         }
@@ -177,14 +220,14 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
       for (int n = 0; n < 4096; ++n) {
         int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0 && fdlimit::exhausted(errno))
-          return Status::SystemError("rank " + std::to_string(ctx.rank) + " could not accept the tcp connections of " +
+          return Status::SystemError("rank " + std::to_string(rank_) + " could not accept the tcp connections of " +
                                      std::to_string(expectIncoming) + " more channels from higher ranks: " +
                                      net::errnoText(errno));
         if (fd < 0) break;  // EAGAIN: nothing more queued
         Pending q;
         q.fd.reset(fd);
         q.challenge = auth::randomBytes(kChallengeBytes);
-        q.until = Deadline::after(std::min(ctx.config.timeoutSec, 5.0));
+        q.until = Deadline::after(std::min(config_.timeoutSec, 5.0));
         if (::send(fd, q.challenge.data(), q.challenge.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
             static_cast<ssize_t>(kChallengeBytes))
           pending.push_back(std::move(q));
@@ -193,25 +236,32 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
   }
   if (dropped > 1)
     BRAID_LOG(kWarn, kNet, "tcp: dropped %zu connections in all that did not prove this job's secret", dropped);
-  listener_.reset();  // everyone has connected: nobody else may
+  // Every peer whose channels are all here becomes a connection: those asked for, and any other
+  // that connected first.
   std::vector<std::unique_ptr<Connection>> out;
   int tuned = 0;
-  for (int p : peers) {
+  for (auto it = socks_.begin(); it != socks_.end();) {
+    const int p = it->first;
+    if (std::any_of(it->second.begin(), it->second.end(), [](const net::Fd& f) { return !f.valid(); })) {
+      ++it;
+      continue;
+    }
     std::vector<std::unique_ptr<TcpChannel>> chans;
-    const bool sameHost = ctx.peers[static_cast<std::size_t>(p)].sameHostAs(ctx.peers[static_cast<std::size_t>(ctx.rank)]);
-    for (auto& fd : socks[p]) {
-      auto set = chooseCongestion(ctx.config, fd.get(), p, sameHost);
+    for (auto& fd : it->second) {
+      auto set = chooseCongestion(config_, fd.get(), p, sameHost_[static_cast<std::size_t>(p)]);
       if (!set.ok()) return set.status();
       tuned += *set;
       fds_.push_back(fd.get());
-      chans.push_back(std::make_unique<TcpChannel>(std::move(fd), p, ctx.config.buffSize));
+      chans.push_back(std::make_unique<TcpChannel>(std::move(fd), p, config_.buffSize));
     }
     out.push_back(std::make_unique<TcpConnection>(p, std::move(chans)));
+    connected_[static_cast<std::size_t>(p)] = true;
+    it = socks_.erase(it);
   }
-  if (!peers.empty())
-    BRAID_LOG(kInfo, kNet, "tcp: %zu peers, %d sockets each, listening on %s; congestion control %s on %d of them",
-              peers.size(), channels, address_.c_str(),
-              ctx.config.tcpCongestion == "auto" ? "reno" : ctx.config.tcpCongestion.c_str(), tuned);
+  if (!out.empty())
+    BRAID_LOG(kInfo, kNet, "tcp: %zu peers%s, %d sockets each, listening on %s; congestion control %s on %d of them",
+              out.size(), onUse ? " on first use" : "", channels, address_.c_str(),
+              config_.tcpCongestion == "auto" ? "reno" : config_.tcpCongestion.c_str(), tuned);
   return out;
 }
 

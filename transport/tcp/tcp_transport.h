@@ -1,8 +1,11 @@
 // TCP between any two ranks. Each rank listens on the address of the chosen interface before it
-// publishes its PeerInfo; then every rank connects `channels` sockets to each lower rank and accepts
-// them from each higher rank. Each socket opens with a hello (nonce, rank, channel) so that a stray
-// connection cannot take a peer's place.
+// publishes its PeerInfo; then every rank connects `channels` sockets to each lower rank it was
+// given and accepts them from each higher one. Each socket opens with a challenge and a hello
+// (rank, channel, proof of the job's secret) so that a stray connection cannot take a peer's
+// place. Peers left for first use are connected the same way when a call first reaches them; the
+// listener stays open for them.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,13 +29,24 @@ class TcpTransport final : public Transport {
   LinkClass linkClass(const PeerInfo& a, const PeerInfo& b) const override;
   long descriptorsPerPeer() const override { return config_.nsocks; }  // a socket per channel
   Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx, const std::vector<int>& peers) override;
+  bool connectsOnUse() const override { return true; }
+  Result<std::vector<std::unique_ptr<Connection>>> connectOnUse(const std::vector<int>& peers,
+                                                                const Deadline& deadline) override;
   WaitSources waitSources() const override { return {nullptr, fds_, {}}; }
 
  private:
+  Result<std::vector<std::unique_ptr<Connection>>> establish(const std::vector<int>& peers, const Deadline& deadline,
+                                                             bool onUse);
   Config config_;
   net::Fd listener_;
   std::string address_;
   std::vector<int> fds_;  // every channel's socket, for the waiter
+  int rank_ = -1;
+  std::string secret_;
+  std::vector<std::string> addresses_;  // by rank: its tcp address, "" where it has none
+  std::vector<bool> sameHost_;          // by rank: on this rank's host
+  std::vector<bool> connected_;         // by rank: a connection was returned for it
+  std::map<int, std::vector<net::Fd>> socks_;  // channels of peers not complete yet, by rank
 };
 
 }  // namespace braid

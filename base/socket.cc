@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -196,9 +197,10 @@ Result<Fd> connectTo(const std::string& ip, int port, const Deadline& d) {
   return connectOnce(ip, port, d, &outOfFds);
 }
 
-Result<Fd> connectWithRetry(const std::string& ip, int port, const Deadline& d) {
+Result<Fd> connectWithRetry(const std::string& ip, int port, const Deadline& d, const std::function<bool()>& stop) {
   int backoffMs = 10;
   for (;;) {
+    if (stop && stop()) return Status::Aborted("stopped connecting to " + ip + ":" + std::to_string(port));
     bool outOfFds = false;
     auto fd = connectOnce(ip, port, d, &outOfFds);
     if (fd.ok() || outOfFds || d.expired()) return fd;

@@ -1,6 +1,7 @@
 // TCP socket helpers shared by the rendezvous store and the tcp transport. Setup-time I/O here is
 // blocking with a Deadline; the data path (tcp_channel) uses the raw nonblocking fd instead.
 #pragma once
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -49,7 +50,10 @@ int localPort(int fd);
 // One connect attempt bounded by the deadline.
 Result<Fd> connectTo(const std::string& ip, int port, const Deadline& d);
 // connectTo, retried with backoff until the deadline (a listener that is not up yet).
-Result<Fd> connectWithRetry(const std::string& ip, int port, const Deadline& d);
+// Retries refused connections (the peer not listening yet) until the deadline; `stop`, asked before
+// each try, ends it (Aborted) once it says true.
+Result<Fd> connectWithRetry(const std::string& ip, int port, const Deadline& d,
+                            const std::function<bool()>& stop = nullptr);
 Result<Fd> acceptOne(int listenFd, const Deadline& d);
 
 Status sendAll(int fd, const void* data, std::size_t n, const Deadline& d);

@@ -337,12 +337,7 @@ Status Comm::executeHost(const CollArgs& in, const Fingerprint& fp, std::size_t 
 
 Status Comm::runPlan() {
   Status s = connectPlanPeers(plan_);
-  if (!s.ok()) {
-    // Refused for want of descriptors: nothing was sent, the communicator stays usable.
-    if (s.code() != Code::kInvalidUsage) fail(s, !failed_.load());
-    return s;
-  }
-  s = Engine::run(plan_, *this);
+  if (s.ok()) s = Engine::run(plan_, *this);
   trace_.tally(plan_);
   if (!s.ok()) fail(s, !failed_.load());  // a failure that came as a notice is not reported back
   return s;

@@ -63,8 +63,9 @@ bool Comm::connectedTo(int peer) const {
 // The plan's peers that are not connected yet, connected now, per transport. Every rank whose plan
 // reaches this one does the same for it (calls match), so each pair meets: the higher rank
 // connects, the lower accepts (transport/tcp). A call that would need more descriptors than this
-// process may open is refused before any connection or message, naming the numbers: every rank of
-// the call refuses alike (the same limit, nearly the same peers), and the communicator stays usable.
+// process may open is refused before any connection or message, naming the numbers; the refusal
+// fails the communicator and reaches every rank through the store (runPlan), so that the ranks
+// waiting to connect to this one stop at once, with the numbers, instead of at BRAID_TIMEOUT.
 Status Comm::connectPlanPeers(const Plan& plan) {
   std::vector<std::vector<int>> want(transports_.size());
   bool any = false;
@@ -88,13 +89,13 @@ Status Comm::connectPlanPeers(const Plan& plan) {
             std::string(transports_[i]->name()) + " peers it has not reached before";
   }
   Status room = fdlimit::reserve(fds, me + "'s " + call, what);
-  if (!room.ok())
-    return Status::InvalidUsage(room.message() + "; the call was refused before anything was sent (the communicator "
-                                "stays usable for calls among the peers it reached)");
+  if (!room.ok()) return Status::InvalidUsage(room.message() + "; the call was refused before anything was sent");
   const Deadline deadline = Deadline::after(config_.timeoutSec);
   for (std::size_t i = 0; i < transports_.size(); ++i) {
     if (want[i].empty()) continue;
-    auto made = transports_[i]->connectOnUse(want[i], deadline);
+    auto made = transports_[i]->connectOnUse(want[i], deadline, [this] { return failedFast(); });
+    if (!made.ok() && made.status().code() != Code::kAborted) waitForNotice(*this);  // the peer may have failed: say why
+    if (!made.ok() && failedFast()) return failure().withContext(call + " failed on " + me);
     if (!made.ok()) return made.status().withContext(me + "'s " + call);
     for (auto& c : *made) conns_[static_cast<std::size_t>(c->peer())] = std::move(c);
     BRAID_LOG(kInfo, kInit, "%s: connected %zu %s peer(s) on first use", call.c_str(), want[i].size(),

@@ -4,12 +4,14 @@
 #include <string>
 #include <vector>
 
+#include "braid/braid.h"
 #include "braid_build_config.h"
 #include "comm/communicator.h"
 #include "base/config.h"
 #include "comm/engine.h"
 #include "kernels/copy.h"
 #include "kernels/reduce.h"
+#include "tools/perf_report.h"
 #include "tools/tools.h"
 #include "topology/topology.h"
 #include "transport/registry.h"
@@ -60,6 +62,26 @@ int runInfo(int, char**) {
   line += ", ib unusable (not built: the libibverbs-dev headers were missing when this build was configured)";
 #endif
   std::printf("transports, in the order each pair tries them: %s\n", line.c_str());
+  // Under a launcher (braid run, torchrun, mpirun, srun): join the job, and rank 0 prints each
+  // rank's peers by transport, those connected at creation and those left for first use.
+  auto launch = readLaunchEnv();
+  if (launch.ok() && launch->worldSize > 1) {
+    braidComm_t comm = nullptr;
+    if (braidCommInitFromEnv(&comm) != braidSuccess) {
+      std::printf("joining the job (%s) failed: %s\n", launch->source.c_str(), braidGetLastError(nullptr));
+      return 1;
+    }
+    int rank = 0, n = 0;
+    braidCommUserRank(comm, &rank);
+    braidCommCount(comm, &n);
+    const std::vector<std::string> lines = transportLines(comm, rank, n);
+    if (rank == 0) {
+      std::printf("connections of the job's %d ranks at creation (BRAID_CONNECT=%s; the rest on first use):\n", n,
+                  cfg->connect.c_str());
+      for (const std::string& l : lines) std::printf("  %s\n", l.c_str());
+    }
+    if (braidCommDestroy(comm) != braidSuccess) return 1;
+  }
   std::printf("\n%-20s %-8s %-12s %s\n", "variable", "default", "value", "meaning");
   for (const ConfigRow& row : describeConfig())
     std::printf("%-20s %-8s %-12s %s\n", row.name, row.defaultValue, row.current.empty() ? "-" : row.current.c_str(),

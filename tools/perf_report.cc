@@ -28,6 +28,28 @@ std::string cellJson(const PerfCell& c, bool checked) {
 }
 }  // namespace
 
+std::vector<std::string> transportLines(braidComm_t comm, int rank, int nranks) {
+  // One fixed-size line per rank: its host and the transports to its peers, the peers connected
+  // when the communicator was created first, then those left for first use (BRAID_CONNECT).
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::map<std::string, int> counts, later;
+  for (int p = 0; p < nranks; ++p)
+    if (p != rank) (comm->impl->connectedTo(p) ? counts : later)[comm->impl->transportOf(p)]++;
+  std::string line = "rank " + std::to_string(rank) + " on " + host + ":";
+  for (auto& [name, k] : counts) line += " " + name + " x" + std::to_string(k);
+  for (auto& [name, k] : later) line += " (" + name + " x" + std::to_string(k) + " on first use)";
+  if (counts.empty() && later.empty()) line += " no peers";
+  line += "; cpus " + topology::cpuListText(topology::allowedCpus());  // what braid run pinned the rank to
+  constexpr std::size_t kWidth = 128;
+  std::vector<char> mine(kWidth, 0), all(kWidth * static_cast<std::size_t>(nranks), 0);
+  std::snprintf(mine.data(), kWidth, "%s", line.c_str());
+  if (braidAllGather(mine.data(), all.data(), kWidth, braidUint8, comm, nullptr) != braidSuccess) return {};
+  std::vector<std::string> lines;
+  for (int r = 0; r < nranks; ++r) lines.emplace_back(all.data() + static_cast<std::size_t>(r) * kWidth);
+  return lines;
+}
+
 PerfHeader describeRun(braidComm_t comm, int rank, int nranks, const PerfOptions& o, const char* commit, const char* isa) {
   PerfHeader h;
   h.options = o;
@@ -42,23 +64,11 @@ PerfHeader describeRun(braidComm_t comm, int rank, int nranks, const PerfOptions
   char when[32];
   std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   h.startedAt = when;
-  // One fixed-size line per rank: its host and the transports to its peers.
-  std::map<std::string, int> counts;
-  for (int p = 0; p < nranks; ++p)
-    if (p != rank) counts[comm->impl->transportOf(p)]++;
-  std::string line = "rank " + std::to_string(rank) + " on " + host + ":";
-  for (auto& [name, k] : counts) line += " " + name + " x" + std::to_string(k);
-  if (counts.empty()) line += " no peers";
-  line += "; cpus " + topology::cpuListText(topology::allowedCpus());  // what braid run pinned the rank to
-  constexpr std::size_t kWidth = 128;
-  std::vector<char> mine(kWidth, 0), all(kWidth * static_cast<std::size_t>(nranks), 0);
-  std::snprintf(mine.data(), kWidth, "%s", line.c_str());
-  if (braidAllGather(mine.data(), all.data(), kWidth, braidUint8, comm, nullptr) != braidSuccess) return h;
+  std::vector<std::string> lines = transportLines(comm, rank, nranks);
   std::map<std::string, int> hosts;
-  for (int r = 0; r < nranks; ++r) {
-    std::string l = all.data() + static_cast<std::size_t>(r) * kWidth;
+  for (const std::string& l : lines) {
     h.transports.push_back(l);
-    std::size_t on = l.find(" on "), colon = l.rfind(':');
+    const std::size_t on = l.find(" on "), colon = l.find(':', on == std::string::npos ? 0 : on);
     if (on != std::string::npos && colon != std::string::npos) hosts[l.substr(on + 4, colon - on - 4)]++;
   }
   h.hosts = static_cast<int>(hosts.size());

@@ -43,6 +43,9 @@ struct PerfHeader {
 };
 
 // Collective: every rank calls it; only rank 0's result is complete.
+// Every rank's line "rank R on HOST: shm x3 tcp x9 (tcp x115 on first use); cpus 4" (an all-gather:
+// every rank calls it), in rank order; empty if the all-gather failed.
+std::vector<std::string> transportLines(braidComm_t comm, int rank, int nranks);
 PerfHeader describeRun(braidComm_t comm, int rank, int nranks, const PerfOptions& o, const char* commit, const char* isa);
 
 class PerfReport {

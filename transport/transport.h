@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -167,10 +168,13 @@ class Transport {
   // After connect(): connections to `peers` (none connected yet), made when a call first reaches
   // them; each of them makes the same call for this rank (their call reaches it too). May also
   // return connections to other peers that connected first (a peer a call ahead of this rank).
+  // `stop` is asked between waits: once it says true (the communicator failed), Aborted.
   virtual Result<std::vector<std::unique_ptr<Connection>>> connectOnUse(const std::vector<int>& peers,
-                                                                        const Deadline& deadline) {
+                                                                        const Deadline& deadline,
+                                                                        const std::function<bool()>& stop) {
     (void)peers;
     (void)deadline;
+    (void)stop;
     return Status::Internal(std::string(name()) + " connects every peer at set-up");
   }
   // File descriptors each peer's connection keeps open (the communicator makes room for them

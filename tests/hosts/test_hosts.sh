@@ -24,17 +24,20 @@
 #      a 1 MiB /dev/shm, memlock lowered where ib is used, an ib port DOWN, a blackholed interface
 #      and a BRAID_SOCKET_IFNAME matching nothing; every link capped alike, found only against the
 #      healthy run's JSON (--baseline) as system-wide
-#   9. 128 ranks on 32 hosts x 4: every collective exact; the communicator split 8 ways (rank % 8),
-#      each part exact; a rank killed on one of them is named by the ranks of host 1 within 10 s,
-#      and every launcher fails
-# Usage: test_hosts.sh BRAID TESTHOSTS [FAKEIBV_LIB [SPLIT_CHECK]]. Exit 77 (skip) with the reason where namespaces cannot be
+#   9. 128 ranks on 32 hosts x 4: every collective exact; each rank connected only its host's ranks
+#      and its algorithms' peers at creation (perf's header and braid info say so); send/recv
+#      between ranks half the job apart, all-to-all and the communicator split 8 ways (rank % 8)
+#      exact; under ulimit -n 64 the job runs and the all-to-all fails on every rank with the
+#      numbers; a rank killed on one host is named by the ranks of host 1 within 10 s, and every
+#      launcher fails
+# Usage: test_hosts.sh BRAID TESTHOSTS [FAKEIBV_LIB [SCALE_CHECK]]. Exit 77 (skip) with the reason where namespaces cannot be
 # made (not root, no ip/unshare/nsenter, a kernel without veth or bridges). Every test host is
 # removed at the end, also when a case fails.
 set -uo pipefail
 braid=$1
 testhosts=$2
 fakeibv=${3:-}
-split_check=${4:-}  # tests/hosts/split_check.c: a split 8 ways, checked
+scale_check=${4:-}  # tests/hosts/scale_check.c: the collectives, peers reached on first use, a split, checked
 port=29611
 export BRAID_SECRET=braid-testhosts-$$-secret  # the same on every host
 # The cases below are about tcp across hosts, except the ib one, which turns ib back on: meson
@@ -427,10 +430,32 @@ scale_32x4() {
       { echo "  $c: not exact on 128 ranks"; return 1; }
     echo "  $c: $((($(date +%s%N) - t0) / 1000000)) ms for the launch, set-up and the sweep"
   done
-  if [ -n "$split_check" ]; then
-    run_on_hosts 32 4 120 "$split_check" && grep -q "128 ranks split 8 ways, every part exact" "$work/h1.log" ||
-      { echo "  the split into 8 communicators failed"; return 1; }
-    echo "  split 8 ways (rank % 8: 16 ranks a part, on 16 hosts): every part exact"
+  # Each rank connected its host's ranks and its algorithms' peers at creation, the rest left for
+  # first use, as perf's header and braid info say.
+  grep -qE "rank 5 on braid-h2: shm x3 tcp x[0-9]+ \(tcp x[0-9]+ on first use\)" "$work/h1.log" ||
+    { echo "  perf's header does not show peers left for first use: $(grep -m1 'rank 5 on' "$work/h1.log")"; return 1; }
+  run_on_hosts 32 4 120 "$braid" info && grep -q "connections of the job's 128 ranks at creation" "$work/h1.log" &&
+    grep -qE "rank 127 on braid-h32: shm x3 tcp x[0-9]+ \(tcp x[0-9]+ on first use\)" "$work/h1.log" ||
+    { echo "  braid info under the launcher: $(tail -n 2 "$work/h1.log")"; return 1; }
+  echo "  $(grep -m1 'rank 5 on braid-h2' "$work/h1.log")"
+  if [ -n "$scale_check" ]; then
+    run_on_hosts 32 4 120 "$scale_check" &&
+      grep -q "128 ranks: every collective exact, send/recv half the job apart exact, all-to-all exact; split 8 ways, every part exact" "$work/h1.log" ||
+      { echo "  scale check: $(grep -m1 -h 'scale-check' "$work"/h*.log)"; return 1; }
+    echo "  send/recv between ranks half the job apart (connected on first use, both ways at once), all-to-all, a split 8 ways: exact"
+    # Every rank's open files capped at 64 (soft and hard), but host 1's: its rank 0 hosts the
+    # rendezvous store, which holds a connection from each of the 128 ranks. The job starts and runs
+    # every collective; the all-to-all, which would connect every pair, fails on every rank within
+    # seconds with the numbers.
+    local k
+    for k in $(seq 2 32); do export "HOST_WRAP_h$k=prlimit --nofile=64:64"; done
+    t0=$(date +%s%N)
+    run_on_hosts 32 4 120 "$scale_check" --alltoall-refused
+    local status=$? took=$((($(date +%s%N) - t0) / 1000000))
+    for k in $(seq 2 32); do unset "HOST_WRAP_h$k"; done
+    [ "$status" = 0 ] && grep -q "all-to-all refused: .*open files" "$work/h1.log" ||
+      { echo "  under ulimit -n 64: $(grep -m1 -h 'scale-check' "$work"/h*.log)"; return 1; }
+    echo "  under ulimit -n 64 (hosts 2-32): set-up and every collective ran; $(grep -m1 -o 'all-to-all refused: .\{0,160\}' "$work/h1.log")...; the whole run took $took ms"
   fi
   start_on_hosts 32 4 120 "$braid" perf allreduce -b 64K -e 64K -n 100000 -w 1 -c 1
   sleep 8
@@ -450,7 +475,7 @@ scale_32x4() {
   echo "  ${named:0:200}"
   [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ $(((t1 - t0) / 1000000)) -lt 10000 ] && [ -n "$named" ] && [ "$bad" = 31 ]
 }
-check "128 ranks on 32 hosts x 4: every collective exact, a split 8 ways exact; a rank killed on one host is named within 10 s" scale_32x4
+check "128 ranks on 32 hosts x 4: every collective exact, peers beyond the algorithms' connected on first use, a split 8 ways exact, all-to-all refused under ulimit -n 64; a rank killed on one host is named within 10 s" scale_32x4
 
 rm -rf "$work"
 echo "$passed passed, $fail failed"

@@ -14,17 +14,11 @@
 #include "base/log.h"
 
 namespace braid {
+using Hello = TcpTransport::Hello;
+using Pending = TcpTransport::Pending;
 namespace {
 constexpr std::size_t kChallengeBytes = 16;
 
-// A connector's answer to the acceptor's challenge: who it is, which channel, and the proof that it
-// knows the job's secret (bound to this challenge, both ranks and the channel, so it cannot be
-// replayed or redirected).
-struct Hello {
-  std::int32_t rank;
-  std::int32_t channel;
-  std::uint8_t mac[32];
-};
 
 auth::Digest helloMac(const std::string& secret, const std::string& challenge, int from, int to, int channel) {
   std::string msg = "braid-tcp-hello" + challenge + std::to_string(from) + ">" + std::to_string(to) + "#" +
@@ -32,14 +26,27 @@ auth::Digest helloMac(const std::string& secret, const std::string& challenge, i
   return auth::hmacSha256(secret, msg);
 }
 
-// A connection accepted but not yet identified.
-struct Pending {
-  net::Fd fd;
-  Hello hello{};
+
+// The acceptor's challenge, read in slices of 100 ms so that `stop` (the call was given up: the
+// communicator failed) ends the wait at once. Aborted when it did.
+Status recvChallenge(int fd, std::string& challenge, const Deadline& deadline, const std::function<bool()>& stop) {
   std::size_t got = 0;
-  std::string challenge;
-  Deadline until = Deadline::after(0);
-};
+  while (got < challenge.size()) {
+    if (stop && stop()) return Status::Aborted("stopped waiting for a peer's challenge");
+    ssize_t k = ::recv(fd, challenge.data() + got, challenge.size() - got, MSG_DONTWAIT);
+    if (k > 0) {
+      got += static_cast<std::size_t>(k);
+      continue;
+    }
+    if (k == 0) return Status::RemoteError("connection closed by the other side");
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      return Status::RemoteError("recv failed: " + net::errnoText(errno));
+    if (deadline.expired()) return Status::Timeout("receive timed out");
+    pollfd p{fd, POLLIN, 0};
+    ::poll(&p, 1, std::min(deadline.msLeft(), 100));
+  }
+  return Status::Ok();
+}
 
 // BRAID_TCP_CONGESTION for one connection to `peer`. Between ranks of one host ("auto") reno: the
 // bytes never leave the host, where a model of a network path (bbr's pacing and its estimate-driven
@@ -105,14 +112,18 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
     sameHost_[static_cast<std::size_t>(r)] = info.sameHostAs(ctx.peers[static_cast<std::size_t>(ctx.rank)]);
   }
   connected_.assign(static_cast<std::size_t>(ctx.nranks), false);
-  auto out = establish(peers, ctx.deadline, /*onUse=*/false);
-  if (!ctx.connectLater) listener_.reset();  // everyone has connected: nobody else may
+  auto out = establish(peers, ctx.deadline, /*onUse=*/false, nullptr);
+  if (!ctx.connectLater) {  // everyone has connected: nobody else may
+    listener_.reset();
+    pending_.clear();
+  }
   return out;
 }
 
 Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connectOnUse(const std::vector<int>& peers,
-                                                                            const Deadline& deadline) {
-  return establish(peers, deadline, /*onUse=*/true);
+                                                                            const Deadline& deadline,
+                                                                            const std::function<bool()>& stop) {
+  return establish(peers, deadline, /*onUse=*/true, stop);
 }
 
 // Connects `channels` sockets to each lower rank of `peers` and accepts them from each higher one.
@@ -123,7 +134,8 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connectOnUse(cons
 // read. On use, a higher rank not in `peers` that proves itself is kept too (it is a call ahead of
 // this rank and connected first): its connection is returned once all its channels came.
 Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::establish(const std::vector<int>& peers,
-                                                                         const Deadline& deadline, bool onUse) {
+                                                                         const Deadline& deadline, bool onUse,
+                                                                         const std::function<bool()>& stop) {
   const int channels = config_.nsocks;
   const std::string how = onUse ? " (tcp, connecting on first use)" : " (tcp)";
   int expectIncoming = 0;
@@ -139,16 +151,20 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::establish(const s
     std::string ip = addr.substr(0, colon);
     int port = std::atoi(addr.c_str() + colon + 1);
     for (int c = 0; c < channels; ++c) {
-      auto fd = net::connectWithRetry(ip, port, deadline);
+      auto fd = net::connectWithRetry(ip, port, deadline, stop);
+      if (!fd.ok() && fd.status().code() == Code::kAborted) return fd.status();
       std::string challenge(kChallengeBytes, '\0');
-      Status s = fd.ok() ? net::recvAll(fd->get(), challenge.data(), challenge.size(), deadline) : fd.status();
+      Status s = fd.ok() ? recvChallenge(fd->get(), challenge, deadline, stop) : fd.status();
+      if (!s.ok() && s.code() == Code::kAborted) return s;
       if (!s.ok())
         return Status::SystemError("rank " + std::to_string(rank_) + " could not connect to rank " + std::to_string(p) +
                                    " at " + addr + how + ": " + s.message() +
                                    (s.message().find("open files") != std::string::npos ? std::string()
-                                    : onUse ? "; rank " + std::to_string(p) + " did not answer within BRAID_TIMEOUT: "
-                                              "is it in a call that reaches rank " + std::to_string(rank_) + "?"
-                                            : "; check BRAID_SOCKET_IFNAME and firewalls between the hosts"));
+                                    : !onUse ? "; check BRAID_SOCKET_IFNAME and firewalls between the hosts"
+                                    : s.code() == Code::kTimeout
+                                        ? "; rank " + std::to_string(p) + " did not answer within BRAID_TIMEOUT: is it in "
+                                          "a call that reaches rank " + std::to_string(rank_) + "?"
+                                        : std::string()));
       Hello h{};
       h.rank = rank_;
       h.channel = c;
@@ -159,10 +175,14 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::establish(const s
       mine[static_cast<std::size_t>(c)] = std::move(fd.value());
     }
   }
-  std::vector<Pending> pending;
+  // Connections accepted in an earlier call whose hello had not come yet are still pending: their
+  // ranks sent it (they read the challenge) and count on the channel; they get a fresh while to be read.
+  std::vector<Pending>& pending = pending_;
+  for (Pending& q : pending) q.until = Deadline::after(std::min(config_.timeoutSec, 5.0));
   std::size_t dropped = 0;
   if (expectIncoming > 0) net::setNonBlocking(listener_.get(), true);
   while (expectIncoming > 0) {
+    if (stop && stop()) return Status::Aborted("rank " + std::to_string(rank_) + " stopped connecting" + how);
     if (deadline.expired()) {
       std::string missing;
       for (int p : peers)

@@ -5,7 +5,9 @@
 // place. Peers left for first use are connected the same way when a call first reaches them; the
 // listener stays open for them.
 #pragma once
+#include <functional>
 #include <map>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,13 +32,30 @@ class TcpTransport final : public Transport {
   long descriptorsPerPeer() const override { return config_.nsocks; }  // a socket per channel
   Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx, const std::vector<int>& peers) override;
   bool connectsOnUse() const override { return true; }
-  Result<std::vector<std::unique_ptr<Connection>>> connectOnUse(const std::vector<int>& peers,
-                                                                const Deadline& deadline) override;
+  Result<std::vector<std::unique_ptr<Connection>>> connectOnUse(const std::vector<int>& peers, const Deadline& deadline,
+                                                                const std::function<bool()>& stop) override;
   WaitSources waitSources() const override { return {nullptr, fds_, {}}; }
+
+  // A connector's answer to the acceptor's challenge: who it is, which channel, and the proof that
+  // it knows the job's secret (bound to this challenge, both ranks and the channel, so it cannot be
+  // replayed or redirected).
+  struct Hello {
+    std::int32_t rank;
+    std::int32_t channel;
+    std::uint8_t mac[32];
+  };
+  // A connection accepted but not yet identified.
+  struct Pending {
+    net::Fd fd;
+    Hello hello{};
+    std::size_t got = 0;
+    std::string challenge;
+    Deadline until = Deadline::after(0);
+  };
 
  private:
   Result<std::vector<std::unique_ptr<Connection>>> establish(const std::vector<int>& peers, const Deadline& deadline,
-                                                             bool onUse);
+                                                             bool onUse, const std::function<bool()>& stop);
   Config config_;
   net::Fd listener_;
   std::string address_;
@@ -47,6 +66,7 @@ class TcpTransport final : public Transport {
   std::vector<bool> sameHost_;          // by rank: on this rank's host
   std::vector<bool> connected_;         // by rank: a connection was returned for it
   std::map<int, std::vector<net::Fd>> socks_;  // channels of peers not complete yet, by rank
+  std::vector<Pending> pending_;  // accepted, challenged, hello not read yet (kept from call to call)
 };
 
 }  // namespace braid

@@ -188,6 +188,8 @@ class Comm final : public EngineHost, public Workspace {
   int ringPosition(int rank) const override { return ringPos_[static_cast<std::size_t>(rank)]; }
   const std::vector<std::vector<int>>& hosts() const override { return hosts_; }
   int hostIndex(int rank) const override { return hostOf_[static_cast<std::size_t>(rank)]; }
+  int smallestHost() const override { return hostSizes_.perHost; }
+  int largestHost() const override { return hostSizes_.maxPerHost; }
 
   // CUDA (defined in comm/cuda/cuda_path.cc): the device a context was current on at creation (-1: none
   // chosen), the staging proxy (made on the first call with device buffers when `create`; null in
@@ -332,6 +334,7 @@ class Comm final : public EngineHost, public Workspace {
   // The hosts and the rings' order (Workspace), from the PeerInfos at setup.
   std::vector<std::vector<int>> hosts_;
   std::vector<int> hostOf_;  // by rank: its index in hosts_
+  HostShape hostSizes_;      // hostShape(hosts_), kept by layOutHosts
   std::vector<int> ringOrder_, ringPos_;
   std::string deadLocalRanks() const;
   mem::PeerMappings peerMemory_;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "base/fdlimit.h"
@@ -282,7 +283,7 @@ Status Comm::setup(InitParams& p) {
   s = store_->barrier("setup/agreed", nranks_, deadline);
   if (!s.ok()) return s;
   oneHost_ = std::all_of(infos.begin(), infos.end(), [&](const PeerInfo& i) { return i.sameHostAs(infos[0]); });
-  HostShape shape = hostShape(hosts_);
+  HostShape shape = hostSizes_;
   shape.local = slowestLink(transports_, infos, /*withinHosts=*/true);
   tuner_ = Tuner(config_, nranks_, maxChannels_, link_, shape, /*allPairs=*/later == 0);
   for (auto& t : transports_) t->setupDone();  // everyone has mapped everything: nothing stays in /dev/shm
@@ -308,15 +309,14 @@ std::int64_t Comm::storeRequests() const {
 void Comm::layOutHosts(const std::vector<PeerInfo>& infos) {
   hosts_.clear();
   hostOf_.assign(infos.size(), -1);
+  std::map<std::pair<std::string, std::string>, int> index;  // (host, boot id): PeerInfo::sameHostAs
   for (std::size_t r = 0; r < infos.size(); ++r) {
-    for (std::size_t h = 0; h < hosts_.size() && hostOf_[r] < 0; ++h)
-      if (infos[static_cast<std::size_t>(hosts_[h][0])].sameHostAs(infos[r])) hostOf_[r] = static_cast<int>(h);
-    if (hostOf_[r] < 0) {
-      hostOf_[r] = static_cast<int>(hosts_.size());
-      hosts_.emplace_back();
-    }
+    auto [it, added] = index.emplace(std::make_pair(infos[r].host, infos[r].bootId), static_cast<int>(hosts_.size()));
+    if (added) hosts_.emplace_back();
+    hostOf_[r] = it->second;
     hosts_[static_cast<std::size_t>(hostOf_[r])].push_back(static_cast<int>(r));
   }
+  hostSizes_ = hostShape(hosts_);
   ringOrder_.clear();
   for (const auto& h : hosts_) ringOrder_.insert(ringOrder_.end(), h.begin(), h.end());
   ringPos_.assign(infos.size(), 0);

@@ -71,6 +71,7 @@ struct RankFacts {
   std::vector<std::pair<std::string, std::string>> settings;
   // by peer rank: the transport chosen ("self" for this rank) and why the ones before it were not
   std::vector<std::string> transportTo, skippedTo;
+  std::vector<bool> connectedTo;  // per peer: connected when the communicator was made (BRAID_CONNECT), else on first use
 
   std::string serialize() const;
   static RankFacts parse(const std::string& text);
@@ -95,6 +96,8 @@ struct RingFigure {
 struct Data {
   std::vector<RankFacts> ranks;
   std::vector<std::vector<PairFigure>> pairs;  // [a][b], filled for a < b and mirrored
+  int rounds = 0;       // rounds of disjoint pairs measured (measurementRounds)
+  bool byHost = false;  // one rank pair per two hosts, not every pair
   std::vector<RingFigure> rings;
   // Links between hosts that the first pass found slow, and the fastest of their transport,
   // measured again one rank pair at a time, alternately (per link, GB/s, the median and the best
@@ -173,6 +176,15 @@ std::vector<Finding> analyse(const Data& d);
 // The circle method's rounds of disjoint pairs for n ranks: n-1, or n for odd n (one rank sits out
 // each), none for one rank.
 inline int roundsFor(int n) { return n < 2 ? 0 : n - 1 + (n & 1); }
+// Round r of those: its disjoint pairs (a < b).
+std::vector<std::pair<int, int>> roundPairs(int n, int r);
+// The rank pairs the doctor measures, in rounds of disjoint pairs. Every pair (the circle method
+// over the ranks) where each host holds one rank or there is one host. Otherwise one pair per two
+// hosts, their first ranks (the circle method over the hosts: H-1 rounds, H for odd H), and a last
+// round pairing each host's first two ranks: so 128 hosts x 8 ranks take 128 rounds, not 1,023,
+// and rank 0 meets every host's first rank (the clocks).
+std::vector<std::vector<std::pair<int, int>>> measurementRounds(const HostLayout& h, int n);
+inline bool measuresByHost(const HostLayout& h, int n) { return h.names.size() > 1 && static_cast<int>(h.names.size()) < n; }
 
 // "ranks 0-3", "rank 2"; and "1.5 MiB"-style sizes.
 std::string rankText(const std::vector<int>& ranks);

@@ -159,6 +159,13 @@ class Transport {
   virtual Availability canReach(const PeerInfo& a, const PeerInfo& b) const = 0;
   // The link this transport gives `a` and `b` (the same for either order).
   virtual LinkClass linkClass(const PeerInfo& a, const PeerInfo& b) const = 0;
+  // What of a rank's usable address canReach and linkClass read beside whether the two ranks share
+  // a host: ranks whose keys agree for every transport reach every peer alike, which lets
+  // slowestLink look at one pair of each kind instead of every pair. "" when only the hosts matter.
+  virtual std::string reachKey(const std::string& address) const {
+    (void)address;
+    return "";
+  }
   // Connections to `peers` (ranks of ctx.peers, all of which chose this transport with this rank).
   virtual Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx,
                                                                     const std::vector<int>& peers) = 0;

@@ -56,6 +56,10 @@ class Workspace {
   // different numbers of ranks), and which of them holds `rank`.
   virtual const std::vector<std::vector<int>>& hosts() const = 0;
   virtual int hostIndex(int rank) const = 0;
+  // The fewest and the most ranks any host holds (the hierarchical algorithms' columns and whether
+  // they apply). These count the hosts; the communicator answers from what it kept at set-up.
+  virtual int smallestHost() const;
+  virtual int largestHost() const;
 };
 
 // The bytes a call moves in all: count elements, times the ranks for all-gather, reduce-scatter

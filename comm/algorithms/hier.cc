@@ -56,10 +56,10 @@ namespace {
 std::size_t mod(long long a, long long n) { return static_cast<std::size_t>(((a % n) + n) % n); }
 }  // namespace
 
-bool hierApplies(const Workspace& ws) {
-  const HostShape shape = hostShape(ws.hosts());
-  return shape.hosts > 1 && shape.maxPerHost > 1;
-}
+int Workspace::smallestHost() const { return hostShape(hosts()).perHost; }
+int Workspace::largestHost() const { return hostShape(hosts()).maxPerHost; }
+
+bool hierApplies(const Workspace& ws) { return ws.hosts().size() > 1 && ws.largestHost() > 1; }
 
 namespace {
 // This rank's place among the hosts, its neighbours in its host's ring and its column's ring, and
@@ -70,7 +70,7 @@ struct HierPlace {
   std::vector<int> extras;
   const std::vector<std::vector<int>>& hosts;
   HierPlace(const Workspace& ws)
-      : H(static_cast<int>(ws.hosts().size())), L(hostShape(ws.hosts()).perHost), h(ws.hostIndex(ws.rank())),
+      : H(static_cast<int>(ws.hosts().size())), L(ws.smallestHost()), h(ws.hostIndex(ws.rank())),
         hosts(ws.hosts()) {
     const auto& mine = hosts[static_cast<std::size_t>(h)];
     l = static_cast<int>(std::find(mine.begin(), mine.end(), ws.rank()) - mine.begin());

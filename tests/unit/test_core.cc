@@ -496,6 +496,59 @@ TEST(Registry, SlowestLinkIsTheSlowestPairs) {
   EXPECT_TRUE(linkOf(c, {infoOf(0, "a")}).sharedMemory);  // one rank: nothing but its own memory
 }
 
+// slowestLink weighs one pair of each kind (two reach profiles, one host or two); every pair,
+// weighed one by one, must give the same link. Random jobs of 1 to 40 ranks over 1 to 5 hosts, shm
+// usable or not, two /dev/shm identities, with BRAID_TCP_CONGESTION=auto and =system (which
+// changes tcp's link within a host).
+TEST(Registry, SlowestLinkOfOnePairOfEachKindIsThatOfEveryPair) {
+  auto everyPair = [](const TransportList& ts, const std::vector<PeerInfo>& infos, bool withinHosts) {
+    LinkClass worst;
+    bool any = false;
+    for (std::size_t i = 0; i < infos.size(); ++i)
+      for (std::size_t j = i + 1; j < infos.size(); ++j) {
+        if (withinHosts && !infos[i].sameHostAs(infos[j])) continue;
+        Selection sel = selectTransport(ts, infos[i], infos[j]);
+        if (sel.index < 0) continue;
+        LinkClass l = ts[static_cast<std::size_t>(sel.index)]->linkClass(infos[i], infos[j]);
+        worst = any ? LinkClass::slower(worst, l) : l;
+        any = true;
+      }
+    return worst;
+  };
+  auto same = [](const LinkClass& a, const LinkClass& b) {
+    return a.latencyUs == b.latencyUs && a.bytesPerUs == b.bytesPerUs && a.minPiece == b.minPiece &&
+           a.sameHost == b.sameHost && a.sharedMemory == b.sharedMemory && a.oneStreamBest == b.oneStreamBest &&
+           a.maxPiece == b.maxPiece;
+  };
+  std::uint64_t seed = 12345;
+  auto next = [&](int m) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int>((seed >> 33) % static_cast<std::uint64_t>(m));
+  };
+  int differing = 0;
+  for (const char* congestion : {"auto", "system"}) {
+    Config c;
+    c.tcpCongestion = congestion;
+    const TransportList ts = makeTransports(c);
+    for (int trial = 0; trial < 300; ++trial) {
+      const int n = 1 + next(40), hosts = 1 + next(5);
+      std::vector<PeerInfo> infos;
+      for (int r = 0; r < n; ++r) {
+        std::string host(1, 'h');
+        host += std::to_string(next(hosts));
+        infos.push_back(infoOf(r, host, next(4) != 0, next(6) ? "22:1" : "23:1"));
+      }
+      for (bool within : {false, true}) {
+        const LinkClass got = slowestLink(ts, infos, within), want = everyPair(ts, infos, within);
+        EXPECT_TRUE(same(got, want)) << "trial " << trial << " (" << n << " ranks on " << hosts << " hosts, within "
+                                     << within << "): latency " << got.latencyUs << " vs " << want.latencyUs;
+      }
+      differing += !same(everyPair(ts, infos, false), everyPair(ts, infos, true));
+    }
+  }
+  EXPECT_GT(differing, 100);  // the cases tell the two questions apart
+}
+
 TEST(Registry, PeerInfoRoundTripsAnyAddressBytes) {
   PeerInfo p = infoOf(5, "host-x");
   p.pid = 1234;

@@ -150,6 +150,12 @@ Availability IbTransport::canReach(const PeerInfo& a, const PeerInfo& b) const {
   return {true, ""};
 }
 
+std::string IbTransport::reachKey(const std::string& address) const {
+  auto x = IbAddress::parse(address);
+  if (!x.ok()) return "unparsable " + address;  // canReach refuses it, naming the rank: keep it apart
+  return x->remote.ethernet ? "roce " + std::to_string(x->gidType) : "ib";
+}
+
 LinkClass IbTransport::linkClass(const PeerInfo& a, const PeerInfo& b) const {
   LinkClass l;  // an HCA round trip; one QP's share of a 100 Gb/s port
   l.latencyUs = 3;

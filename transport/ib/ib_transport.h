@@ -23,6 +23,7 @@ class IbTransport final : public Transport {
   Result<std::string> localAddress(const std::string& rendezvousIp) override;
   Availability canReach(const PeerInfo& a, const PeerInfo& b) const override;
   LinkClass linkClass(const PeerInfo& a, const PeerInfo& b) const override;
+  std::string reachKey(const std::string& address) const override;  // the port's link layer and GID type
   Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx, const std::vector<int>& peers) override;
   WaitSources waitSources() const override;
 

@@ -24,6 +24,7 @@ class ShmTransport final : public Transport {
   Result<std::string> localAddress(const std::string& rendezvousIp) override;
   Availability canReach(const PeerInfo& a, const PeerInfo& b) const override;
   LinkClass linkClass(const PeerInfo& a, const PeerInfo& b) const override;
+  std::string reachKey(const std::string& address) const override { return address; }  // the /dev/shm it sees
   // Connections to `peers`, all on this host and all having chosen shm with this rank.
   Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx, const std::vector<int>& peers) override;
   WaitSources waitSources() const override { return {myBell_, {}, {}}; }

@@ -118,18 +118,6 @@ Result<std::vector<std::string>> allGatherText(braidComm_t comm, int n, const st
   return out;
 }
 
-// The circle method: round r's disjoint pairs (roundsFor(n) rounds).
-std::vector<std::pair<int, int>> roundPairs(int n, int r) {
-  const int m = n + (n & 1);
-  std::vector<std::pair<int, int>> out;
-  auto add = [&](int a, int b) {
-    if (a < n && b < n) out.emplace_back(std::min(a, b), std::max(a, b));
-  };
-  add(r, m - 1);
-  for (int k = 1; k < m / 2; ++k) add((r + k) % (m - 1), (r - k + m - 1) % (m - 1));
-  return out;
-}
-
 struct Doctor {
   Options o;
   braidComm_t comm = nullptr;
@@ -221,12 +209,15 @@ struct Doctor {
     return f;
   }
 
-  // Every pair in n-1 rounds; the full matrix on every rank (rank 0 reports it).
-  std::vector<std::vector<PairFigure>> measurePairs() {
+  // The pairs of `rounds` (measurementRounds), round by round; the matrix on every rank (rank 0
+  // reports it), with the pairs not measured left so (PairFigure::measured).
+  std::vector<std::vector<PairFigure>> measurePairs(const std::vector<std::vector<std::pair<int, int>>>& rounds) {
     std::vector<double> row(static_cast<std::size_t>(n) * 3, 0.0);
-    const int rounds = roundsFor(n);
-    for (int r = 0; r < rounds && error.empty(); ++r) {
-      for (auto [a, b] : roundPairs(n, r)) {
+    std::vector<char> measured(static_cast<std::size_t>(n) * n, 0);
+    for (const auto& round : rounds)
+      for (auto [a, b] : round) measured[static_cast<std::size_t>(a) * n + b] = 1;
+    for (std::size_t r = 0; r < rounds.size() && error.empty(); ++r) {
+      for (auto [a, b] : rounds[r]) {
         if (a != rank && b != rank) continue;
         const int peer = a == rank ? b : a;
         PairPin pin(facts, rank, peer);
@@ -242,6 +233,7 @@ struct Doctor {
       return m;
     for (int a = 0; a < n; ++a)
       for (int b = a + 1; b < n; ++b) {
+        if (!measured[static_cast<std::size_t>(a) * n + b]) continue;
         const double* cell = &all[(static_cast<std::size_t>(a) * n + b) * 3];  // measured by the lower rank
         PairFigure f;
         f.measured = true;
@@ -398,6 +390,7 @@ int runDoctor(int argc, char** argv) {
   for (int p = 0; p < n; ++p) {
     mine.transportTo.push_back(p == d.rank ? "self" : d.comm->impl->transportOf(p));
     mine.skippedTo.push_back(p == d.rank ? "" : d.comm->impl->skippedTransports(p));
+    mine.connectedTo.push_back(p == d.rank || d.comm->impl->connectedTo(p));
   }
   mine.cmaAddr = cmaProbeAddress();  // what same-host peers read to test cross-memory attach
   Data data;
@@ -465,12 +458,13 @@ int runDoctor(int argc, char** argv) {
   }
   const HostLayout hosts = layOut(data.ranks);
   d.facts = &data.ranks;
-  if (d.error.empty()) data.pairs = d.measurePairs();
+  const auto rounds = measurementRounds(hosts, n);
+  data.rounds = static_cast<int>(rounds.size());
+  data.byHost = measuresByHost(hosts, n);
+  if (d.error.empty()) data.pairs = d.measurePairs(rounds);
   if (d.error.empty()) {
     // Which pairs crossed between hosts in the same round: they shared the busier host's link.
-    const int rounds = roundsFor(n);
-    for (int r = 0; r < rounds; ++r) {
-      const auto pairs = roundPairs(n, r);
+    for (const auto& pairs : rounds) {
       std::vector<int> across(hosts.names.size(), 0);
       for (auto [a, b] : pairs)
         if (hosts.hostOf[a] != hosts.hostOf[b]) ++across[hosts.hostOf[a]], ++across[hosts.hostOf[b]];
@@ -489,8 +483,10 @@ int runDoctor(int argc, char** argv) {
     if (!d.error.empty()) break;
     RingFigure rf = d.ring(order);
     rf.slowestHop = 1e30;
-    for (std::size_t i = 0; i < order.size(); ++i)
-      rf.slowestHop = std::min(rf.slowestHop, data.pairs[order[i]][order[(i + 1) % order.size()]].gbps);
+    for (std::size_t i = 0; i < order.size(); ++i)  // the hops measured
+      if (const PairFigure& f = data.pairs[order[i]][order[(i + 1) % order.size()]]; f.measured)
+        rf.slowestHop = std::min(rf.slowestHop, f.gbps);
+    if (rf.slowestHop > 1e29) rf.slowestHop = 0;
     data.rings.push_back(rf);
   }
   std::time_t t = std::time(nullptr);

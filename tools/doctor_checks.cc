@@ -228,7 +228,8 @@ std::string RankFacts::serialize() const {
   for (const IbPortFact& p : ibPorts) line("ibport", {p.name, p.state, p.link, n(p.mtu), n(p.gidIndex), n(p.numa)});
   for (const auto& [k, v] : settings) line("setting", {k, v});
   for (std::size_t p = 0; p < transportTo.size(); ++p)
-    line("peer", {transportTo[p], p < skippedTo.size() ? skippedTo[p] : ""});
+    line("peer", {transportTo[p], p < skippedTo.size() ? skippedTo[p] : "",
+                  p < connectedTo.size() && !connectedTo[p] ? "0" : "1"});
   return o.str();
 }
 
@@ -268,6 +269,7 @@ RankFacts RankFacts::parse(const std::string& text) {
     } else if (key == "peer") {
       f.transportTo.push_back(s(1));
       f.skippedTo.push_back(s(2));
+      f.connectedTo.push_back(s(3) != "0");
     }
   }
   return f;

@@ -1,6 +1,7 @@
 // `braid doctor`'s outputs: the text report rank 0 prints, --json (everything), --svg (a heatmap of
 // the pair bandwidth matrix).
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -20,7 +21,13 @@ std::string fmt(const char* f, double v) {
 
 std::string limitText(std::uint64_t v) { return v == kUnlimited ? "unlimited" : std::to_string(v); }
 
-// A square matrix of ranks with one cell per pair.
+// The report prints the ranks' matrices (and a line per rank) up to this many ranks, else the
+// hosts' up to this many hosts; lists this many links between hosts at most (the slowest); and
+// details every host's local checks up to this many hosts. --json has everything.
+constexpr int kRankMatrixUpTo = 16, kHostMatrixUpTo = 48;
+constexpr std::size_t kLinksListedUpTo = 32, kHostsDetailedUpTo = 8;
+
+// A square matrix of ranks (or hosts) with one cell per pair.
 template <typename Cell>
 void matrix(std::ostringstream& o, int n, int width, Cell cell) {
   o << "    " << std::string(5, ' ');
@@ -48,8 +55,28 @@ std::string textReport(const Data& d, const std::vector<Finding>& findings) {
   o << "braid doctor: " << n << " ranks on " << h.names.size() << " host(s), " << d.startedAt << ", " << d.version << "\n";
   for (std::size_t k = 0; k < h.names.size(); ++k) o << "  " << h.names[k] << ": " << rankText(h.ranks[k]) << "\n";
 
-  o << "\n1. Transports (row: rank, column: peer)\n";
-  matrix(o, n, 5, [&](int a, int b) { return d.ranks[a].transportTo[b]; });
+  // A pair left for first use (BRAID_CONNECT) shows its transport with a star: it connects when a
+  // call first needs it (the measurement below did).
+  auto later = [&](int a, int b) {
+    const auto& c = d.ranks[a].connectedTo;
+    return static_cast<std::size_t>(b) < c.size() && !c[b];
+  };
+  if (n <= kRankMatrixUpTo) {
+    o << "\n1. Transports (row: rank, column: peer; *: connected on first use, not when the communicator was made)\n";
+    matrix(o, n, 6, [&](int a, int b) { return d.ranks[a].transportTo[b] + (later(a, b) ? "*" : ""); });
+  } else {
+    std::map<std::string, std::pair<long, long>> counts;  // transport -> (pairs, of them connected at creation)
+    for (int a = 0; a < n; ++a)
+      for (int b = a + 1; b < n; ++b) {
+        auto& c = counts[d.ranks[a].transportTo[b]];
+        ++c.first;
+        c.second += !later(a, b);
+      }
+    o << "\n1. Transports, pairs of ranks (--json has each pair):";
+    for (auto& [t, c] : counts)
+      o << " " << t << " " << c.first << " (" << c.second << " connected when the communicator was made, the rest on first use)";
+    o << "\n";
+  }
   std::map<std::string, std::vector<std::string>> why;  // reason -> pairs
   for (int a = 0; a < n; ++a)
     for (int b = a + 1; b < n; ++b)
@@ -63,8 +90,20 @@ std::string textReport(const Data& d, const std::vector<Finding>& findings) {
     o << "    " << list << ": " << reason << "\n";
   }
 
-  o << "\n2. Local checks\n";
+  // Every host's checks up to kHostsDetailedUpTo hosts; beyond, the first host's and those of the
+  // hosts a finding names (--json has every host's).
+  const bool everyHost = h.names.size() <= kHostsDetailedUpTo;
+  auto named = [&](const std::string& host) {
+    for (const Finding& f : findings)
+      for (std::size_t at = f.subject.find(host); at != std::string::npos; at = f.subject.find(host, at + 1)) {
+        const std::size_t end = at + host.size();
+        if (end == f.subject.size() || !std::isalnum(static_cast<unsigned char>(f.subject[end]))) return true;
+      }
+    return false;
+  };
+  o << "\n2. Local checks" << (everyHost ? "" : " (the first host and each host a finding is about; --json has every host)") << "\n";
   for (std::size_t k = 0; k < h.names.size(); ++k) {
+    if (!everyHost && k > 0 && !named(h.names[k])) continue;
     const RankFacts& f = d.ranks[h.ranks[k][0]];
     o << "  host " << h.names[k] << " (" << rankText(h.ranks[k]) << "):\n";
     o << "    /dev/shm " << bytesText(f.shmFree) << " free of " << bytesText(f.shmSize);
@@ -84,6 +123,7 @@ std::string textReport(const Data& d, const std::vector<Finding>& findings) {
     o << "\n    limits: memlock " << bytesText(f.memlock) << (f.ipcLock ? " (CAP_IPC_LOCK: not binding)" : "")
       << ", open files " << limitText(f.nofile) << "\n";
     for (int r : h.ranks[k]) {
+      if (n > kRankMatrixUpTo) break;
       const RankFacts& rf = d.ranks[r];
       o << "    rank " << r << ": CPUs " << rf.cpus << ", NUMA node " << (rf.numa.empty() ? "?" : rf.numa) << ", pid " << rf.pid << "\n";
     }
@@ -99,18 +139,47 @@ std::string textReport(const Data& d, const std::vector<Finding>& findings) {
   }
 
   o << "\n3. Measurement: " << bytesText(d.bytes) << " both ways at once per pair, best of " << d.iters
-    << " after a warm-up; latency: half the median of 20 round trips of 8 B; " << roundsFor(n)
-    << " round(s) of disjoint pairs\n";
+    << " after a warm-up; latency: half the median of 20 round trips of 8 B; " << d.rounds
+    << " round(s) of disjoint pairs"
+    << (d.byHost ? ": one rank pair per two hosts (their first ranks), then each host's first two ranks" : "") << "\n";
   if (!d.pairs.empty()) {
-    o << "  bandwidth per direction, GB/s\n";
-    matrix(o, n, 7, [&](int a, int b) { return fmt("%.2f", d.pairs[a][b].gbps); });
-    o << "  latency, us\n";
-    matrix(o, n, 7, [&](int a, int b) { return fmt("%.1f", d.pairs[a][b].latUs); });
     const std::vector<HostLink> links = hostLinks(d, h);
+    const int hosts = static_cast<int>(h.names.size());
+    if (n <= kRankMatrixUpTo) {
+      auto cell = [&](int a, int b, const char* f, double PairFigure::*field) {
+        return d.pairs[a][b].measured ? fmt(f, d.pairs[a][b].*field) : std::string("-");
+      };
+      o << "  bandwidth per direction, GB/s\n";
+      matrix(o, n, 7, [&](int a, int b) { return cell(a, b, "%.2f", &PairFigure::gbps); });
+      o << "  latency, us\n";
+      matrix(o, n, 7, [&](int a, int b) { return cell(a, b, "%.1f", &PairFigure::latUs); });
+    } else if (hosts > 1 && hosts <= kHostMatrixUpTo) {
+      // The hosts' matrix instead of the ranks' (--json has every pair).
+      std::map<std::pair<int, int>, const HostLink*> at;
+      for (const HostLink& l : links) at[{l.a, l.b}] = at[{l.b, l.a}] = &l;
+      auto cell = [&](int a, int b, const char* f, double HostLink::*field) {
+        auto it = at.find({a, b});
+        return it == at.end() ? std::string("-") : fmt(f, it->second->*field);
+      };
+      o << "  bandwidth per direction between hosts (host indexes as in 1.), GB/s\n";
+      matrix(o, hosts, 7, [&](int a, int b) { return cell(a, b, "%.2f", &HostLink::raw); });
+      o << "  latency between hosts, us\n";
+      matrix(o, hosts, 7, [&](int a, int b) { return cell(a, b, "%.1f", &HostLink::latUs); });
+    }
+    std::vector<const HostLink*> listed;
+    for (const HostLink& l : links) listed.push_back(&l);
+    if (listed.size() > kLinksListedUpTo) {  // the slowest, by their own figure
+      std::sort(listed.begin(), listed.end(), [](const HostLink* x, const HostLink* y) { return x->raw < y->raw; });
+      listed.resize(kLinksListedUpTo);
+    }
     if (!links.empty())
       o << "  links between hosts (medians of their rank pairs: each pair's figure, and times the pairs that shared "
-           "the link in its round):\n";
-    for (const HostLink& l : links)
+           "the link in its round)"
+        << (listed.size() < links.size() ? "; the " + std::to_string(listed.size()) + " slowest of " + std::to_string(links.size())
+                                         : std::string())
+        << ":\n";
+    for (const HostLink* lp : listed) {
+      const HostLink& l = *lp;
       o << "    " << h.names[l.a] << "–" << h.names[l.b] << " " << l.transport << ": " << fmt("%.3f", l.raw) << " GB/s ("
         << fmt("%.3f", l.gbps) << " shared), " << fmt("%.1f", l.latUs) << " us (" << l.pairs << " rank pair"
         << (l.pairs == 1 ? "" : "s") << ")"
@@ -121,9 +190,19 @@ std::string textReport(const Data& d, const std::vector<Finding>& findings) {
                               " of the fastest"
                         : std::string())
         << "\n";
-    for (std::size_t k = 1; k < h.names.size(); ++k)
-      o << "    clock of " << h.names[k] << ": " << fmt("%+.6f", d.pairs[0][h.ranks[k][0]].clockOffsetUs / 1e6)
-        << " s against " << h.names[0] << "\n";
+    }
+    std::size_t farthest = 0;  // beyond kHostsDetailedUpTo hosts, only the clock farthest from rank 0's
+    for (std::size_t k = 1; k < h.names.size(); ++k) {
+      const PairFigure& f = d.pairs[0][h.ranks[k][0]];
+      if (!f.measured) continue;
+      if (h.names.size() <= kHostsDetailedUpTo)
+        o << "    clock of " << h.names[k] << ": " << fmt("%+.6f", f.clockOffsetUs / 1e6) << " s against " << h.names[0] << "\n";
+      else if (!farthest || std::abs(f.clockOffsetUs) > std::abs(d.pairs[0][h.ranks[farthest][0]].clockOffsetUs))
+        farthest = k;
+    }
+    if (farthest)
+      o << "    clocks: the farthest from " << h.names[0] << "'s, " << h.names[farthest] << "'s, is "
+        << fmt("%+.6f", d.pairs[0][h.ranks[farthest][0]].clockOffsetUs / 1e6) << " s off\n";
   }
   for (const RingFigure& r : d.rings) {
     std::string order;
@@ -190,7 +269,8 @@ std::string jsonReport(const Data& d, const std::vector<Finding>& findings) {
     for (std::size_t i = 0; i < f.settings.size(); ++i) o << (i ? ", " : "") << q(f.settings[i].first) << ": " << q(f.settings[i].second);
     o << "}, \"transports\": [";
     for (std::size_t p = 0; p < f.transportTo.size(); ++p)
-      o << (p ? ", " : "") << "{\"peer\": " << p << ", \"transport\": " << q(f.transportTo[p]) << ", \"skipped\": " << q(f.skippedTo[p]) << "}";
+      o << (p ? ", " : "") << "{\"peer\": " << p << ", \"transport\": " << q(f.transportTo[p]) << ", \"skipped\": " << q(f.skippedTo[p])
+        << ", \"connected_at_creation\": " << (p < f.connectedTo.size() && !f.connectedTo[p] ? "false" : "true") << "}";
     o << "]}";
   }
   o << "],\n \"pairs\": [";
@@ -198,6 +278,7 @@ std::string jsonReport(const Data& d, const std::vector<Finding>& findings) {
   for (int a = 0; a < static_cast<int>(d.pairs.size()); ++a)
     for (int b = a + 1; b < n; ++b) {
       const PairFigure& p = d.pairs[a][b];
+      if (!p.measured) continue;
       o << (first ? "" : ",\n   ") << "{\"a\": " << a << ", \"b\": " << b << ", \"transport\": " << q(d.ranks[a].transportTo[b])
         << ", \"gbps\": " << num(p.gbps) << ", \"lat_us\": " << num(p.latUs) << ", \"share\": " << p.share
         << ", \"clock_offset_us\": " << num(p.clockOffsetUs) << "}";
@@ -239,12 +320,12 @@ std::string svgHeatmap(const Data& d) {
     for (int b = 0; b < n; ++b) {
       const int x = margin + b * cell, y = margin + a * cell;
       std::string fill = "#dddddd";
-      if (a != b && best > 0) {
+      if (a != b && best > 0 && d.pairs[a][b].measured) {
         const double t = std::clamp(d.pairs[a][b].gbps / best, 0.0, 1.0);  // red (slow) to green (fast)
         fill = "rgb(" + std::to_string(static_cast<int>(220 * (1 - t) + 30)) + "," + std::to_string(static_cast<int>(60 + 150 * t)) + ",70)";
       }
       o << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << cell - 1 << "\" height=\"" << cell - 1 << "\" fill=\"" << fill << "\"/>";
-      if (a != b && cell >= 40)
+      if (a != b && cell >= 40 && d.pairs[a][b].measured)
         o << "<text x=\"" << x + cell / 2 << "\" y=\"" << y + cell / 2 + 4 << "\" text-anchor=\"middle\" fill=\"white\">"
           << fmt("%.2f", d.pairs[a][b].gbps) << "</text>";
       o << "\n";

@@ -524,4 +524,37 @@ std::vector<Finding> analyse(const Data& d) {
   return out;
 }
 
+std::vector<std::pair<int, int>> roundPairs(int n, int r) {
+  const int m = n + (n & 1);
+  std::vector<std::pair<int, int>> out;
+  auto add = [&](int a, int b) {
+    if (a < n && b < n) out.emplace_back(std::min(a, b), std::max(a, b));
+  };
+  add(r, m - 1);
+  for (int k = 1; k < m / 2; ++k) add((r + k) % (m - 1), (r - k + m - 1) % (m - 1));
+  return out;
+}
+
+std::vector<std::vector<std::pair<int, int>>> measurementRounds(const HostLayout& h, int n) {
+  std::vector<std::vector<std::pair<int, int>>> rounds;
+  const int hosts = static_cast<int>(h.names.size());
+  if (!measuresByHost(h, n)) {
+    for (int r = 0; r < roundsFor(n); ++r) rounds.push_back(roundPairs(n, r));
+    return rounds;
+  }
+  for (int r = 0; r < roundsFor(hosts); ++r) {
+    std::vector<std::pair<int, int>> round;
+    for (auto [a, b] : roundPairs(hosts, r)) {
+      const int x = h.ranks[static_cast<std::size_t>(a)][0], y = h.ranks[static_cast<std::size_t>(b)][0];
+      round.emplace_back(std::min(x, y), std::max(x, y));
+    }
+    rounds.push_back(round);
+  }
+  std::vector<std::pair<int, int>> within;
+  for (const auto& ranks : h.ranks)
+    if (ranks.size() > 1) within.emplace_back(ranks[0], ranks[1]);
+  if (!within.empty()) rounds.push_back(within);
+  return rounds;
+}
+
 }  // namespace braid::tools::doctor

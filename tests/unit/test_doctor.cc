@@ -2,6 +2,10 @@
 // and nothing else; healthy data gives none. (The runs across test hosts are in tests/hosts/.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <set>
+
 #include "tools/doctor.h"
 
 namespace braid::tools::doctor {
@@ -58,6 +62,82 @@ void expectOneFinding(const Data& d, const std::string& subject, const std::stri
   ASSERT_EQ(f.size(), 1u) << subjects(f);
   EXPECT_EQ(f[0].subject, subject);
   EXPECT_NE((f[0].text + " fix: " + f[0].fix).find(inText), std::string::npos) << f[0].text << " fix: " << f[0].fix;
+}
+
+// Rounds of disjoint pairs: every pair once on one host or one rank a host; one pair of first ranks
+// per two hosts, then each host's first two ranks, where hosts hold several ranks.
+TEST(Doctor, MeasurementRoundsMeetEveryHostPairOnce) {
+  struct Shape { std::vector<int> sizes; };
+  for (const Shape& shape : {Shape{{8}}, Shape{{1, 1, 1, 1, 1, 1, 1}}, Shape{{4, 4}}, Shape{{3, 1, 2, 4, 2}},
+                             Shape{std::vector<int>(32, 4)}, Shape{std::vector<int>(33, 8)}}) {
+    HostLayout h;
+    int n = 0;
+    for (std::size_t k = 0; k < shape.sizes.size(); ++k) {
+      std::string name(1, 'h');
+      name += std::to_string(k);
+      h.names.push_back(name);
+      h.ranks.emplace_back();
+      for (int i = 0; i < shape.sizes[k]; ++i) h.ranks.back().push_back(n), h.hostOf.push_back(static_cast<int>(k)), ++n;
+    }
+    const int hosts = static_cast<int>(h.names.size());
+    const auto rounds = measurementRounds(h, n);
+    std::map<std::pair<int, int>, int> met;
+    for (const auto& round : rounds) {
+      std::set<int> busy;
+      for (auto [a, b] : round) {
+        EXPECT_LT(a, b);
+        EXPECT_TRUE(busy.insert(a).second && busy.insert(b).second) << "a rank twice in one round";
+        ++met[{a, b}];
+      }
+    }
+    const std::string what = std::to_string(n) + " ranks on " + std::to_string(hosts) + " hosts";
+    if (!measuresByHost(h, n)) {
+      EXPECT_EQ(static_cast<int>(rounds.size()), roundsFor(n)) << what;
+      EXPECT_EQ(static_cast<int>(met.size()), n * (n - 1) / 2) << what;
+      continue;
+    }
+    EXPECT_EQ(static_cast<int>(rounds.size()), roundsFor(hosts) + 1) << what;
+    std::map<std::pair<int, int>, int> hostPairs;
+    int within = 0;
+    for (auto& [pair, times] : met) {
+      EXPECT_EQ(times, 1) << what;
+      const int ha = h.hostOf[pair.first], hb = h.hostOf[pair.second];
+      if (ha == hb) {
+        ++within;
+        continue;
+      }
+      EXPECT_EQ(pair.first, h.ranks[ha][0]);
+      EXPECT_EQ(pair.second, h.ranks[hb][0]);
+      ++hostPairs[{std::min(ha, hb), std::max(ha, hb)}];
+    }
+    EXPECT_EQ(static_cast<int>(hostPairs.size()), hosts * (hosts - 1) / 2) << what;
+    int several = 0;
+    for (int size : shape.sizes) several += size > 1;
+    EXPECT_EQ(within, several) << what;
+  }
+}
+
+// 128 ranks on 32 hosts, measured one rank pair per two hosts: the host whose links are slow is
+// named, and the report shows the hosts' matrix, not the ranks'.
+TEST(Doctor, AtScaleOneHostsLinksSlowAreNamedFromHostPairs) {
+  Data d = healthy(128, 4);
+  const HostLayout h = layOut(d.ranks);
+  std::set<std::pair<int, int>> measured;
+  for (const auto& round : measurementRounds(h, 128))
+    for (auto p : round) measured.insert(p);
+  for (int a = 0; a < 128; ++a)
+    for (int b = 0; b < 128; ++b)
+      if (a != b && !measured.count({std::min(a, b), std::max(a, b)})) d.pairs[a][b] = {};
+  d.rounds = static_cast<int>(measurementRounds(h, 128).size());
+  d.byHost = true;
+  for (int b = 0; b < 128; b += 4)
+    if (b != 64) setPair(d, 64, b, 0.2);  // braid-h17's first rank
+  expectOneFinding(d, "host braid-h17", "every link of braid-h17 is slow");
+  const std::string report = textReport(d, analyse(d));
+  EXPECT_NE(report.find("bandwidth per direction between hosts"), std::string::npos);
+  EXPECT_NE(report.find("one rank pair per two hosts"), std::string::npos);
+  EXPECT_NE(report.find("the 32 slowest of 496"), std::string::npos) << report.substr(0, 2000);
+  EXPECT_LT(std::count(report.begin(), report.end(), '\n'), 200) << "the report is " << report.size() << " bytes";
 }
 
 TEST(Doctor, HealthyDataHasNoFinding) {

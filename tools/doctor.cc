@@ -458,9 +458,17 @@ int runDoctor(int argc, char** argv) {
   }
   const HostLayout hosts = layOut(data.ranks);
   d.facts = &data.ranks;
-  const auto rounds = measurementRounds(hosts, n);
+  // Hosts that are namespaces or containers of one kernel (one boot id) share its cores: their
+  // pairs are measured one at a time.
+  bool oneKernel = hosts.names.size() > 1;
+  for (const auto& ranks : hosts.ranks) {
+    const std::string& boot = data.ranks[static_cast<std::size_t>(ranks[0])].bootId;
+    oneKernel = oneKernel && !boot.empty() && boot == data.ranks[0].bootId;
+  }
+  const auto rounds = measurementRounds(hosts, n, oneKernel);
   data.rounds = static_cast<int>(rounds.size());
   data.byHost = measuresByHost(hosts, n);
+  data.oneAtATime = oneKernel;
   if (d.error.empty()) data.pairs = d.measurePairs(rounds);
   if (d.error.empty()) {
     // Which pairs crossed between hosts in the same round: they shared the busier host's link.

@@ -98,6 +98,7 @@ struct Data {
   std::vector<std::vector<PairFigure>> pairs;  // [a][b], filled for a < b and mirrored
   int rounds = 0;       // rounds of disjoint pairs measured (measurementRounds)
   bool byHost = false;  // one rank pair per two hosts, not every pair
+  bool oneAtATime = false;  // a pair a round: every host on one kernel
   std::vector<RingFigure> rings;
   // Links between hosts that the first pass found slow, and the fastest of their transport,
   // measured again one rank pair at a time, alternately (per link, GB/s, the median and the best
@@ -164,8 +165,14 @@ struct Baseline {
 };
 std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std::vector<HostLink>& links, double ratio,
                                 const Baseline& baseline = {});
-// What the first pass would call slow, with the fastest link of each such transport: the links to
-// measure again (host indexes, a < b).
+// What the first pass would call slow (the kConfirmAtMost slowest of a transport), with the fastest
+// link of each such transport: the links to measure again (host indexes, a < b).
+inline constexpr std::size_t kConfirmAtMost = 6;
+// What a transport's links between hosts are held to: with kMedianFromLinks links or more (and no
+// baseline), the median link's figure (one outlier, fast or slow, moves it little: many links
+// measured on shared cores scatter), else 0, and the fastest link (or the baseline) is the reference.
+inline constexpr std::size_t kMedianFromLinks = 16;
+double linkReference(const std::vector<HostLink>& links, double baseline);
 std::vector<std::pair<int, int>> linksToConfirm(const std::vector<HostLink>& links, double ratio, const Baseline& baseline = {});
 // The baseline from an earlier run's --json text; `from` names it in the findings.
 Result<Baseline> readBaseline(const std::string& json, const std::string& from);
@@ -182,8 +189,10 @@ std::vector<std::pair<int, int>> roundPairs(int n, int r);
 // over the ranks) where each host holds one rank or there is one host. Otherwise one pair per two
 // hosts, their first ranks (the circle method over the hosts: H-1 rounds, H for odd H), and a last
 // round pairing each host's first two ranks: so 128 hosts x 8 ranks take 128 rounds, not 1,023,
-// and rank 0 meets every host's first rank (the clocks).
-std::vector<std::vector<std::pair<int, int>>> measurementRounds(const HostLayout& h, int n);
+// and rank 0 meets every host's first rank (the clocks). `oneAtATime`: the same pairs, a round
+// each (hosts that share one kernel share its cores too: pairs measured side by side would measure
+// the CPUs, not the links).
+std::vector<std::vector<std::pair<int, int>>> measurementRounds(const HostLayout& h, int n, bool oneAtATime = false);
 inline bool measuresByHost(const HostLayout& h, int n) { return h.names.size() > 1 && static_cast<int>(h.names.size()) < n; }
 
 // "ranks 0-3", "rank 2"; and "1.5 MiB"-style sizes.

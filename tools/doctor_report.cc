@@ -77,17 +77,37 @@ std::string textReport(const Data& d, const std::vector<Finding>& findings) {
       o << " " << t << " " << c.first << " (" << c.second << " connected when the communicator was made, the rest on first use)";
     o << "\n";
   }
-  std::map<std::string, std::vector<std::string>> why;  // reason -> pairs
+  // Pairs by the reason the transports before theirs were skipped. Past kRankMatrixUpTo ranks,
+  // reasons that differ only in numbers (ranks, hosts like braid-h3) count as one, shown with N and
+  // the first pair's text.
+  auto general = [&](const std::string& reason) {
+    if (n <= kRankMatrixUpTo) return reason;
+    std::string g;
+    for (std::size_t i = 0; i < reason.size(); ++i) {
+      if (!std::isdigit(static_cast<unsigned char>(reason[i]))) {
+        g += reason[i];
+        continue;
+      }
+      g += 'N';
+      while (i + 1 < reason.size() && std::isdigit(static_cast<unsigned char>(reason[i + 1]))) ++i;
+    }
+    return g;
+  };
+  std::map<std::string, std::pair<std::vector<std::string>, std::string>> why;  // reason -> (pairs, first pair's text)
   for (int a = 0; a < n; ++a)
     for (int b = a + 1; b < n; ++b)
-      if (!d.ranks[a].skippedTo[b].empty())
-        why[d.ranks[a].transportTo[b] + " because " + d.ranks[a].skippedTo[b]].push_back(std::to_string(a) + "–" + std::to_string(b));
+      if (const std::string& skipped = d.ranks[a].skippedTo[b]; !skipped.empty()) {
+        auto& [pairs, first] = why[d.ranks[a].transportTo[b] + " because " + general(skipped)];
+        if (pairs.empty()) first = skipped;
+        pairs.push_back(std::to_string(a) + "–" + std::to_string(b));
+      }
   if (!why.empty()) o << "  why not the others:\n";
-  for (auto& [reason, pairs] : why) {
+  for (auto& [reason, seen] : why) {
+    const auto& [pairs, first] = seen;
     std::string list;
     for (std::size_t i = 0; i < pairs.size() && i < 8; ++i) list += (i ? " " : "") + pairs[i];
     if (pairs.size() > 8) list += " and " + std::to_string(pairs.size() - 8) + " more";
-    o << "    " << list << ": " << reason << "\n";
+    o << "    " << list << ": " << reason << (n <= kRankMatrixUpTo ? "" : " (the first: " + first + ")") << "\n";
   }
 
   // Every host's checks up to kHostsDetailedUpTo hosts; beyond, the first host's and those of the
@@ -141,7 +161,8 @@ std::string textReport(const Data& d, const std::vector<Finding>& findings) {
   o << "\n3. Measurement: " << bytesText(d.bytes) << " both ways at once per pair, best of " << d.iters
     << " after a warm-up; latency: half the median of 20 round trips of 8 B; " << d.rounds
     << " round(s) of disjoint pairs"
-    << (d.byHost ? ": one rank pair per two hosts (their first ranks), then each host's first two ranks" : "") << "\n";
+    << (d.byHost ? ": one rank pair per two hosts (their first ranks), then each host's first two ranks" : "")
+    << (d.oneAtATime ? "; one pair a round, as every host runs on one kernel (its cores are shared)" : "") << "\n";
   if (!d.pairs.empty()) {
     const std::vector<HostLink> links = hostLinks(d, h);
     const int hosts = static_cast<int>(h.names.size());

@@ -396,9 +396,11 @@ std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std
     const double base = b == baseline.best.end() ? 0 : b->second;
     if (ls.size() < 2 && base <= 0) continue;  // nothing to compare it with
     const HostLink best = *std::max_element(ls.begin(), ls.end(), [](auto& x, auto& y) { return x.raw < y.raw; });
-    // The first pass's reference, and the one the links measured again are held to.
-    const double first = std::max(best.raw, base);
-    const double ref = std::max(best.confirmed > 0 ? best.confirmed : best.raw, base);
+    // The first pass's reference, and the one the links measured again are held to: the fastest
+    // link (or the baseline's), or among many links the median one (linkReference).
+    const double median = linkReference(ls, base);
+    const double first = median > 0 ? median : std::max(best.raw, base);
+    const double ref = median > 0 ? median : std::max(best.confirmed > 0 ? best.confirmed : best.raw, base);
     std::vector<HostLink> slow;
     for (HostLink l : ls) {
       if (!(l.gbps < slowRatioOf(l, ratio) * first)) continue;
@@ -418,25 +420,45 @@ std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std
       return std::string(buf);
     };
     const std::string against =
-        base >= ref ? "the fastest " + t + " link between hosts in the baseline, " + baseline.from + ", ran at " + gb(base)
-                    : "the fastest " + t + " link between hosts, " + name(best) + ", runs at " + gb(ref) +
-                          (best.confirmed > 0 ? " (both measured again, one rank pair at a time)" : "");
-    // One host whose every link is slow, and no other slow link.
+        median > 0 ? "the median of the " + std::to_string(ls.size()) + " " + t + " links between hosts is " + gb(median)
+        : base >= ref ? "the fastest " + t + " link between hosts in the baseline, " + baseline.from + ", ran at " + gb(base)
+                      : "the fastest " + t + " link between hosts, " + name(best) + ", runs at " + gb(ref) +
+                            (best.confirmed > 0 ? " (both measured again, one rank pair at a time)" : "");
+    // One host whose every link is slow, and no other slow link. Among many links (the median
+    // reference) a host three quarters of whose links are slow is named the same way, and any other
+    // slow link is judged on its own below.
     int guilty = -1;
     for (int x = 0; x < static_cast<int>(hosts.size()) && guilty < 0; ++x) {
       int touching = 0, slowTouching = 0;
       for (const HostLink& l : ls) touching += l.a == x || l.b == x;
       for (const HostLink& l : slow) slowTouching += l.a == x || l.b == x;
       if (touching >= 2 && slowTouching == touching && slowTouching == static_cast<int>(slow.size())) guilty = x;
+      if (median > 0 && touching >= 4 && 4 * slowTouching >= 3 * touching) guilty = x;
     }
     if (guilty >= 0) {
       std::string figures;
-      for (const HostLink& l : slow) figures += (figures.empty() ? "" : ", ") + name(l) + " " + gb(l.gbps) + " (" + pct(l) + ")";
+      std::vector<HostLink> others;
+      int shown = 0, mine = 0;
+      for (const HostLink& l : slow) {
+        if (l.a != guilty && l.b != guilty) {
+          others.push_back(l);
+          continue;
+        }
+        ++mine;
+        if (shown++ < 8) figures += (figures.empty() ? "" : ", ") + name(l) + " " + gb(l.gbps) + " (" + pct(l) + ")";
+      }
+      if (shown > 8) figures += " and " + std::to_string(shown - 8) + " more";
+      int touching = 0;
+      for (const HostLink& l : ls) touching += l.a == guilty || l.b == guilty;
       out.push_back({"host " + hosts[guilty],
-                     "every link of " + hosts[guilty] + " is slow: " + figures + "; " + against,
+                     (mine == touching ? "every link of " + hosts[guilty] + " is slow: "
+                                       : std::to_string(mine) + " of the " + std::to_string(touching) + " links of " +
+                                             hosts[guilty] + " are slow: ") +
+                         figures + "; " + against,
                      "look at " + hosts[guilty] + "'s network: its NIC's speed and errors (ethtool, ip -s link), a shaper "
                      "(tc qdisc show), its switch port, its CPU load"});
-      continue;
+      slow = others;
+      if (slow.empty()) continue;
     }
     std::set<int> touched;
     for (const HostLink& l : slow) touched.insert(l.a), touched.insert(l.b);
@@ -458,6 +480,14 @@ std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std
   return out;
 }
 
+double linkReference(const std::vector<HostLink>& links, double baseline) {
+  if (links.size() < kMedianFromLinks || baseline > 0) return 0;
+  std::vector<double> raw;
+  for (const HostLink& l : links) raw.push_back(l.raw);
+  std::nth_element(raw.begin(), raw.begin() + static_cast<std::ptrdiff_t>(raw.size() / 2), raw.end());
+  return raw[raw.size() / 2];
+}
+
 std::vector<std::pair<int, int>> linksToConfirm(const std::vector<HostLink>& links, double ratio, const Baseline& baseline) {
   std::map<std::string, std::vector<HostLink>> byTransport;
   for (const HostLink& l : links) byTransport[l.transport].push_back(l);
@@ -465,11 +495,33 @@ std::vector<std::pair<int, int>> linksToConfirm(const std::vector<HostLink>& lin
   for (auto& [t, ls] : byTransport) {
     const HostLink best = *std::max_element(ls.begin(), ls.end(), [](auto& x, auto& y) { return x.raw < y.raw; });
     const auto b = baseline.best.find(t);
-    const double first = std::max(best.raw, b == baseline.best.end() ? 0.0 : b->second);
-    bool any = false;
+    const double base = b == baseline.best.end() ? 0.0 : b->second, median = linkReference(ls, base);
+    const double first = median > 0 ? median : std::max(best.raw, base);
+    // The slowest suspects only, at most kConfirmAtMost of a transport (each is measured alone, in
+    // turn, while every rank waits): the others keep their first figure.
+    std::vector<HostLink> suspects;
     for (const HostLink& l : ls)
-      if (l.gbps < slowRatioOf(l, ratio) * first) out.emplace_back(l.a, l.b), any = true;
-    if (any) out.emplace_back(best.a, best.b);
+      if (l.gbps < slowRatioOf(l, ratio) * first) suspects.push_back(l);
+    // A host that most suspects touch is judged as a host; the others are measured again first
+    // (slowest first), then two of that host's.
+    std::map<int, int> touches;
+    for (const HostLink& l : suspects) ++touches[l.a], ++touches[l.b];
+    int dominant = -1;
+    for (auto [x, k] : touches)
+      if (suspects.size() >= 4 && 2 * static_cast<std::size_t>(k) >= suspects.size()) dominant = x;
+    auto onDominant = [&](const HostLink& l) { return l.a == dominant || l.b == dominant; };
+    std::sort(suspects.begin(), suspects.end(), [&](const HostLink& x, const HostLink& y) {
+      return onDominant(x) != onDominant(y) ? !onDominant(x) : x.gbps < y.gbps;
+    });
+    std::vector<HostLink> chosen;
+    std::size_t ofHost = 0;
+    for (const HostLink& l : suspects) {
+      if (!onDominant(l) && chosen.size() < kConfirmAtMost) chosen.push_back(l);
+      if (onDominant(l) && ofHost < 2) chosen.push_back(l), ++ofHost;
+    }
+    suspects = chosen;
+    for (const HostLink& l : suspects) out.emplace_back(l.a, l.b);
+    if (!suspects.empty()) out.emplace_back(best.a, best.b);
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -535,7 +587,13 @@ std::vector<std::pair<int, int>> roundPairs(int n, int r) {
   return out;
 }
 
-std::vector<std::vector<std::pair<int, int>>> measurementRounds(const HostLayout& h, int n) {
+std::vector<std::vector<std::pair<int, int>>> measurementRounds(const HostLayout& h, int n, bool oneAtATime) {
+  if (oneAtATime) {
+    std::vector<std::vector<std::pair<int, int>>> single;
+    for (const auto& round : measurementRounds(h, n, false))
+      for (auto pair : round) single.push_back({pair});
+    return single;
+  }
   std::vector<std::vector<std::pair<int, int>>> rounds;
   const int hosts = static_cast<int>(h.names.size());
   if (!measuresByHost(h, n)) {

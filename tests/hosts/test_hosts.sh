@@ -29,7 +29,8 @@
 #      between ranks half the job apart, all-to-all and the communicator split 8 ways (rank % 8)
 #      exact; under ulimit -n 64 the job runs and the all-to-all fails on every rank with the
 #      numbers; a rank killed on one host is named by the ranks of host 1 within 10 s, and every
-#      launcher fails
+#      launcher fails; braid doctor with one host's link capped names that host (one rank pair
+#      per two hosts)
 # Usage: test_hosts.sh BRAID TESTHOSTS [FAKEIBV_LIB [SCALE_CHECK]]. Exit 77 (skip) with the reason where namespaces cannot be
 # made (not root, no ip/unshare/nsenter, a kernel without veth or bridges). Every test host is
 # removed at the end, also when a case fails.
@@ -298,7 +299,7 @@ doctor() {
   local hosts=$1 ranks=$2 want=$3 p bad=0 got expected
   shift 3
   # shellcheck disable=SC2086
-  start_on_hosts "$hosts" "$ranks" 60 "$braid" doctor --bytes 2M --json "$work/doctor.json" ${DOCTOR_ARGS:-}
+  start_on_hosts "$hosts" "$ranks" "${DOCTOR_LIMIT:-60}" "$braid" doctor --bytes "${DOCTOR_BYTES:-2M}" --json "$work/doctor.json" ${DOCTOR_ARGS:-}
   for p in "${pids[@]}"; do
     wait "$p"
     local st=$?
@@ -476,6 +477,20 @@ scale_32x4() {
   [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ $(((t1 - t0) / 1000000)) -lt 10000 ] && [ -n "$named" ] && [ "$bad" = 31 ]
 }
 check "128 ranks on 32 hosts x 4: every collective exact, peers beyond the algorithms' connected on first use, a split 8 ways exact, all-to-all refused under ulimit -n 64; a rank killed on one host is named within 10 s" scale_32x4
+
+# braid doctor on the 32 hosts x 4 with host 17's link capped: one rank pair per two hosts (and
+# each host's first two ranks), one pair at a time as the hosts share this machine's cores; the
+# capped host is named and nothing else.
+doctor_32x4() {
+  "$testhosts" link h17 rate 200mbit || return 1
+  local t0
+  t0=$(date +%s%N)
+  DOCTOR_LIMIT=150 DOCTOR_BYTES=1M doctor 32 4 1 "host braid-h17" || return 1
+  grep -q "one rank pair per two hosts" "$work/h1.log" || { echo "  not measured by host pairs"; return 1; }
+  echo "  $((($(date +%s%N) - t0) / 1000000)) ms for 128 ranks: $(grep -o '[0-9]* round(s) of disjoint pairs' "$work/h1.log")"
+  "$testhosts" link h17 clear
+}
+check "doctor on 32 hosts x 4, one host's link capped: names that host, from one rank pair per two hosts" doctor_32x4
 
 rm -rf "$work"
 echo "$passed passed, $fail failed"

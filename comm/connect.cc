@@ -71,12 +71,16 @@ Status Comm::connectPlanPeers(const Plan& plan) {
   bool any = false;
   plan.forEachPeer([&](int p) {
     const auto pi = static_cast<std::size_t>(p);
-    if (conns_[pi] || laterVia_[pi] < 0) return;
-    std::vector<int>& w = want[static_cast<std::size_t>(laterVia_[pi])];
-    if (std::find(w.begin(), w.end(), p) == w.end()) w.push_back(p);
-    any = true;
+    any = any || (!conns_[pi] && laterVia_[pi] >= 0);
   });
-  if (!any) return Status::Ok();
+  if (!any) return Status::Ok();  // the common case: one pass over the plan's queues
+  std::vector<char> taken(static_cast<std::size_t>(nranks_), 0);  // a peer's queues repeat (channels, directions)
+  plan.forEachPeer([&](int p) {
+    const auto pi = static_cast<std::size_t>(p);
+    if (conns_[pi] || laterVia_[pi] < 0 || taken[pi]) return;
+    taken[pi] = 1;
+    want[static_cast<std::size_t>(laterVia_[pi])].push_back(p);
+  });
   const std::string me = "rank " + std::to_string(rank_);
   const std::string call = plan.fingerprint().describe() + " #" + std::to_string(plan.fingerprint().seq);
   long fds = 0;

@@ -112,6 +112,7 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::connect(const Set
     sameHost_[static_cast<std::size_t>(r)] = info.sameHostAs(ctx.peers[static_cast<std::size_t>(ctx.rank)]);
   }
   connected_.assign(static_cast<std::size_t>(ctx.nranks), false);
+  listening_ = ctx.connectLater;
   auto out = establish(peers, ctx.deadline, /*onUse=*/false, nullptr);
   if (!ctx.connectLater) {  // everyone has connected: nobody else may
     listener_.reset();
@@ -207,11 +208,12 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::establish(const s
       }
       if (!drop[i] && q.got == sizeof(Hello)) {
         const Hello& h = q.hello;
-        // A rank this one expects now, or (on use) any higher tcp peer not connected yet.
+        // A rank this one expects now, or, where peers connect on first use, any higher tcp peer
+        // not connected yet (a call ahead of this rank; kept for the call that needs it).
         const bool ranked = h.rank > rank_ && h.rank < static_cast<int>(addresses_.size()) &&
                             h.channel >= 0 && h.channel < channels;
         const bool expected = ranked && (socks_.count(h.rank) ||
-                                         (onUse && !connected_[static_cast<std::size_t>(h.rank)] &&
+                                         ((onUse || listening_) && !connected_[static_cast<std::size_t>(h.rank)] &&
                                           !addresses_[static_cast<std::size_t>(h.rank)].empty()));
         std::vector<net::Fd>* slots = expected ? &socks_[h.rank] : nullptr;
         if (slots) slots->resize(static_cast<std::size_t>(channels));

@@ -65,6 +65,7 @@ class TcpTransport final : public Transport {
   std::vector<std::string> addresses_;  // by rank: its tcp address, "" where it has none
   std::vector<bool> sameHost_;          // by rank: on this rank's host
   std::vector<bool> connected_;         // by rank: a connection was returned for it
+  bool listening_ = false;              // the listener stays open for peers connecting on first use
   std::map<int, std::vector<net::Fd>> socks_;  // channels of peers not complete yet, by rank
   std::vector<Pending> pending_;  // accepted, challenged, hello not read yet (kept from call to call)
 };

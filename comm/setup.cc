@@ -285,7 +285,10 @@ Status Comm::setup(InitParams& p) {
   oneHost_ = std::all_of(infos.begin(), infos.end(), [&](const PeerInfo& i) { return i.sameHostAs(infos[0]); });
   HostShape shape = hostSizes_;
   shape.local = slowestLink(transports_, infos, /*withinHosts=*/true);
-  tuner_ = Tuner(config_, nranks_, maxChannels_, link_, shape, /*allPairs=*/later == 0);
+  // Whether every pair was connected at creation decides the tuner's candidates, so it must be
+  // the same on every rank: a setting and the host layout, not this rank's own count of peers
+  // left for later (which differs between ranks).
+  tuner_ = Tuner(config_, nranks_, maxChannels_, link_, shape, /*allPairs=*/connectAll || oneHost_);
   for (auto& t : transports_) t->setupDone();  // everyone has mapped everything: nothing stays in /dev/shm
   store_->startWatching([this](const Notice& n) { onNotice(n); });
   if (const std::int64_t served = storeRequests(); served >= 0)

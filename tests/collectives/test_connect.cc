@@ -85,6 +85,24 @@ TEST(ConnectOnUse, PeersNotConnectedAtCreationAreReachedExactly) {
   expectEveryRankSucceeded(outcome);
 }
 
+// 8 ranks on one host and 1 on another: the first host's ring neighbours of the lone rank connect
+// every peer at creation, the others do not; every rank must still choose the same algorithm for a
+// small all-reduce (the one-shot all-reduce is a candidate only where every rank knows every pair
+// is connected).
+TEST(ConnectOnUse, RanksThatConnectedDifferentPeersChooseTheSameAlgorithms) {
+  auto outcome = runRanks(9, [&](int rank, braidComm_t comm) {
+    for (int round = 0; round < 3; ++round) {
+      long v = rank + round, sum = -1;
+      if (braidAllReduce(&v, &sum, 1, braidInt64, braidSum, comm, nullptr) != braidSuccess)
+        return report(rank, "all-reduce: " + std::string(braidGetLastError(comm))), 1;
+      if (sum != 36 + 9 * round) return report(rank, "all-reduce gave " + std::to_string(sum)), 2;
+      if (braidBarrier(comm) != braidSuccess) return report(rank, "barrier: " + std::string(braidGetLastError(comm))), 3;
+    }
+    return 0;
+  }, {{"BRAID_HOSTID", "h{rank@8,1}"}, {"BRAID_TIMEOUT", "30"}}, 90);
+  expectEveryRankSucceeded(outcome);
+}
+
 // The even ranks lower their own limit on open files after creation to what they have open plus
 // 10: an all-to-all (2 sockets for each peer not reached yet) is refused there before anything is
 // sent, and every rank (the odd ones, ready to connect, too) fails within seconds, not at

@@ -176,10 +176,13 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::establish(const s
       mine[static_cast<std::size_t>(c)] = std::move(fd.value());
     }
   }
-  // Connections accepted in an earlier call whose hello had not come yet are still pending: their
-  // ranks sent it (they read the challenge) and count on the channel; they get a fresh while to be read.
+  // Connections accepted in an earlier call whose hello had not been read yet are still pending:
+  // their ranks sent it (they read the challenge) and count on the channel. Their time runs from
+  // when they were accepted, and the loop below reads what came before judging it.
   std::vector<Pending>& pending = pending_;
-  for (Pending& q : pending) q.until = Deadline::after(std::min(config_.timeoutSec, 5.0));
+  std::vector<char> asked(addresses_.size(), 0);  // the higher ranks of `peers`
+  for (int p : peers)
+    if (p > rank_) asked[static_cast<std::size_t>(p)] = 1;
   std::size_t dropped = 0;
   if (expectIncoming > 0) net::setNonBlocking(listener_.get(), true);
   while (expectIncoming > 0) {
@@ -199,13 +202,14 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::establish(const s
     std::vector<bool> drop(pending.size(), false);
     for (std::size_t i = 0; i < pending.size(); ++i) {
       Pending& q = pending[i];
-      drop[i] = q.until.expired();  // silent for too long
-      if (!drop[i] && !pfds[i + 1].revents) continue;
-      if (!drop[i]) {
+      // What came is read first (a hello may have waited since an earlier call); a connection
+      // still without its hello past its time is a stranger's.
+      if (pfds[i + 1].revents) {
         ssize_t k = ::recv(q.fd.get(), reinterpret_cast<char*>(&q.hello) + q.got, sizeof(Hello) - q.got, MSG_DONTWAIT);
         if (k > 0) q.got += static_cast<std::size_t>(k);
         else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) drop[i] = true;
       }
+      if (!drop[i] && q.got < sizeof(Hello) && q.until.expired()) drop[i] = true;  // silent for too long
       if (!drop[i] && q.got == sizeof(Hello)) {
         const Hello& h = q.hello;
         // A rank this one expects now, or, where peers connect on first use, any higher tcp peer
@@ -224,7 +228,7 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::establish(const s
           net::setNonBlocking(q.fd.get(), false);
           net::setNoDelay(q.fd.get());
           (*slots)[static_cast<std::size_t>(h.channel)] = std::move(q.fd);
-          if (std::find(peers.begin(), peers.end(), h.rank) != peers.end()) --expectIncoming;
+          if (asked[static_cast<std::size_t>(h.rank)]) --expectIncoming;
           drop[i] = true;  // done with it: it is a channel now
           continue;
         }

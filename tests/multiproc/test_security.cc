@@ -184,7 +184,11 @@ TEST(Security, TenThousandBadConnectionsNeitherTakeASlotNorDelayTheJob) {
   double attacked = jobUnderFire(id, ip, port, &failures, &sent);
   EXPECT_EQ(failures, 0) << "a rank failed while its store was attacked";
   EXPECT_EQ(sent, 10000);
-  EXPECT_LT(attacked, loaded + 1.0) << "with the same load on a decoy " << loaded << " s, under attack " << attacked
+  // The store may spend up to a second on the flood; and a rank's SYN that the kernel drops while
+  // 10,000 others arrive is sent again after its initial RTO, 1 s (seen once in CI: 1.20 s against
+  // 0.16, where 0.21-0.35 is usual). A store that stalled on a bad connection (its 5 s challenge
+  // window, or BRAID_TIMEOUT) stays far past this.
+  EXPECT_LT(attacked, loaded + 2.0) << "with the same load on a decoy " << loaded << " s, under attack " << attacked
                                     << " s (alone " << alone << " s)";
   std::fprintf(stderr, "4-rank job: %.3f s alone, %.3f s while 10,000 bad connections hit a decoy, %.3f s while "
                "they hit its store\n", alone, loaded, attacked);

@@ -19,13 +19,11 @@ using Pending = TcpTransport::Pending;
 namespace {
 constexpr std::size_t kChallengeBytes = 16;
 
-
 auth::Digest helloMac(const std::string& secret, const std::string& challenge, int from, int to, int channel) {
   std::string msg = "braid-tcp-hello" + challenge + std::to_string(from) + ">" + std::to_string(to) + "#" +
                     std::to_string(channel);
   return auth::hmacSha256(secret, msg);
 }
-
 
 // The acceptor's challenge, read in slices of 100 ms so that `stop` (the call was given up: the
 // communicator failed) ends the wait at once. Aborted when it did.

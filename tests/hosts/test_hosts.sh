@@ -300,10 +300,12 @@ doctor() {
   shift 3
   # shellcheck disable=SC2086
   start_on_hosts "$hosts" "$ranks" "${DOCTOR_LIMIT:-60}" "$braid" doctor --bytes "${DOCTOR_BYTES:-2M}" --json "$work/doctor.json" ${DOCTOR_ARGS:-}
+  local k=0
   for p in "${pids[@]}"; do
     wait "$p"
     local st=$?
-    [ "$st" = "$want" ] || { echo "  a host's braid run exited with $st, not $want"; bad=1; }
+    k=$((k + 1))
+    [ "$st" = "$want" ] || { echo "  h$k's braid run exited with $st, not $want: $(grep -v '^ ' "$work/h$k.log" | tail -n 2 | cut -c1-300)"; bad=1; }
   done
   got=$(grep -o '^  \[[0-9]*\] [^:]*' "$work/h1.log" | sed 's/^  \[[0-9]*\] //' | sort)
   expected=$(printf '%s\n' "$@" | sed '/^$/d' | sort)
@@ -458,6 +460,27 @@ scale_32x4() {
       { echo "  under ulimit -n 64: $(grep -m1 -h 'scale-check' "$work"/h*.log)"; return 1; }
     echo "  under ulimit -n 64 (hosts 2-32): set-up and every collective ran; $(grep -m1 -o 'all-to-all refused: .\{0,160\}' "$work/h1.log")...; the whole run took $took ms"
   fi
+}
+check "128 ranks on 32 hosts x 4: every collective exact, peers beyond the algorithms' connected on first use, a split 8 ways exact, all-to-all refused under ulimit -n 64" scale_32x4
+
+# braid doctor on the 32 hosts x 4 with host 17's link capped: one rank pair per two hosts (and
+# each host's first two ranks), one pair at a time as the hosts share this machine's cores; the
+# capped host is named and nothing else.
+doctor_32x4() {
+  "$testhosts" link h17 rate 200mbit || return 1
+  local t0
+  t0=$(date +%s%N)
+  DOCTOR_LIMIT=150 DOCTOR_BYTES=1M doctor 32 4 1 "host braid-h17" || { "$testhosts" link h17 clear; return 1; }
+  "$testhosts" link h17 clear
+  grep -q "one rank pair per two hosts" "$work/h1.log" || { echo "  not measured by host pairs"; return 1; }
+  echo "  $((($(date +%s%N) - t0) / 1000000)) ms for 128 ranks: $(grep -o '[0-9]* round(s) of disjoint pairs' "$work/h1.log")"
+}
+check "doctor on 32 hosts x 4, one host's link capped: names that host, from one rank pair per two hosts" doctor_32x4
+
+# A rank killed on host 17 of the 32: h1's ranks fail within 10 s naming a rank of braid-h17, and
+# every launcher exits non-zero.
+kill_32x4() {
+  local t0
   start_on_hosts 32 4 120 "$braid" perf allreduce -b 64K -e 64K -n 100000 -w 1 -c 1
   sleep 8
   local victim="" p t1 status bad=0 named
@@ -476,21 +499,7 @@ scale_32x4() {
   echo "  ${named:0:200}"
   [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ $(((t1 - t0) / 1000000)) -lt 10000 ] && [ -n "$named" ] && [ "$bad" = 31 ]
 }
-check "128 ranks on 32 hosts x 4: every collective exact, peers beyond the algorithms' connected on first use, a split 8 ways exact, all-to-all refused under ulimit -n 64; a rank killed on one host is named within 10 s" scale_32x4
-
-# braid doctor on the 32 hosts x 4 with host 17's link capped: one rank pair per two hosts (and
-# each host's first two ranks), one pair at a time as the hosts share this machine's cores; the
-# capped host is named and nothing else.
-doctor_32x4() {
-  "$testhosts" link h17 rate 200mbit || return 1
-  local t0
-  t0=$(date +%s%N)
-  DOCTOR_LIMIT=150 DOCTOR_BYTES=1M doctor 32 4 1 "host braid-h17" || return 1
-  grep -q "one rank pair per two hosts" "$work/h1.log" || { echo "  not measured by host pairs"; return 1; }
-  echo "  $((($(date +%s%N) - t0) / 1000000)) ms for 128 ranks: $(grep -o '[0-9]* round(s) of disjoint pairs' "$work/h1.log")"
-  "$testhosts" link h17 clear
-}
-check "doctor on 32 hosts x 4, one host's link capped: names that host, from one rank pair per two hosts" doctor_32x4
+check "128 ranks on 32 hosts x 4: a rank killed on one host is named within 10 s, every launcher fails" kill_32x4
 
 rm -rf "$work"
 echo "$passed passed, $fail failed"

@@ -282,7 +282,7 @@ Status Comm::setup(InitParams& p) {
   // once would take the store, and those reads, with it.
   s = store_->barrier("setup/agreed", nranks_, deadline);
   if (!s.ok()) return s;
-  oneHost_ = std::all_of(infos.begin(), infos.end(), [&](const PeerInfo& i) { return i.sameHostAs(infos[0]); });
+  oneHost_ = hosts_.size() == 1;
   HostShape shape = hostSizes_;
   shape.local = slowestLink(transports_, infos, /*withinHosts=*/true);
   // Whether every pair was connected at creation decides the tuner's candidates, so it must be

@@ -58,6 +58,7 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
     if (in.allPairs) {
       c.oneShotUs = alpha + (n - 1) * S / beta + (n - 1) * S / gamma;
       if (c.oneShotUs < best) c.algo = Algo::kOneShot;
+      best = std::min(best, c.oneShotUs);
     }
     const HostShape& h = in.shape;
     if (h.hosts > 1 && h.maxPerHost > 1 && in.kind == CollKind::kAllReduce) {
@@ -66,7 +67,7 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
       c.hierUs = 2 * (L - 1) * h.local.latencyUs + 2 * (L - 1) / L * S / h.local.bytesPerUs + 2 * (H - 1) * alpha +
                  2 * (H - 1) / H * S / beta + (L - 1) / L * S / gamma +
                  2 * F * (h.local.latencyUs + S / h.local.bytesPerUs) + F * S / gamma;
-      if (c.hierUs < (c.oneShotUs > 0 ? std::min(best, c.oneShotUs) : best)) c.algo = Algo::kHier;
+      if (c.hierUs < best) c.algo = Algo::kHier;
     }
   }
   const HostShape& shape = in.shape;

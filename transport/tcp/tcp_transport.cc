@@ -25,6 +25,11 @@ auth::Digest helloMac(const std::string& secret, const std::string& challenge, i
   return auth::hmacSha256(secret, msg);
 }
 
+// Whether every channel of a peer has its socket.
+bool allChannels(const std::vector<net::Fd>& socks) {
+  return std::all_of(socks.begin(), socks.end(), [](const net::Fd& f) { return f.valid(); });
+}
+
 // The acceptor's challenge, read in slices of 100 ms so that `stop` (the call was given up: the
 // communicator failed) ends the wait at once. Aborted when it did.
 Status recvChallenge(int fd, std::string& challenge, const Deadline& deadline, const std::function<bool()>& stop) {
@@ -188,7 +193,7 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::establish(const s
     if (deadline.expired()) {
       std::string missing;
       for (int p : peers)
-        if (p > rank_ && std::any_of(socks_[p].begin(), socks_[p].end(), [](const net::Fd& f) { return !f.valid(); }))
+        if (p > rank_ && !allChannels(socks_[p]))
           missing += (missing.empty() ? "" : ", ") + std::to_string(p);
       return Status::Timeout("rank " + std::to_string(rank_) + " waited for " + std::to_string(expectIncoming) +
                              " tcp connections from higher ranks that never came (rank(s) " + missing + how +
@@ -266,7 +271,7 @@ Result<std::vector<std::unique_ptr<Connection>>> TcpTransport::establish(const s
   int tuned = 0;
   for (auto it = socks_.begin(); it != socks_.end();) {
     const int p = it->first;
-    if (std::any_of(it->second.begin(), it->second.end(), [](const net::Fd& f) { return !f.valid(); })) {
+    if (!allChannels(it->second)) {
       ++it;
       continue;
     }

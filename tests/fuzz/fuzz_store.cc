@@ -45,24 +45,39 @@ void checkStillServing() {
   (*c)->close();
 }
 
+// A connection to the live store. The authenticated inputs join as ranks 0..999 of a 1,000-rank
+// job in turn, so every 1,000 of them the store has seen all its ranks join and leave, and it
+// finishes, as a real store must. The previous input's leave may still be in flight when this
+// input starts: a refused connection then waits for that store to finish and meets its successor.
+// Only a store that refuses while it has not finished is a bug.
+braid::net::Fd connectToStore() {
+  braid::StoreServer* s = server();
+  auto fd = braid::net::connectTo("127.0.0.1", s->port(), braid::Deadline::after(2));
+  if (fd.ok()) return std::move(fd.value());
+  braid::Deadline d = braid::Deadline::after(2);
+  while (!s->finished() && !d.expired()) usleep(1000);
+  if (!s->finished()) std::abort();  // refused while serving
+  fd = braid::net::connectTo("127.0.0.1", server()->port(), braid::Deadline::after(2));
+  if (!fd.ok()) std::abort();  // a fresh store refused
+  return std::move(fd.value());
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  braid::StoreServer* s = server();
-  auto fd = braid::net::connectTo("127.0.0.1", s->port(), braid::Deadline::after(2));
-  if (!fd.ok()) std::abort();  // the store stopped accepting: that is a bug
+  const braid::net::Fd conn = connectToStore();
   if (size > 0 && (data[0] & 1)) {
     // Read the challenge frame (u32 length, 'C', string) and answer it as the clients do.
     std::uint32_t len = 0;
     std::string body;
-    if (braid::net::recvAll(fd->get(), &len, 4, braid::Deadline::after(2)).ok() && len > 0 && len < 64) {
+    if (braid::net::recvAll(conn.get(), &len, 4, braid::Deadline::after(2)).ok() && len > 0 && len < 64) {
       body.resize(len);
-      if (braid::net::recvAll(fd->get(), body.data(), len, braid::Deadline::after(2)).ok() && body[0] == 'C') {
+      if (braid::net::recvAll(conn.get(), body.data(), len, braid::Deadline::after(2)).ok() && body[0] == 'C') {
         std::string challenge;
         const std::string rest = body.substr(1);  // the Reader points into it: keep it alive
         braid::Reader r(rest);
         static std::int32_t rank = 0;
-        rank = (rank + 1) % 1000;  // many ranks of a large job: the store never sees all of them leave
+        rank = (rank + 1) % 1000;  // ranks of a 1,000-rank job in turn (see connectToStore)
         std::string mine(16, 'x');
         braid::Writer signedPart;
         if (r.str(&challenge)) {
@@ -80,19 +95,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           frame.u32(static_cast<std::uint32_t>(hello.data().size() + 1));
           frame.u8('H');
           std::string bytes = frame.data() + hello.data();
-          (void)braid::net::sendAll(fd->get(), bytes.data(), bytes.size(), braid::Deadline::after(0.2));
+          (void)braid::net::sendAll(conn.get(), bytes.data(), bytes.size(), braid::Deadline::after(0.2));
         }
       }
     }
     ++data;
     --size;
   }
-  (void)braid::net::sendAll(fd->get(), data, size, braid::Deadline::after(0.2));
-  ::shutdown(fd->get(), SHUT_WR);
+  (void)braid::net::sendAll(conn.get(), data, size, braid::Deadline::after(0.2));
+  ::shutdown(conn.get(), SHUT_WR);
   char buf[4096];
   braid::Deadline d = braid::Deadline::after(0.05);
   while (!d.expired()) {  // drain whatever the store answers, until it closes or goes quiet
-    ssize_t k = ::recv(fd->get(), buf, sizeof(buf), MSG_DONTWAIT);
+    ssize_t k = ::recv(conn.get(), buf, sizeof(buf), MSG_DONTWAIT);
     if (k == 0 || (k < 0 && errno != EAGAIN)) break;
     if (k < 0) usleep(200);
   }

@@ -27,8 +27,9 @@ Comm::~Comm() {
   // The last handle dropped ends the communicator as destroy does, but without the farewell:
   // asynchronous calls already queued run first (each within BRAID_TIMEOUT), as every rank queued
   // them; failing them here instead would leave the peers waiting in them for the timeout.
-  // (Not when the last handle was a Work callback's, dropped on the worker itself.)
-  if (!closed_.load() && !failed_.load() && std::this_thread::get_id() != worker_.get_id()) waitForQueuedCalls();
+  // (A Work callback that drops the last handle on the worker ends it there after the call: see
+  // workerLoop.)
+  if (!closed_.load() && !failed_.load()) waitForQueuedCalls();
   if (!closed_.exchange(true)) shutdown(failed_.load());
 }
 
@@ -470,12 +471,7 @@ void Comm::shutdown(bool abortive) {
     queue_.clear();
     if (!workerBusy_) drainedCv_.notify_all();
   }
-  std::thread worker;
-  {
-    std::lock_guard<std::mutex> g(qMu_);
-    worker = std::move(worker_);
-  }
-  if (worker.joinable()) worker.join();
+  endWorker();
   workerAlarm_.close();
   std::lock_guard<std::mutex> g(execMu_);  // waits for a blocking call on another thread to leave
   if (store_) store_->close();               // also joins the watcher: nothing else touches us now

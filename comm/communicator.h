@@ -303,6 +303,8 @@ class Comm final : public EngineHost, public Workspace {
   Status connectPlanPeers(const Plan& plan);
   void onNotice(const Notice& n);
   void workerLoop();
+  // Joins the worker (after stopWorker_), or, on the worker itself, lets it go (workerLoop).
+  void endWorker();
   void shutdown(bool abortive);
   // After shutdown, under execMu_: what only calls use (the flight recorder's entries, the call
   // history): a closed communicator's C handle is kept (late calls get invalid usage) but holds
@@ -393,7 +395,9 @@ class Comm final : public EngineHost, public Workspace {
   std::shared_ptr<WorkState> enqueue(Queued item);
   std::uint64_t queuedCount_ = 0;  // under qMu_
   // A queued item's run, by the worker or by runQueuedThrough's thread (workerBusy_ set by the caller).
-  void runQueued(Queued& item);
+  // With keepThroughCallbacks, a handle on this communicator is held there from before its Work's
+  // callbacks run (the worker's: a callback may drop the last handle).
+  void runQueued(Queued& item, std::shared_ptr<Comm>* keepThroughCallbacks = nullptr);
   std::weak_ptr<Comm> self_;  // for WorkState::owner
   // runGroup's body, with execMu_ held.
   Status executeGroup(const std::vector<CollArgs>& calls);

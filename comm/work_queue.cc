@@ -36,6 +36,9 @@ namespace {
 // How deep this thread is in Work callbacks that runQueued runs: a callback may make calls on the
 // communicator and wait for them, so it must not wait for callbacks (its own among them) to end.
 thread_local int tlsCallbackDepth = 0;
+// Set when a communicator ends on its own worker thread (its last handle dropped there): the
+// worker, detached, must leave without touching it.
+thread_local bool tlsEndedOnWorker = false;
 }  // namespace
 
 void WorkState::finish(Status s) {
@@ -120,7 +123,7 @@ std::shared_ptr<WorkState> Comm::enqueue(Queued item) {
   return w;
 }
 
-void Comm::runQueued(Queued& item) {
+void Comm::runQueued(Queued& item, std::shared_ptr<Comm>* keepThroughCallbacks) {
   Status s;
   {
     std::lock_guard<std::mutex> g(execMu_);
@@ -143,6 +146,7 @@ void Comm::runQueued(Queued& item) {
     ++callbacksRunning_;
     if (!queue_.empty() && workerSleeping_) workerAlarm_.wakeNow();  // the worker may wait behind this call for the next
   }
+  if (keepThroughCallbacks) *keepThroughCallbacks = self_.lock();
   ++tlsCallbackDepth;
   item.work->finish(s);
   --tlsCallbackDepth;
@@ -182,8 +186,32 @@ void Comm::workerLoop() {
       queue_.pop_front();
       workerBusy_ = true;
     }
-    runQueued(item);
+    // A callback may drop the communicator's last handle (torch frees a process group from a
+    // future's callback): runQueued holds a handle through the callbacks, and the communicator
+    // may then end here, on this thread (~Comm), which then leaves at once.
+    std::shared_ptr<Comm> keep;
+    runQueued(item, &keep);
+    keep.reset();
+    if (tlsEndedOnWorker) {
+      tlsEndedOnWorker = false;
+      return;  // (this Comm is gone)
+    }
   }
+}
+
+void Comm::endWorker() {
+  std::thread worker;
+  {
+    std::lock_guard<std::mutex> g(qMu_);
+    worker = std::move(worker_);
+  }
+  if (!worker.joinable()) return;
+  if (worker.get_id() == std::this_thread::get_id()) {  // ending on the worker (workerLoop)
+    worker.detach();
+    tlsEndedOnWorker = true;
+    return;
+  }
+  worker.join();
 }
 
 void Comm::runQueuedThrough(const std::shared_ptr<WorkState>& w, bool alsoEarlier) {

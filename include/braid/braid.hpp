@@ -47,8 +47,9 @@ class BRAID_EXPORT Work {
   // otherwise on the thread that finishes it (the communicator's worker, or a thread whose wait ran
   // the call). f may make calls on the same communicator, blocking ones too, and wait for them (a
   // DDP comm hook's chained all-reduce): the call it completes is over when f runs. Calls made from
-  // f are ordered among the others by when they are made: keep that the same on every rank. For
-  // futures (c10d's Work::getFuture) and completion queues.
+  // f are ordered among the others by when they are made: keep that the same on every rank. f may
+  // also drop the communicator's last handle (it then ends once f returns, on the worker, without
+  // the farewell that destroy() makes). For futures (c10d's Work::getFuture) and completion queues.
   void onDone(std::function<void(const Status&)> f);
 
  private:

@@ -258,6 +258,40 @@ TEST(WorkCpp, CallbackMayCallItsCommunicatorAndWait) {
   expectEveryRankSucceeded(outcome);
 }
 
+// A Work callback may drop its communicator's last handle, as torch frees a process group from a
+// future's callback: the communicator then ends on the worker once the call is over (it neither
+// joins the worker from itself, which aborted the process, nor ends under the running call). The
+// callback runs on the worker here (nobody waits on the work), and the parent communicator the
+// child was split from goes on working.
+TEST(WorkCpp, CallbackMayDropItsCommunicatorsLastHandle) {
+  auto outcome = runRanks(2, [&](int rank, braidComm_t c) {
+    Communicator parent(c->impl);
+    auto split = parent.split(0, rank);
+    if (!split.ok() || !split->has_value()) { report(rank, "split: " + split.status().toString()); return 1; }
+    auto child = std::make_unique<Communicator>(std::move(**split));
+    std::vector<float> x(1000, static_cast<float>(rank + 1));
+    std::atomic<bool> done{false};
+    std::thread::id ranOn;
+    Status result = Status::Internal("callback not run");
+    child->allReduce(x.data(), x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum).onDone([&](const Status& s) {
+      result = s;
+      ranOn = std::this_thread::get_id();
+      child.reset();  // the last handle
+      done = true;
+    });
+    for (int i = 0; i < 20000 && !done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!done.load() || !result.ok()) { report(rank, "callback: " + result.toString()); return 2; }
+    if (ranOn == std::this_thread::get_id()) { report(rank, "the callback ran on the caller's thread, not the worker"); return 3; }
+    for (float v : x)
+      if (v != 3.0f) { report(rank, "wrong sums"); return 4; }
+    std::vector<float> y(7, static_cast<float>(rank));
+    const Status after = parent.allReduce(y.data(), y.data(), y.size(), DataType::kFloat32, ReduceOp::kSum).wait();
+    if (!after.ok() || y[6] != 1.0f) { report(rank, "parent afterwards: " + after.toString()); return 5; }
+    return 0;
+  }, {{"BRAID_TIMEOUT", "20"}}, 60);
+  expectEveryRankSucceeded(outcome);
+}
+
 // Communicator::finishQueued returns only once every queued call has run, with the calls their
 // callbacks queued meanwhile (a chain of 5: each callback queues the next all-reduce and does not
 // wait for it), and its callbacks have returned: what braid_torch does at interpreter exit.

@@ -165,9 +165,14 @@ struct Baseline {
 };
 std::vector<Finding> judgeLinks(const std::vector<std::string>& hosts, const std::vector<HostLink>& links, double ratio,
                                 const Baseline& baseline = {});
-// What the first pass would call slow (the kConfirmAtMost slowest of a transport), with the fastest
+// What the first pass would call slow (the confirmAtMost slowest of a transport), with the fastest
 // link of each such transport: the links to measure again (host indexes, a < b).
 inline constexpr std::size_t kConfirmAtMost = 6;
+// How many of a transport's suspects are measured again: kConfirmAtMost, or among many links twice
+// the square root of their number (496 links between 32 hosts: 45; 499,500 between 1,000: 1,414).
+// Each costs a few exchanges of --bytes while every rank waits; a suspect left out keeps its first
+// figure, and on shared cores first figures of healthy links scatter down to a tenth of the median.
+std::size_t confirmAtMost(std::size_t links);
 // What a transport's links between hosts are held to: with kMedianFromLinks links or more (and no
 // baseline), the median link's figure (one outlier, fast or slow, moves it little: many links
 // measured on shared cores scatter), else 0, and the fastest link (or the baseline) is the reference.

@@ -488,6 +488,10 @@ double linkReference(const std::vector<HostLink>& links, double baseline) {
   return raw[raw.size() / 2];
 }
 
+std::size_t confirmAtMost(std::size_t links) {
+  return std::max(kConfirmAtMost, static_cast<std::size_t>(std::ceil(2 * std::sqrt(static_cast<double>(links)))));
+}
+
 std::vector<std::pair<int, int>> linksToConfirm(const std::vector<HostLink>& links, double ratio, const Baseline& baseline) {
   std::map<std::string, std::vector<HostLink>> byTransport;
   for (const HostLink& l : links) byTransport[l.transport].push_back(l);
@@ -497,7 +501,7 @@ std::vector<std::pair<int, int>> linksToConfirm(const std::vector<HostLink>& lin
     const auto b = baseline.best.find(t);
     const double base = b == baseline.best.end() ? 0.0 : b->second, median = linkReference(ls, base);
     const double first = median > 0 ? median : std::max(best.raw, base);
-    // The slowest suspects only, at most kConfirmAtMost of a transport (each is measured alone, in
+    // The slowest suspects only, at most confirmAtMost of a transport (each is measured alone, in
     // turn, while every rank waits): the others keep their first figure.
     std::vector<HostLink> suspects;
     for (const HostLink& l : ls)
@@ -516,7 +520,7 @@ std::vector<std::pair<int, int>> linksToConfirm(const std::vector<HostLink>& lin
     std::vector<HostLink> chosen;
     std::size_t ofHost = 0;
     for (const HostLink& l : suspects) {
-      if (!onDominant(l) && chosen.size() < kConfirmAtMost) chosen.push_back(l);
+      if (!onDominant(l) && chosen.size() < confirmAtMost(ls.size())) chosen.push_back(l);
       if (onDominant(l) && ofHost < 2) chosen.push_back(l), ++ofHost;
     }
     suspects = chosen;

@@ -1,4 +1,5 @@
-// Braid: IEEE binary16 (fp16) and bfloat16 <-> binary32 conversion by bit manipulation.
+// Braid: IEEE binary16 (fp16), bfloat16 and the two 8-bit floats (float8 e4m3 and e5m2) <->
+// binary32 conversion by bit manipulation.
 // Every function is branch-free so GCC can vectorize loops that call it with plain SSE2, and every
 // result is exact or rounded to nearest, ties to even, for all inputs: normals, subnormals,
 // infinities and NaN (NaNs stay NaN; a float NaN keeps its top payload bits and is quieted). The
@@ -79,5 +80,63 @@ BRAID_HD inline std::uint16_t floatToBf16(float f) {
   const std::uint32_t nan = (x >> 16) | 0x0040u;
   return static_cast<std::uint16_t>(pickBits(maskIf((x & 0x7fffffffu) > 0x7f800000u), nan, rounded));
 }
+
+// The 8-bit floats, as NCCL and torch have them: e4m3 (torch's float8_e4m3fn: 4 exponent bits,
+// bias 7, 3 mantissa bits, no infinity, NaN S.1111.111, largest 448) and e5m2 (5 and 2, bias 15:
+// fp16's top byte, with infinities). Decoding is exact. Encoding rounds to nearest, ties to even,
+// subnormals included; NaN stays NaN. Past the largest finite value e4m3 saturates to +-448 (it
+// has no infinity: a sum that overflows stays a number, as NCCL's saturating conversion makes it)
+// and e5m2 rounds to infinity from 61440 on, as fp16 and bf16 do; an infinite float becomes
+// e4m3's NaN and e5m2's infinity. Written with plain branches: 8-bit reductions are not yet a
+// vectorized path.
+template <int kExpBits, int kManBits>
+BRAID_HD inline float fp8ToFloat(std::uint8_t b) {
+  constexpr int kBias = (1 << (kExpBits - 1)) - 1;
+  const std::uint32_t sign = static_cast<std::uint32_t>(b & 0x80u) << 24;
+  const std::uint32_t exp = (b >> kManBits) & ((1u << kExpBits) - 1u), man = b & ((1u << kManBits) - 1u);
+  std::uint32_t bits;
+  if (kExpBits == 4 && (b & 0x7fu) == 0x7fu) {
+    bits = 0x7fc00000u;  // e4m3's only NaN
+  } else if (kExpBits == 5 && exp == 31u) {
+    bits = 0x7f800000u | (man << (23 - kManBits)) | (man ? 0x00400000u : 0u);  // inf, or a quiet NaN
+  } else if (exp == 0) {  // subnormal: man x 2^(1 - bias - kManBits), exact
+    bits = std::bit_cast<std::uint32_t>(static_cast<float>(man) *
+                                        std::bit_cast<float>(static_cast<std::uint32_t>(127 + 1 - kBias - kManBits) << 23));
+  } else {
+    bits = ((exp + 127u - kBias) << 23) | (man << (23 - kManBits));
+  }
+  return std::bit_cast<float>(bits | sign);
+}
+
+template <int kExpBits, int kManBits>
+BRAID_HD inline std::uint8_t floatToFp8(float f) {
+  constexpr int kBias = (1 << (kExpBits - 1)) - 1;
+  constexpr std::uint32_t kNan = kExpBits == 4 ? 0x7fu : 0x7eu;
+  constexpr std::uint32_t kMaxFinite = kExpBits == 4 ? 0x7eu : 0x7bu;
+  constexpr std::uint32_t kOverflow = kExpBits == 4 ? 0x7eu : 0x7cu;  // saturate / infinity
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t sign = (x >> 24) & 0x80u;
+  const std::uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return static_cast<std::uint8_t>(sign | kNan);
+  if (ax == 0x7f800000u) return static_cast<std::uint8_t>(sign | (kExpBits == 4 ? kNan : kOverflow));
+  constexpr std::uint32_t kSmallestNormal = static_cast<std::uint32_t>(127 + 1 - kBias) << 23;
+  if (ax >= kSmallestNormal) {
+    // Re-bias and round the dropped mantissa bits to nearest even; a carry bumps the exponent.
+    constexpr int kShift = 23 - kManBits;
+    const std::uint32_t rebiased = ax - (static_cast<std::uint32_t>(127 - kBias) << 23);
+    const std::uint32_t r = (rebiased + ((1u << (kShift - 1)) - 1u) + ((rebiased >> kShift) & 1u)) >> kShift;
+    return static_cast<std::uint8_t>(sign | (r > kMaxFinite ? kOverflow : r));
+  }
+  // Subnormal: |f| / 2^(1 - bias - kManBits) rounded to an integer, nearest even (adding and
+  // taking away 2^23 rounds in the FPU's default mode); 2^kManBits is the smallest normal's code.
+  const float scaled = std::bit_cast<float>(ax) * std::bit_cast<float>(static_cast<std::uint32_t>(127 - 1 + kBias + kManBits) << 23);
+  const float q = (scaled + 8388608.0f) - 8388608.0f;
+  return static_cast<std::uint8_t>(sign | static_cast<std::uint32_t>(q));
+}
+
+BRAID_HD inline float e4m3ToFloat(std::uint8_t b) { return fp8ToFloat<4, 3>(b); }
+BRAID_HD inline std::uint8_t floatToE4m3(float f) { return floatToFp8<4, 3>(f); }
+BRAID_HD inline float e5m2ToFloat(std::uint8_t b) { return fp8ToFloat<5, 2>(b); }
+BRAID_HD inline std::uint8_t floatToE5m2(float f) { return floatToFp8<5, 2>(f); }
 
 }  // namespace braid::kernels

@@ -28,6 +28,10 @@ const char* dataTypeName(DataType t) {
     case DataType::kFloat32: return "float32";
     case DataType::kFloat64: return "float64";
     case DataType::kBfloat16: return "bfloat16";
+    case DataType::kFloat8e4m3: return "float8_e4m3";
+    case DataType::kFloat8e5m2: return "float8_e5m2";
+    case DataType::kInt16: return "int16";
+    case DataType::kUint16: return "uint16";
   }
   return "?";
 }
@@ -151,6 +155,10 @@ double loadAsDouble(const void* p, std::size_t i, DataType t) {
     case DataType::kFloat32: return loadElem<float>(p, i);
     case DataType::kFloat64: return loadElem<double>(p, i);
     case DataType::kBfloat16: return bf16ToFloat(loadElem<std::uint16_t>(p, i));
+    case DataType::kFloat8e4m3: return e4m3ToFloat(loadElem<std::uint8_t>(p, i));
+    case DataType::kFloat8e5m2: return e5m2ToFloat(loadElem<std::uint8_t>(p, i));
+    case DataType::kInt16: return loadElem<std::int16_t>(p, i);
+    case DataType::kUint16: return loadElem<std::uint16_t>(p, i);
   }
   return 0.0;
 }
@@ -167,6 +175,10 @@ void storeFromDouble(void* p, std::size_t i, DataType t, double v) {
     case DataType::kFloat32: storeElem(p, i, static_cast<float>(v)); return;
     case DataType::kFloat64: storeElem(p, i, v); return;
     case DataType::kBfloat16: storeElem(p, i, floatToBf16(roundToOddFloat(v))); return;
+    case DataType::kFloat8e4m3: storeElem(p, i, floatToE4m3(roundToOddFloat(v))); return;
+    case DataType::kFloat8e5m2: storeElem(p, i, floatToE5m2(roundToOddFloat(v))); return;
+    case DataType::kInt16: storeElem(p, i, static_cast<std::int16_t>(v)); return;
+    case DataType::kUint16: storeElem(p, i, static_cast<std::uint16_t>(v)); return;
   }
 }
 

@@ -45,6 +45,13 @@ struct Half {
   __device__ static float load(std::uint16_t s) { return halfToFloat(s); }
   __device__ static std::uint16_t store(float v) { return floatToHalf(v); }
 };
+template <int kExpBits, int kManBits>
+struct Fp8 {
+  using Storage = std::uint8_t;
+  using Value = float;
+  __device__ static float load(std::uint8_t s) { return fp8ToFloat<kExpBits, kManBits>(s); }
+  __device__ static std::uint8_t store(float v) { return floatToFp8<kExpBits, kManBits>(v); }
+};
 struct Bf16 {
   using Storage = std::uint16_t;
   using Value = float;
@@ -340,6 +347,10 @@ Status withCodec(DataType t, F&& f) {
     case DataType::kFloat32: return f.template operator()<Plain<float>>();
     case DataType::kFloat64: return f.template operator()<Plain<double>>();
     case DataType::kBfloat16: return f.template operator()<Bf16>();
+    case DataType::kFloat8e4m3: return f.template operator()<Fp8<4, 3>>();
+    case DataType::kFloat8e5m2: return f.template operator()<Fp8<5, 2>>();
+    case DataType::kInt16: return f.template operator()<Plain<std::int16_t>>();
+    case DataType::kUint16: return f.template operator()<Plain<std::uint16_t>>();
   }
   return Status::InvalidArgument("unknown data type " + std::to_string(static_cast<int>(t)));
 }

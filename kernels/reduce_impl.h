@@ -86,6 +86,13 @@ struct HalfCodec {
   static float load(std::uint16_t s) { return halfToFloat(s); }
   static std::uint16_t store(float v) { return floatToHalf(v); }
 };
+template <int kExpBits, int kManBits>
+struct Fp8Codec {
+  using Storage = std::uint8_t;
+  using Value = float;
+  static float load(std::uint8_t s) { return fp8ToFloat<kExpBits, kManBits>(s); }
+  static std::uint8_t store(float v) { return floatToFp8<kExpBits, kManBits>(v); }
+};
 struct Bf16Codec {
   using Storage = std::uint16_t;
   using Value = float;
@@ -104,6 +111,10 @@ template <> struct CodecFor<DataType::kFloat16> : HalfCodec {};
 template <> struct CodecFor<DataType::kFloat32> : PlainCodec<float> {};
 template <> struct CodecFor<DataType::kFloat64> : PlainCodec<double> {};
 template <> struct CodecFor<DataType::kBfloat16> : Bf16Codec {};
+template <> struct CodecFor<DataType::kFloat8e4m3> : Fp8Codec<4, 3> {};
+template <> struct CodecFor<DataType::kFloat8e5m2> : Fp8Codec<5, 2> {};
+template <> struct CodecFor<DataType::kInt16> : PlainCodec<std::int16_t> {};
+template <> struct CodecFor<DataType::kUint16> : PlainCodec<std::uint16_t> {};
 
 // Signed overflow is undefined, so signed sum/prod run in the unsigned type of the same width,
 // which wraps exactly like two's complement hardware does.
@@ -254,6 +265,10 @@ constexpr KernelTable makeTable(const char* name) {
   fillRow<DataType::kFloat32>(t);
   fillRow<DataType::kFloat64>(t);
   fillRow<DataType::kBfloat16>(t);
+  fillRow<DataType::kFloat8e4m3>(t);
+  fillRow<DataType::kFloat8e5m2>(t);
+  fillRow<DataType::kInt16>(t);
+  fillRow<DataType::kUint16>(t);
   return t;
 }
 

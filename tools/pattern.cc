@@ -6,12 +6,24 @@
 
 namespace braid::pattern {
 namespace {
-bool isUnsigned(DataType t) { return t == DataType::kUint8 || t == DataType::kUint32 || t == DataType::kUint64; }
+bool isUnsigned(DataType t) {
+  return t == DataType::kUint8 || t == DataType::kUint16 || t == DataType::kUint32 || t == DataType::kUint64;
+}
+bool isFp8(DataType t) { return t == DataType::kFloat8e4m3 || t == DataType::kFloat8e5m2; }
 }  // namespace
 
 double input(DataType t, ReduceOp op, int rank, std::size_t i) {
-  if (op == ReduceOp::kProd) return (i + static_cast<std::size_t>(rank)) % 3 == 0 ? 2.0 : 1.0;  // product <= 2^ceil(n/3)
-  double v = static_cast<double>((i * 7 + static_cast<std::size_t>(rank) * 3) % 9);            // 0..8
+  const std::size_t r = static_cast<std::size_t>(rank);
+  if (isFp8(t)) {
+    // The 8-bit floats hold the integers only up to 16 (e4m3) and 8 (e5m2): at each index 4 of
+    // ranks 0-7 contribute -2..2 (or a factor of 2), the others 0 (or 1), so every partial
+    // result is exact for any number of ranks and in any order.
+    const bool contributes = r < 8 && (r + i) % 8 < 4;
+    if (op == ReduceOp::kProd) return contributes && (i + r) % 2 == 0 ? 2.0 : 1.0;
+    return contributes ? static_cast<double>((i * 7 + r * 3) % 5) - 2.0 : 0.0;
+  }
+  if (op == ReduceOp::kProd) return (i + r) % 3 == 0 ? 2.0 : 1.0;  // product <= 2^ceil(n/3)
+  double v = static_cast<double>((i * 7 + r * 3) % 9);  // 0..8
   return isUnsigned(t) ? v : v - 4.0;  // -4..4: sums of up to 8 ranks fit int8
 }
 

@@ -55,7 +55,9 @@ const TypeName kTypes[] = {{"int8", DataType::kInt8},       {"uint8", DataType::
                            {"int32", DataType::kInt32},     {"uint32", DataType::kUint32},
                            {"int64", DataType::kInt64},     {"uint64", DataType::kUint64},
                            {"half", DataType::kFloat16},    {"float", DataType::kFloat32},
-                           {"double", DataType::kFloat64},  {"bfloat16", DataType::kBfloat16}};
+                           {"double", DataType::kFloat64},  {"bfloat16", DataType::kBfloat16},
+                           {"f8e4m3", DataType::kFloat8e4m3}, {"f8e5m2", DataType::kFloat8e5m2},
+                           {"int16", DataType::kInt16},     {"uint16", DataType::kUint16}};
 const char* kOps[] = {"sum", "prod", "max", "min", "avg"};
 
 bool isReduction(const std::string& c) { return c == "allreduce" || c == "reducescatter" || c == "reduce"; }

@@ -82,7 +82,11 @@ typedef enum {
   braidFloat32 = 7, braidFloat = 7,
   braidFloat64 = 8, braidDouble = 8,
   braidBfloat16 = 9,
-  braidNumTypes = 10
+  braidFloat8e4m3 = 10, /* NCCL's ncclFloat8e4m3: torch's float8_e4m3fn (no infinity, largest 448) */
+  braidFloat8e5m2 = 11, /* NCCL's ncclFloat8e5m2 */
+  braidInt16 = 12,      /* Braid's own, after NCCL's types */
+  braidUint16 = 13,
+  braidNumTypes = 14
 } braidDataType_t;
 
 typedef enum { braidSum = 0, braidProd = 1, braidMax = 2, braidMin = 3, braidAvg = 4, braidNumOps = 5 } braidRedOp_t;

@@ -354,16 +354,11 @@ def sequence_body(rank, world, port):
 # ------------------------------------------------------------------ dtypes
 
 def dtypes_body(rank, world, port):
-    """int16 is refused with the list of types Braid has, and the group goes on; torch >= 2.3's
-    uint32 and uint64 reduce exactly, past the signed types' ranges."""
+    """int16 reduces exactly, and on torch >= 2.3 uint16, uint32 and uint64 past the signed types'
+    ranges, on torch >= 2.1 float8_e4m3fn and float8_e5m2 (sums that the 8-bit floats hold); a
+    type Braid does not have is refused with the list of those it has, and the group goes on."""
     init(rank, world, port)
-    try:
-        dist.all_reduce(torch.ones(3, dtype=torch.int16))
-        raise AssertionError("an int16 all_reduce did not raise")
-    except RuntimeError as e:
-        if "not supported (Braid has" not in str(e):
-            raise
-    for name, base in (("uint32", 1 << 30), ("uint64", 1 << 62)):
+    for name, base in (("int16", -(1 << 13)), ("uint16", 1 << 14), ("uint32", 1 << 30), ("uint64", 1 << 62)):
         dtype = getattr(torch, name, None)
         if dtype is None:  # torch < 2.3
             continue
@@ -373,14 +368,36 @@ def dtypes_body(rank, world, port):
         want = [sum(base + 1000 * q + i for q in range(world)) for i in range(5)]
         if t.tolist() != want:
             raise AssertionError(f"rank {rank}: {name} sum {t.tolist()} != {want}")
-        t = torch.tensor([2 * base + rank] * 3, dtype=dtype)
+        t = torch.tensor([base + rank] * 3, dtype=dtype)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        if t.tolist() != [2 * base + world - 1] * 3:
+        if t.tolist() != [base + world - 1] * 3:
             raise AssertionError(f"rank {rank}: {name} max {t.tolist()}")
+    for name in ("float8_e4m3fn", "float8_e5m2"):
+        dtype = getattr(torch, name, None)
+        if dtype is None:  # torch < 2.1
+            continue
+        mine = torch.tensor([(rank + i) % 3 - 1.0 for i in range(7)] + [0.5 * rank, -2.0])  # sums within -6..6
+        t = mine.to(dtype)
+        dist.all_reduce(t)
+        want = sum(torch.tensor([(q + i) % 3 - 1.0 for i in range(7)] + [0.5 * q, -2.0]) for q in range(world))
+        if not torch.equal(t.to(torch.float32), want):
+            raise AssertionError(f"rank {rank}: {name} sum {t.to(torch.float32).tolist()} != {want.tolist()}")
+        t = torch.full((4,), float(rank), dtype=torch.float32).to(dtype)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if t.to(torch.float32).tolist() != [world - 1.0] * 4:
+            raise AssertionError(f"rank {rank}: {name} max {t.to(torch.float32).tolist()}")
+    refused = getattr(torch, "float8_e4m3fnuz", None)  # torch >= 2.2: a type Braid does not have
+    if refused is not None:
+        try:
+            dist.all_reduce(torch.ones(3).to(refused))
+            raise AssertionError("a float8_e4m3fnuz all_reduce did not raise")
+        except RuntimeError as e:
+            if "not supported (Braid has" not in str(e):
+                raise
     x = torch.ones(2)
     dist.all_reduce(x)
     if not torch.equal(x, torch.full((2,), float(world))):
-        raise AssertionError(f"rank {rank}: the group after the refusal: {x}")
+        raise AssertionError(f"rank {rank}: the group afterwards: {x}")
     dist.destroy_process_group()
 
 

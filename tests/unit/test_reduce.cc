@@ -1,5 +1,5 @@
 // Braid: tests for the CPU reduce engine. The expected values never come from the code under
-// test: half/bf16 bits are decoded by their textbook formula and results are rounded by a
+// test: half/bf16/fp8 bits are decoded by their textbook formula and results are rounded by a
 // separate arithmetic reference (frexp/ldexp/nearbyint), so a wrong conversion cannot agree with itself.
 #include <gtest/gtest.h>
 
@@ -24,7 +24,8 @@ namespace {
 
 constexpr DataType kAllTypes[] = {DataType::kInt8,    DataType::kUint8,   DataType::kInt32,  DataType::kUint32,
                                   DataType::kInt64,   DataType::kUint64,  DataType::kFloat16, DataType::kFloat32,
-                                  DataType::kFloat64, DataType::kBfloat16};
+                                  DataType::kFloat64, DataType::kBfloat16, DataType::kFloat8e4m3,
+                                  DataType::kFloat8e5m2, DataType::kInt16, DataType::kUint16};
 constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAvg};
 constexpr const char* kIsas[] = {"generic", "avx2", "avx512"};
 constexpr std::size_t kCounts[] = {0, 1, 2, 3, 7, 15, 16, 17, 31, 33, 63, 64, 65, 127, 1000, 4097};
@@ -32,18 +33,21 @@ constexpr std::size_t kMaxCount = 4097;
 constexpr double kBf16Max = 0x1.fep127;
 
 // Round v to a binary format with mantBits fraction bits, minimum normal exponent minExp and
-// largest finite value maxFinite, to nearest with ties to even (the default FP environment).
-double refRound(double v, int mantBits, int minExp, double maxFinite) {
+// largest finite value maxFinite, to nearest with ties to even (the default FP environment); past
+// maxFinite infinity, or maxFinite itself where the format saturates (e4m3).
+double refRound(double v, int mantBits, int minExp, double maxFinite, bool saturate = false) {
   if (std::isnan(v) || v == 0.0 || std::isinf(v)) return v;
   int e = 0;
   std::frexp(std::fabs(v), &e);  // |v| in [2^(e-1), 2^e)
   const double quantum = std::ldexp(1.0, std::max(e - 1, minExp) - mantBits);
   double r = std::nearbyint(std::fabs(v) / quantum) * quantum;
-  if (r > maxFinite) r = std::numeric_limits<double>::infinity();
+  if (r > maxFinite) r = saturate ? maxFinite : std::numeric_limits<double>::infinity();
   return std::copysign(r, v);
 }
 double refHalf(double v) { return refRound(v, 10, -14, 65504.0); }
 double refBf16(double v) { return refRound(v, 7, -126, kBf16Max); }
+double refE4m3(double v) { return std::isinf(v) ? std::numeric_limits<double>::quiet_NaN() : refRound(v, 3, -6, 448.0, true); }
+double refE5m2(double v) { return refRound(v, 2, -14, 57344.0); }
 
 // A 16-bit float with mantBits fraction bits and exponent bias `bias`, by the textbook formula.
 double decodeShort(std::uint16_t h, int mantBits, int bias) {
@@ -53,6 +57,14 @@ double decodeShort(std::uint16_t h, int mantBits, int bias) {
   return (h & 0x8000) ? -v : v;
 }
 double decodeHalf(std::uint16_t h) { return decodeShort(h, 10, 15); }
+// The 8-bit floats by the same formula: e5m2 has IEEE's specials, e4m3 only the NaN S.1111.111.
+double decodeE5m2(std::uint8_t b) { return decodeShort(static_cast<std::uint16_t>(b << 8), 10, 15); }
+double decodeE4m3(std::uint8_t b) {
+  if ((b & 0x7f) == 0x7f) return std::numeric_limits<double>::quiet_NaN();
+  const int e = (b & 0x7f) >> 3, m = b & 7;
+  const double v = std::ldexp(e == 0 ? m : m + 8, std::max(e, 1) - 7 - 3);
+  return (b & 0x80) ? -v : v;
+}
 double decodeBf16(std::uint16_t h) { return decodeShort(h, 7, 127); }
 
 template <class T>
@@ -75,6 +87,10 @@ double decodeAt(const unsigned char* p, std::size_t i, DataType t) {
     case DataType::kFloat32: return rawAt<float>(p, i);
     case DataType::kFloat64: return rawAt<double>(p, i);
     case DataType::kBfloat16: return decodeBf16(rawAt<std::uint16_t>(p, i));
+    case DataType::kFloat8e4m3: return decodeE4m3(rawAt<std::uint8_t>(p, i));
+    case DataType::kFloat8e5m2: return decodeE5m2(rawAt<std::uint8_t>(p, i));
+    case DataType::kInt16: return rawAt<std::int16_t>(p, i);
+    case DataType::kUint16: return rawAt<std::uint16_t>(p, i);
   }
   return 0.0;
 }
@@ -98,6 +114,11 @@ void fillRandom(unsigned char* p, std::size_t n, DataType t, ReduceOp op, std::m
       case DataType::kBfloat16: return sign << 15 | static_cast<std::uint64_t>(uni(120, 134) << 7 | uni(0, 127));
       case DataType::kFloat32: return sign << 31 | static_cast<std::uint64_t>(uni(107, 147) << 23 | uni(0, (1 << 23) - 1));
       case DataType::kFloat64: return sign << 63 | static_cast<std::uint64_t>(uni(1003, 1043)) << 52 | (rng() >> 12);
+      // 2^-4..2^3 and 2^-6..2^5: sums and products stay finite and reach the subnormals
+      case DataType::kFloat8e4m3: return sign << 7 | static_cast<std::uint64_t>(uni(3, 10) << 3 | uni(0, 7));
+      case DataType::kFloat8e5m2: return sign << 7 | static_cast<std::uint64_t>(uni(9, 20) << 2 | uni(0, 3));
+      case DataType::kInt16: return static_cast<std::uint64_t>(prod ? uni(-181, 181) : uni(-16000, 16000));
+      case DataType::kUint16: return static_cast<std::uint64_t>(prod ? uni(0, 255) : uni(0, 32000));
     }
     return 0;
   };
@@ -125,6 +146,8 @@ double refResult(double exact, DataType t) {
   switch (t) {
     case DataType::kFloat16: return refHalf(static_cast<float>(exact));
     case DataType::kBfloat16: return refBf16(static_cast<float>(exact));
+    case DataType::kFloat8e4m3: return refE4m3(static_cast<float>(exact));
+    case DataType::kFloat8e5m2: return refE5m2(static_cast<float>(exact));
     case DataType::kFloat32: return static_cast<float>(exact);
     case DataType::kFloat64: return exact;
     default: return exact + 0.0;  // integers have no -0
@@ -417,6 +440,37 @@ TEST(HalfConversion, RoundToNearestEvenCases) {
   EXPECT_EQ(floatToBf16(std::bit_cast<float>(0x7f800001u)) & 0x7fc0, 0x7fc0);  // a signalling NaN comes out quiet
 }
 
+// The 8-bit floats: every code decodes by the formula and round-trips (NaN stays NaN with its
+// sign), and every float between and around their values (each midpoint, its neighbours, and a
+// sweep of all 2^32 patterns) rounds as the reference does: to nearest even, e4m3 saturating.
+TEST(Fp8Conversion, EveryCodeAndEveryMidpointMatchTheReference) {
+  for (std::uint32_t c = 0; c < 256; ++c) {
+    const auto b = static_cast<std::uint8_t>(c);
+    ASSERT_TRUE(sameValue(e4m3ToFloat(b), decodeE4m3(b))) << std::hex << c;
+    ASSERT_TRUE(sameValue(e5m2ToFloat(b), decodeE5m2(b))) << std::hex << c;
+    const bool nan4 = (c & 0x7f) == 0x7f, nan5 = (c & 0x7f) > 0x7c;
+    EXPECT_TRUE(nan4 ? (floatToE4m3(e4m3ToFloat(b)) & 0x7f) == 0x7f : floatToE4m3(e4m3ToFloat(b)) == b) << std::hex << c;
+    EXPECT_TRUE(nan5 ? (floatToE5m2(e5m2ToFloat(b)) & 0x7f) > 0x7c : floatToE5m2(e5m2ToFloat(b)) == b) << std::hex << c;
+  }
+  auto check = [](float f) {
+    ASSERT_TRUE(sameValue(decodeE4m3(floatToE4m3(f)), refE4m3(f))) << std::hexfloat << f;
+    ASSERT_TRUE(sameValue(decodeE5m2(floatToE5m2(f)), refE5m2(f))) << std::hexfloat << f;
+  };
+  for (std::uint64_t bits = 0; bits < (1ULL << 32); bits += 997) check(std::bit_cast<float>(static_cast<std::uint32_t>(bits)));
+  for (std::uint32_t c = 0; c < 0x7e; ++c)
+    for (auto decode : {decodeE4m3, decodeE5m2}) {
+      const auto mid = static_cast<float>((decode(static_cast<std::uint8_t>(c)) + decode(static_cast<std::uint8_t>(c + 1))) / 2);
+      for (float f : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e30f), -mid}) check(f);
+    }
+  EXPECT_EQ(floatToE4m3(448.0f), 0x7e);
+  EXPECT_EQ(floatToE4m3(1e6f), 0x7e);  // saturates: e4m3 has no infinity
+  EXPECT_EQ(floatToE4m3(-std::numeric_limits<float>::infinity()), 0xff);
+  EXPECT_EQ(floatToE5m2(57344.0f), 0x7b);
+  EXPECT_EQ(floatToE5m2(61440.0f), 0x7c);  // the tie above the largest finite rounds to inf
+  EXPECT_EQ(floatToE4m3(0x1p-10f), 0x00);  // half the smallest subnormal (2^-9): ties to 0
+  EXPECT_EQ(floatToE4m3(3 * 0x1p-10f), 0x02);
+}
+
 TEST(ElementAccess, StoreRoundsDoubleOnceAndLoadIsExact) {
   std::uint16_t h = 0;
   storeFromDouble(&h, 0, DataType::kFloat16, 1.0 + 0x1p-11 + 0x1p-40);  // via a rounded float it would be a tie
@@ -429,7 +483,8 @@ TEST(ElementAccess, StoreRoundsDoubleOnceAndLoadIsExact) {
   EXPECT_EQ(h, 0x7c00);
   unsigned char buf[4 * 8] = {};
   for (DataType t : kAllTypes) {
-    const double v = t == DataType::kUint8 || t == DataType::kUint32 || t == DataType::kUint64 ? 77.0 : -77.0;
+    const bool isUnsigned = t == DataType::kUint8 || t == DataType::kUint16 || t == DataType::kUint32 || t == DataType::kUint64;
+    const double v = isUnsigned ? 77.0 : dataTypeSize(t) == 1 && isFloating(t) ? -80.0 : -77.0;  // (80: 1.25 x 2^6)
     storeFromDouble(buf + 1, 2, t, v);  // unaligned on purpose
     EXPECT_EQ(loadAsDouble(buf + 1, 2, t), v) << dataTypeName(t);
     EXPECT_EQ(decodeAt(buf + 1, 2, t), v) << dataTypeName(t);
@@ -437,7 +492,8 @@ TEST(ElementAccess, StoreRoundsDoubleOnceAndLoadIsExact) {
 }
 
 TEST(Names, TypesAndOps) {
-  const char* types[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"};
+  const char* types[] = {"int8",     "uint8",       "int32",       "uint32", "int64", "uint64", "float16",
+                         "float32",  "float64",     "bfloat16",    "float8_e4m3", "float8_e5m2", "int16", "uint16"};
   for (int i = 0; i < kNumDataTypes; ++i) EXPECT_STREQ(dataTypeName(static_cast<DataType>(i)), types[i]);
   const char* ops[] = {"sum", "prod", "max", "min", "avg"};
   for (int i = 0; i < kNumReduceOps; ++i) EXPECT_STREQ(reduceOpName(static_cast<ReduceOp>(i)), ops[i]);

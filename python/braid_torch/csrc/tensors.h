@@ -18,8 +18,10 @@
 
 namespace braid::torch_backend {
 
-// torch 2.3 and later have unsigned 32- and 64-bit tensors, which Braid reduces as such.
+// torch 2.3 and later have unsigned 16-, 32- and 64-bit tensors, which Braid reduces as such, and
+// torch 2.1 and later the 8-bit floats (float8_e4m3fn and float8_e5m2).
 #define BRAID_TORCH_UINTS (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3))
+#define BRAID_TORCH_FLOAT8 (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1))
 
 // Braid's element type for a dtype; bool travels as uint8 (its reductions: process_group.cc).
 inline braid::DataType braidType(at::ScalarType t) {
@@ -31,17 +33,24 @@ inline braid::DataType braidType(at::ScalarType t) {
     case at::kInt: return braid::DataType::kInt32;
     case at::kLong: return braid::DataType::kInt64;
     case at::kChar: return braid::DataType::kInt8;
+    case at::kShort: return braid::DataType::kInt16;
     case at::kByte:
     case at::kBool: return braid::DataType::kUint8;
 #if BRAID_TORCH_UINTS
+    case at::kUInt16: return braid::DataType::kUint16;
     case at::kUInt32: return braid::DataType::kUint32;
     case at::kUInt64: return braid::DataType::kUint64;
+#endif
+#if BRAID_TORCH_FLOAT8
+    case at::kFloat8_e4m3fn: return braid::DataType::kFloat8e4m3;
+    case at::kFloat8_e5m2: return braid::DataType::kFloat8e5m2;
 #endif
     default: break;
   }
   TORCH_CHECK(false, "braid: tensors of type ", t,
-              " are not supported (Braid has float32, float64, float16, bfloat16, int8, uint8, int32, int64, bool",
-              BRAID_TORCH_UINTS ? ", uint32 and uint64)" : "; uint32 and uint64 with torch >= 2.3)");
+              " are not supported (Braid has float32, float64, float16, bfloat16, int8, uint8, int16, int32, int64, bool",
+              BRAID_TORCH_FLOAT8 ? ", float8_e4m3fn, float8_e5m2" : "",
+              BRAID_TORCH_UINTS ? ", uint16, uint32 and uint64)" : "; uint16, uint32 and uint64 with torch >= 2.3)");
 }
 inline braid::DataType braidType(const at::Tensor& t) { return braidType(t.scalar_type()); }
 

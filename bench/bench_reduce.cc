@@ -94,6 +94,9 @@ BENCHMARK_CAPTURE(reduceBench, float16_sum, DataType::kFloat16, ReduceOp::kSum)-
 BENCHMARK_CAPTURE(reduceBench, int32_sum, DataType::kInt32, ReduceOp::kSum)->Apply(sizes);
 BENCHMARK_CAPTURE(reduceBench, float64_sum, DataType::kFloat64, ReduceOp::kSum)->Apply(sizes);
 BENCHMARK_CAPTURE(reduceBench, float32_max, DataType::kFloat32, ReduceOp::kMax)->Apply(sizes);
+BENCHMARK_CAPTURE(reduceBench, float8_e4m3_sum, DataType::kFloat8e4m3, ReduceOp::kSum)->Apply(sizes);
+BENCHMARK_CAPTURE(reduceBench, float8_e5m2_sum, DataType::kFloat8e5m2, ReduceOp::kSum)->Apply(sizes);
+BENCHMARK_CAPTURE(reduceBench, int16_sum, DataType::kInt16, ReduceOp::kSum)->Apply(sizes);
 BENCHMARK(memcpyBench)->Apply(sizes);
 BENCHMARK(streamingCopyBench)->Apply(sizes);
 BENCHMARK_CAPTURE(isaBench, generic_float32_sum, "generic", DataType::kFloat32)->Arg(1 << 20);

@@ -299,41 +299,16 @@ Status Comm::executeHost(const CollArgs& in, const Fingerprint& fp, std::size_t 
             viaMailbox ? " (shm mailbox)" : "", t.channels, t.chunk, t.ringUs, t.treeUs, t.oneShotUs, t.hierUs);
   if (viaMailbox) return mailboxAllReduce(a, fp);
   plan_.reset(fp, commTag_, rank_, nranks_, t.chunk);
-  switch (a.kind) {
-    case CollKind::kAllReduce:
-    case CollKind::kBarrier:
-      if (t.algo == Algo::kOneShot) {
-        buildOneShotAllReduce(a, *this, plan_);
-        Status s = runPlan();
-        if (s.ok()) finishOneShotAllReduce(a, *this);
-        return s;
-      }
-      if (t.algo == Algo::kTree) buildTreeAllReduce(a, *this, t.channels, plan_);
-      else if (t.algo == Algo::kHier && hierApplies(*this)) buildHierAllReduce(a, *this, t.channels, plan_);
-      else buildRingAllReduce(a, *this, t.channels, plan_);
-      break;
-    case CollKind::kAllGather:
-      if (t.algo == Algo::kHier && hierApplies(*this)) buildHierAllGather(a, *this, t.channels, plan_);
-      else buildRingAllGather(a, *this, t.channels, plan_);
-      break;
-    case CollKind::kReduceScatter:
-      if (t.algo == Algo::kHier && hierApplies(*this)) buildHierReduceScatter(a, *this, t.channels, plan_);
-      else buildRingReduceScatter(a, *this, t.channels, plan_);
-      break;
-    case CollKind::kBroadcast:
-    case CollKind::kReduce: buildRooted(a, *this, t.algo, t.channels, plan_); break;
-    case CollKind::kSendRecv: buildSendRecv(a, plan_); break;
-    case CollKind::kAllToAll:
-    case CollKind::kAllToAllv: {
-      // Both ends of a pair must cut a block alike, from what they share: the block's size and
-      // the channels a large call gets (not this rank's total, which differs by rank in alltoallv).
-      // (This re-tunes: `t` refers to the tuner's last answer, and is not used past here.)
-      const int channels = tuner_.choose(CollKind::kAllToAll, std::size_t{1} << 30).channels;
-      buildAllToAll(a, *this, channels, plan_);
-      break;
-    }
-  }
-  return runPlan();
+  const Algo algo = t.algo;
+  const int channels = t.channels;
+  // (Re-tuning for all-to-all's channels makes `t`, the tuner's last answer, another: copied above.)
+  const int allToAllChannels = a.kind == CollKind::kAllToAll || a.kind == CollKind::kAllToAllv
+                                   ? tuner_.choose(CollKind::kAllToAll, std::size_t{1} << 30).channels
+                                   : channels;
+  const bool oneShot = buildPlan(a, *this, algo, channels, allToAllChannels, plan_);
+  Status s = runPlan();
+  if (s.ok() && oneShot) finishOneShotAllReduce(a, *this);
+  return s;
 }
 
 Status Comm::runPlan() {

@@ -138,6 +138,10 @@ int Plan::recvReduce(int peer, int channel, void* dst, const void* local, std::s
 
 // Drives the queues of one plan; lives only for one Engine::run.
 struct PlanRunner {
+  // Advances every queue of `queues` as far as it goes now; true once all are finished (and the
+  // plan's local copies made). `moved`: data moved.
+  Result<bool> pass(std::span<Plan::Queue> queues, bool& moved);
+
   Plan& plan;
   EngineHost& host;
   std::vector<Op>& ops;
@@ -371,6 +375,41 @@ void waitForNotice(EngineHost& host) {
   for (int i = 0; i < 500 && !host.failedFast(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
+// One pass over the plan's queues (PlanRunner::pass): each advanced as far as it goes now.
+Result<bool> PlanRunner::pass(std::span<Plan::Queue> queues, bool& moved) {
+  bool all = true;
+  for (Plan::Queue& q : queues) {
+    if (q.head == q.ops.size()) continue;
+    auto r = advance(q);
+    if (!r.ok()) {
+      if (r.status().code() == Code::kRemoteError) waitForNotice(host);
+      Status fail = host.failure();
+      // The call of the message that failed (in a group, each message is a call of its own).
+      const Fingerprint& mine = plan.fingerprintOf(plan.ops_[static_cast<std::size_t>(q.ops[q.head])]);
+      Status why = fail.ok() ? r.status() : fail;
+      // The transport's own error names the rank; across hosts, say which host that is.
+      if (fail.ok() && !host.remoteHostOf(q.peer).empty())
+        why = Status(why.code(), why.message() + " (rank " + std::to_string(q.peer) + " is on host " +
+                                     host.remoteHostOf(q.peer) + ")");
+      return why.withContext(failedOn(mine, plan.rank_));
+    }
+    moved |= *r;
+    all &= q.head == q.ops.size();
+  }
+  if (all)
+    while (plan.copyPiece()) {}
+  return all;
+}
+
+Result<bool> Engine::pass(Plan& plan, EngineHost& host, bool* moved) {
+  PlanRunner runner{plan, host, plan.ops_, plan.fp_, std::max<std::size_t>(dataTypeSize(plan.fp_.dtype), 1)};
+  bool m = false;
+  auto done = runner.pass(std::span(plan.queues_.data(), plan.numQueues_), m);
+  if (done.ok() && !*done && !m) m = plan.copyPiece();  // nothing arrived: local work instead
+  if (moved) *moved = m;
+  return done;
+}
+
 Status Engine::run(Plan& plan, EngineHost& host) {
   const Fingerprint& fp = plan.fp_;
   PlanRunner runner{plan, host, plan.ops_, fp, std::max<std::size_t>(dataTypeSize(fp.dtype), 1)};
@@ -383,29 +422,10 @@ Status Engine::run(Plan& plan, EngineHost& host) {
   bool movedSinceCheck = false;  // data moved since the last idle pass read the clock (no clock read for it)
   const auto queues = std::span(plan.queues_.data(), plan.numQueues_);
   for (;;) {
-    bool moved = false, all = true;
-    for (Plan::Queue& q : queues) {
-      if (q.head == q.ops.size()) continue;
-      auto r = runner.advance(q);
-      if (!r.ok()) {
-        if (r.status().code() == Code::kRemoteError) waitForNotice(host);
-        Status fail = host.failure();
-        // The call of the message that failed (in a group, each message is a call of its own).
-        const Fingerprint& mine = plan.fingerprintOf(plan.ops_[static_cast<std::size_t>(q.ops[q.head])]);
-        Status why = fail.ok() ? r.status() : fail;
-        // The transport's own error names the rank; across hosts, say which host that is.
-        if (fail.ok() && !host.remoteHostOf(q.peer).empty())
-          why = Status(why.code(), why.message() + " (rank " + std::to_string(q.peer) + " is on host " +
-                                       host.remoteHostOf(q.peer) + ")");
-        return why.withContext(failedOn(mine, plan.rank_));
-      }
-      moved |= *r;
-      all &= q.head == q.ops.size();
-    }
-    if (all) {
-      while (plan.copyPiece()) {}
-      return Status::Ok();
-    }
+    bool moved = false;
+    auto done = runner.pass(queues, moved);
+    if (!done.ok()) return done.status();
+    if (*done) return Status::Ok();
     if (host.failedFast()) return host.failure().withContext(failedOn(fp, plan.rank_));
     if (moved) {
       waiter.progressed();

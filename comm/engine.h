@@ -79,6 +79,12 @@ class Plan {
   void forEachPeer(F f) const {
     for (std::size_t i = 0; i < numQueues_; ++i) f(queues_[i].peer);
   }
+  // Calls f(op) for each message of the plan, queue by queue in order (the simulator's counts).
+  template <typename F>
+  void forEachMessage(F f) const {
+    for (std::size_t i = 0; i < numQueues_; ++i)
+      for (int o : queues_[i].ops) f(ops_[static_cast<std::size_t>(o)]);
+  }
 
  private:
   friend class Engine;
@@ -149,6 +155,11 @@ class Engine {
   // Runs the plan to completion; on failure returns a Status naming the collective, its sequence
   // number, this rank, and the peer and transport involved.
   static Status run(Plan& plan, EngineHost& host);
+  // One pass of run without waiting: every message advanced as far as it goes now, or a piece
+  // of local copying done when nothing moved. True once the plan is complete; *moved: something
+  // moved. For a driver that runs many ranks' plans in turn on one thread (tests/sim), which
+  // decides itself when nothing can move any more; the host's waiter and clock are not used.
+  static Result<bool> pass(Plan& plan, EngineHost& host, bool* moved = nullptr);
 };
 
 }  // namespace braid

@@ -310,20 +310,16 @@ std::int64_t Comm::storeRequests() const {
 }
 
 void Comm::layOutHosts(const std::vector<PeerInfo>& infos) {
-  hosts_.clear();
-  hostOf_.assign(infos.size(), -1);
-  std::map<std::pair<std::string, std::string>, int> index;  // (host, boot id): PeerInfo::sameHostAs
-  for (std::size_t r = 0; r < infos.size(); ++r) {
-    auto [it, added] = index.emplace(std::make_pair(infos[r].host, infos[r].bootId), static_cast<int>(hosts_.size()));
-    if (added) hosts_.emplace_back();
-    hostOf_[r] = it->second;
-    hosts_[static_cast<std::size_t>(hostOf_[r])].push_back(static_cast<int>(r));
-  }
+  std::map<std::pair<std::string, std::string>, int> label;  // (host, boot id): PeerInfo::sameHostAs
+  std::vector<int> labelOf(infos.size());
+  for (std::size_t r = 0; r < infos.size(); ++r)
+    labelOf[r] = label.emplace(std::make_pair(infos[r].host, infos[r].bootId), static_cast<int>(label.size())).first->second;
+  RankLayout l = layOutRanks(labelOf);
+  hosts_ = std::move(l.hosts);
+  hostOf_ = std::move(l.hostOf);
+  ringOrder_ = std::move(l.ringOrder);
+  ringPos_ = std::move(l.ringPos);
   hostSizes_ = hostShape(hosts_);
-  ringOrder_.clear();
-  for (const auto& h : hosts_) ringOrder_.insert(ringOrder_.end(), h.begin(), h.end());
-  ringPos_.assign(infos.size(), 0);
-  for (std::size_t p = 0; p < ringOrder_.size(); ++p) ringPos_[static_cast<std::size_t>(ringOrder_[p])] = static_cast<int>(p);
 }
 
 bool Comm::probeCma(const std::vector<PeerInfo>& infos) const {

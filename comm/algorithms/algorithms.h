@@ -62,6 +62,16 @@ class Workspace {
   virtual int largestHost() const;
 };
 
+// The hosts and the rings' order from each rank's host label (any numbers; ranks with the same
+// label share a host): hosts numbered in the order of their lowest rank, each host's ranks in rank
+// order, and the rings visiting each host's ranks consecutively. What a communicator keeps at
+// set-up for its Workspace (dispatch.cc), and what the simulator lays out (tests/sim).
+struct RankLayout {
+  std::vector<std::vector<int>> hosts;
+  std::vector<int> hostOf, ringOrder, ringPos;
+};
+RankLayout layOutRanks(const std::vector<int>& hostLabelOf);
+
 // The bytes a call moves in all: count elements, times the ranks for all-gather, reduce-scatter
 // and all-to-all (whose count is per rank); for all-to-allv the elements this rank sends.
 inline std::size_t callBytes(const CollArgs& a, int nranks) {
@@ -117,5 +127,12 @@ void buildSendRecv(const CollArgs& a, Plan& plan);
 // One-shot all-reduce (oneshot.cc): the plan exchanges inputs; finish reduces them once it has run.
 void buildOneShotAllReduce(const CollArgs& a, Workspace& ws, Plan& plan);
 void finishOneShotAllReduce(const CollArgs& a, Workspace& ws);
+
+// The plan of one call by `algo` (dispatch.cc): ring, tree or hier (where hierApplies, else the
+// ring) for the all-reduce, all-gather and reduce-scatter, a tree or chain for broadcast and
+// reduce, all-to-all over `allToAllChannels` (both ends of a pair must cut a block alike: the
+// channels a large call gets, not this rank's total, which differs by rank in all-to-allv). True
+// for a one-shot all-reduce, which finishOneShotAllReduce completes once the plan has run.
+bool buildPlan(const CollArgs& a, Workspace& ws, Algo algo, int channels, int allToAllChannels, Plan& plan);
 
 }  // namespace braid

@@ -1,0 +1,248 @@
+#include "tests/sim/sim.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <tuple>
+
+#include "comm/engine.h"
+#include "comm/fingerprint.h"
+#include "comm/waiter.h"
+#include "transport/transport.h"
+
+namespace braid::sim {
+
+Topology Topology::uniform(int hosts, int perHost) { return {std::vector<int>(static_cast<std::size_t>(hosts), perHost), false}; }
+
+int Topology::nranks() const { return std::accumulate(hostSizes.begin(), hostSizes.end(), 0); }
+
+std::vector<int> Topology::hostLabels() const {
+  std::vector<int> label;
+  if (!interleave) {
+    for (std::size_t h = 0; h < hostSizes.size(); ++h) label.insert(label.end(), static_cast<std::size_t>(hostSizes[h]), static_cast<int>(h));
+    return label;
+  }
+  std::vector<int> left = hostSizes;
+  for (std::size_t h = 0; label.size() < static_cast<std::size_t>(nranks()); h = (h + 1) % left.size())
+    if (left[h] > 0) --left[h], label.push_back(static_cast<int>(h));
+  return label;
+}
+
+std::string Topology::describe() const {
+  const auto [lo, hi] = std::minmax_element(hostSizes.begin(), hostSizes.end());
+  std::string s = std::to_string(hostSizes.size()) + (hostSizes.size() == 1 ? " host" : " hosts");
+  s += *lo == *hi ? " x " + std::to_string(*lo) : " (" + std::to_string(*lo) + "-" + std::to_string(*hi) + " ranks)";
+  return interleave ? s + ", ranks dealt round-robin" : s;
+}
+
+// The bytes one rank sends another on one channel, in order, up to the stream's capacity.
+class World::Stream {
+ public:
+  explicit Stream(std::size_t capacity) : capacity_(capacity) {}
+  std::size_t put(const void* data, std::size_t n) {
+    n = std::min(n, capacity_ - size_);
+    if (n == 0) return 0;
+    if (buf_.size() < size_ + n) grow(size_ + n);
+    const std::size_t tail = (head_ + size_) % buf_.size(), first = std::min(n, buf_.size() - tail);
+    std::memcpy(buf_.data() + tail, data, first);
+    std::memcpy(buf_.data(), static_cast<const std::byte*>(data) + first, n - first);
+    size_ += n;
+    return n;
+  }
+  std::span<const std::byte> peek() const {
+    if (size_ == 0) return {};
+    return {buf_.data() + head_, std::min(size_, buf_.size() - head_)};
+  }
+  void consume(std::size_t n) {
+    head_ = (head_ + n) % buf_.size();
+    size_ -= n;
+  }
+  std::size_t get(void* dst, std::size_t n) {
+    std::size_t got = 0;
+    while (got < n && size_ > 0) {
+      auto s = peek();
+      const std::size_t k = std::min(s.size(), n - got);
+      std::memcpy(static_cast<std::byte*>(dst) + got, s.data(), k);
+      consume(k);
+      got += k;
+    }
+    return got;
+  }
+
+ private:
+  // Grown as data waits (most streams of a large world carry a few small messages): the ring is
+  // laid out again from its head.
+  void grow(std::size_t need) {
+    std::vector<std::byte> bigger(std::min(capacity_, std::max({need, 2 * buf_.size(), std::size_t{256}})));
+    const std::size_t n = size_;
+    std::size_t off = 0;
+    while (size_ > 0) {
+      auto s = peek();
+      std::memcpy(bigger.data() + off, s.data(), s.size());
+      off += s.size();
+      consume(s.size());
+    }
+    buf_ = std::move(bigger);
+    head_ = 0;
+    size_ = n;
+  }
+  std::vector<std::byte> buf_;
+  std::size_t capacity_, head_ = 0, size_ = 0;
+};
+
+namespace {
+
+class SimChannel : public Channel {
+ public:
+  SimChannel(World::Stream& out, World::Stream& in) : out_(out), in_(in) {}
+  Result<std::size_t> trySend(const void* data, std::size_t n) override { return out_.put(data, n); }
+  Result<std::span<const std::byte>> peek() override { return in_.peek(); }
+  void consume(std::size_t n) override { in_.consume(n); }
+  Result<std::size_t> tryRecv(void* dst, std::size_t n) override { return in_.get(dst, n); }
+
+ private:
+  World::Stream& out_;
+  World::Stream& in_;
+};
+
+class SimConnection : public Connection {
+ public:
+  explicit SimConnection(int peer) : peer_(peer) {}
+  int peer() const override { return peer_; }
+  std::string_view transport() const override { return "sim"; }
+  int numChannels() const override { return static_cast<int>(channels_.size()); }
+  Channel& channel(int i) override { return *channels_[static_cast<std::size_t>(i)]; }
+  std::vector<std::unique_ptr<SimChannel>> channels_;
+
+ private:
+  int peer_;
+};
+
+Waiter& sharedWaiter() {  // Engine::pass never waits; EngineHost still hands one out
+  static Waiter w(0, true);
+  return w;
+}
+
+}  // namespace
+
+// One virtual rank: its Workspace (the layout, scratch memory) and EngineHost (connections made
+// on first use, to every channel a plan may name).
+class World::Rank : public Workspace, public EngineHost {
+ public:
+  Rank(World& w, int rank) : world_(w), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int nranks() const override { return world_.nranks(); }
+  std::byte* scratch(std::size_t bytes) override {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
+  }
+  const std::vector<int>& ringOrder() const override { return world_.layout_.ringOrder; }
+  int ringPosition(int r) const override { return world_.layout_.ringPos[static_cast<std::size_t>(r)]; }
+  const std::vector<std::vector<int>>& hosts() const override { return world_.layout_.hosts; }
+  int hostIndex(int r) const override { return world_.layout_.hostOf[static_cast<std::size_t>(r)]; }
+
+  Connection* connection(int peer) override {
+    auto& c = conns_[peer];
+    if (!c) {
+      c = std::make_unique<SimConnection>(peer);
+      for (int ch = 0; ch < kMaxChannels; ++ch)
+        c->channels_.push_back(std::make_unique<SimChannel>(world_.stream(rank_, peer, ch), world_.stream(peer, rank_, ch)));
+    }
+    return c.get();
+  }
+  Waiter& waiter() override { return sharedWaiter(); }
+  Status failure() override { return Status::Ok(); }
+  bool failedFast() const override { return false; }
+  double timeoutSec() const override { return 1; }
+  std::string remoteHostOf(int peer) const override {
+    const int h = world_.layout_.hostOf[static_cast<std::size_t>(peer)];
+    return h == world_.layout_.hostOf[static_cast<std::size_t>(rank_)] ? "" : "sim-h" + std::to_string(h);
+  }
+  Status explainTimeout(const std::string& what, const std::string& detail, bool) override {
+    return Status::Timeout(what + ": " + detail);
+  }
+
+  static constexpr int kMaxChannels = 16;
+  Plan plan;
+  bool done = false;
+  bool oneShot = false;
+  std::uint64_t seq = 0;
+
+ private:
+  World& world_;
+  int rank_;
+  std::vector<std::byte> scratch_;
+  std::map<int, std::unique_ptr<SimConnection>> conns_;
+};
+
+World::World(const Topology& t, std::size_t streamBytes) : layout_(layOutRanks(t.hostLabels())), streamBytes_(streamBytes) {
+  for (int r = 0; r < nranks(); ++r) ranks_.push_back(std::make_unique<Rank>(*this, r));
+}
+
+World::~World() = default;
+
+World::Stream& World::stream(int from, int to, int channel) {
+  auto& s = streams_[{from, to, channel}];
+  if (!s) s = std::make_unique<Stream>(streamBytes_);
+  return *s;
+}
+
+Status World::run(const std::vector<CollArgs>& calls, Algo algo, int channels, std::size_t chunk, std::uint64_t seed) {
+  const int n = nranks();
+  for (int r = 0; r < n; ++r) {
+    Rank& rank = *ranks_[static_cast<std::size_t>(r)];
+    const CollArgs& a = calls[static_cast<std::size_t>(r)];
+    Fingerprint fp;
+    fp.kind = a.kind;
+    fp.dtype = a.dtype;
+    fp.count = a.count;
+    if (a.kind == CollKind::kAllReduce || a.kind == CollKind::kReduceScatter || a.kind == CollKind::kReduce) fp.op = a.op;
+    if (a.kind == CollKind::kBroadcast || a.kind == CollKind::kReduce) fp.root = a.root;
+    fp.seq = ++rank.seq;
+    rank.plan.reset(fp, 0x5157, r, n, chunk);
+    rank.oneShot = buildPlan(a, rank, algo, channels, channels, rank.plan);
+    rank.done = false;
+    rank.plan.forEachMessage([&](const Op& op) {
+      if (op.kind != Op::kSend) return;
+      LinkCount& l = links_[{r, op.peer}];
+      ++l.messages;
+      l.bytes += op.bytes;
+    });
+  }
+  std::mt19937_64 rng(seed);
+  std::vector<int> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  int left = n;
+  lastRounds_ = 0;
+  while (left > 0) {
+    ++lastRounds_;
+    std::shuffle(order.begin(), order.end(), rng);
+    bool moved = false;
+    for (int r : order) {
+      Rank& rank = *ranks_[static_cast<std::size_t>(r)];
+      if (rank.done) continue;
+      bool m = false;
+      auto done = Engine::pass(rank.plan, rank, &m);
+      if (!done.ok()) return done.status();
+      moved |= m;
+      if (*done) {
+        rank.done = true;
+        --left;
+        moved = true;
+        if (rank.oneShot) finishOneShotAllReduce(calls[static_cast<std::size_t>(r)], rank);
+      }
+    }
+    if (!moved) {
+      std::string waiting;
+      int shown = 0;
+      for (int r = 0; r < n && shown < 8; ++r)
+        if (!ranks_[static_cast<std::size_t>(r)]->done) waiting += (shown++ ? ", " : "") + std::to_string(r);
+      return Status::Timeout("deadlock after " + std::to_string(lastRounds_) + " rounds: " + std::to_string(left) +
+                             " rank(s) wait and nothing moves (" + waiting + (left > shown ? ", ..." : "") + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace braid::sim

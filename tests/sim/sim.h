@@ -1,0 +1,72 @@
+// Braid's simulator: N virtual ranks in one process, each running the real plan builders
+// (comm/algorithms, through buildPlan) and the real Engine (Engine::pass), over in-memory channels,
+// driven by one thread. The order in which ranks make their passes is drawn from a seed, so a
+// failure replays exactly. Nothing waits on a clock: when a full round moves nothing, the run has
+// deadlocked and says which ranks wait on what.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "braid/status.hpp"
+#include "comm/algorithms/algorithms.h"
+
+namespace braid::sim {
+
+// Hosts and their ranks: hostSizes[h] ranks on host h. Ranks are numbered host after host, or,
+// with `interleave`, dealt out in turn (rank r on the (r mod H)-th host that still has room), as a
+// launcher that places ranks round-robin does.
+struct Topology {
+  std::vector<int> hostSizes;
+  bool interleave = false;
+  static Topology uniform(int hosts, int perHost);
+  int nranks() const;
+  std::vector<int> hostLabels() const;  // per rank
+  std::string describe() const;         // "2048 hosts x 8", "3 hosts (7-9 ranks)"
+};
+
+// What crossed one ordered pair of ranks: messages and payload bytes (headers and padding apart).
+struct LinkCount {
+  std::uint64_t messages = 0, bytes = 0;
+};
+
+class World {
+ public:
+  // streamBytes: what each (sender, receiver, channel) stream holds before a send must wait, as a
+  // transport's staging ring does.
+  explicit World(const Topology& t, std::size_t streamBytes = 64u << 10);
+  ~World();
+  int nranks() const { return static_cast<int>(layout_.hostOf.size()); }
+  const RankLayout& layout() const { return layout_; }
+
+  // One collective on every rank (calls[r] is rank r's), each rank's plan built by `algo` over
+  // `channels` with pieces of `chunk` bytes, and run until every rank is done. The order of the
+  // ranks' passes is a permutation drawn from `seed` each round. Counts each plan's messages
+  // (links()). Returns the first rank's failure, or, when a round moves nothing, a deadlock naming
+  // the ranks still waiting.
+  Status run(const std::vector<CollArgs>& calls, Algo algo, int channels, std::size_t chunk, std::uint64_t seed);
+
+  // Per ordered pair (sender, receiver), over every run so far.
+  const std::map<std::pair<int, int>, LinkCount>& links() const { return links_; }
+  // Rounds of passes the last run took (one pass per unfinished rank a round).
+  int lastRounds() const { return lastRounds_; }
+
+  class Rank;   // (sim.cc)
+  class Stream;
+
+ private:
+  RankLayout layout_;
+  std::size_t streamBytes_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::map<std::pair<int, int>, LinkCount> links_;
+  int lastRounds_ = 0;
+  friend class Rank;
+  Stream& stream(int from, int to, int channel);
+  std::map<std::tuple<int, int, int>, std::unique_ptr<Stream>> streams_;
+};
+
+}  // namespace braid::sim

@@ -79,11 +79,16 @@ class Plan {
   void forEachPeer(F f) const {
     for (std::size_t i = 0; i < numQueues_; ++i) f(queues_[i].peer);
   }
-  // Calls f(op) for each message of the plan, queue by queue in order (the simulator's counts).
+  // Calls f(op, index, position) for each message of the plan, queue by queue: its index among
+  // the plan's ops (what Op::dep names) and its position in its (peer, channel, direction) queue,
+  // which is how a send meets its receive on the other rank (the simulator's counts, tests/sim).
   template <typename F>
   void forEachMessage(F f) const {
     for (std::size_t i = 0; i < numQueues_; ++i)
-      for (int o : queues_[i].ops) f(ops_[static_cast<std::size_t>(o)]);
+      for (std::size_t k = 0; k < queues_[i].ops.size(); ++k) {
+        const int o = queues_[i].ops[k];
+        f(ops_[static_cast<std::size_t>(o)], o, k);
+      }
   }
 
  private:

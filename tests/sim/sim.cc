@@ -176,6 +176,72 @@ class World::Rank : public Workspace, public EngineHost {
   std::map<int, std::unique_ptr<SimConnection>> conns_;
 };
 
+int World::criticalPath() const {
+  struct Msg {
+    bool send;
+    int peer, channel, dep;
+    std::size_t position;
+  };
+  const std::size_t n = ranks_.size();
+  std::vector<std::vector<Msg>> msgs(n);
+  // Per rank, its sends to (peer, channel) in order: a receive's k-th message from that queue.
+  std::vector<std::map<std::pair<int, int>, std::vector<int>>> sendsTo(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    const Plan& plan = ranks_[r]->plan;
+    msgs[r].resize(static_cast<std::size_t>(plan.numOps()), Msg{false, -1, 0, -1, 0});
+    plan.forEachMessage([&](const Op& op, int index, std::size_t position) {
+      msgs[r][static_cast<std::size_t>(index)] = {op.kind == Op::kSend, op.peer, op.channel, op.dep, position};
+      if (op.kind == Op::kSend) {
+        auto& q = sendsTo[r][{op.peer, op.channel}];
+        if (q.size() <= position) q.resize(position + 1, -1);
+        q[position] = index;
+      }
+    });
+  }
+  // Depth of each message, memoized, by an explicit stack (chains are as long as 2n messages).
+  std::vector<std::vector<int>> depth(n);
+  for (std::size_t r = 0; r < n; ++r) depth[r].assign(msgs[r].size(), -1);
+  int longest = 0;
+  std::vector<std::pair<int, int>> stack;
+  for (std::size_t r0 = 0; r0 < n; ++r0)
+    for (std::size_t i0 = 0; i0 < msgs[r0].size(); ++i0) {
+      stack.push_back({static_cast<int>(r0), static_cast<int>(i0)});
+      while (!stack.empty()) {
+        const auto [r, i] = stack.back();
+        const Msg& m = msgs[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)];
+        int& d = depth[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)];
+        if (d >= 0) {
+          stack.pop_back();
+          continue;
+        }
+        // What this message waits for: its local dependency, and for a receive, its send.
+        std::pair<int, int> need[2] = {{-1, -1}, {-1, -1}};
+        if (m.dep >= 0) need[0] = {r, m.dep};
+        if (!m.send) {
+          const auto& q = sendsTo[static_cast<std::size_t>(m.peer)][{r, m.channel}];
+          need[1] = {m.peer, q.at(m.position)};
+        }
+        bool ready = true;
+        int best = 0;
+        for (int k = 0; k < 2; ++k) {
+          if (need[k].first < 0) continue;
+          const int nd = depth[static_cast<std::size_t>(need[k].first)][static_cast<std::size_t>(need[k].second)];
+          if (nd < 0) {
+            stack.push_back(need[k]);
+            ready = false;
+          } else {
+            best = std::max(best, nd + (k == 1 ? 1 : 0));
+          }
+        }
+        if (!ready) continue;
+        d = best;
+        longest = std::max(longest, d);
+        stack.pop_back();
+      }
+    }
+  return longest;
+}
+
 World::World(const Topology& t, std::size_t streamBytes) : layout_(layOutRanks(t.hostLabels())), streamBytes_(streamBytes) {
   for (int r = 0; r < nranks(); ++r) ranks_.push_back(std::make_unique<Rank>(*this, r));
 }
@@ -203,7 +269,7 @@ Status World::run(const std::vector<CollArgs>& calls, Algo algo, int channels, s
     rank.plan.reset(fp, 0x5157, r, n, chunk);
     rank.oneShot = buildPlan(a, rank, algo, channels, channels, rank.plan);
     rank.done = false;
-    rank.plan.forEachMessage([&](const Op& op) {
+    rank.plan.forEachMessage([&](const Op& op, int, std::size_t) {
       if (op.kind != Op::kSend) return;
       LinkCount& l = links_[{r, op.peer}];
       ++l.messages;

@@ -54,6 +54,11 @@ class World {
   const std::map<std::pair<int, int>, LinkCount>& links() const { return links_; }
   // Rounds of passes the last run took (one pass per unfinished rank a round).
   int lastRounds() const { return lastRounds_; }
+  // The last run's critical path in messages (the alpha steps of the cost model): the longest
+  // chain in which each message is received before the next one is sent (a send that forwards
+  // what a receive finished, Op::dep) or a receive waits for its sender. Messages queued one
+  // after another on a link add no step (they go out back to back).
+  int criticalPath() const;
 
   class Rank;   // (sim.cc)
   class Stream;

@@ -205,5 +205,47 @@ TEST(Sim, HierarchicalAllReduceSendsTwoHMinusOneOverHOfTheDataPerHost) {
   }
 }
 
+// The plans' critical paths in messages (World::criticalPath), against the alpha terms of the
+// tuner's cost model (comm/tuner.cc), on H hosts of L ranks (n = HL). Equal: ring all-reduce
+// 2(n-1), ring all-gather and reduce-scatter n-1, hierarchical all-reduce 2(L-1) + 2(H-1) and
+// all-gather and reduce-scatter (L-1) + (H-1), one-shot 1, and on one host the chain n-1. Where
+// they differ the model is the upper bound: the double binary tree is 2 floor(log2 n) deep, the
+// model says 2 ceil(log2 n); a broadcast or reduce crosses the hosts' leaders first and then each
+// host at once, so its chain is (H-1) + (L-1) and its tree floor(log2 H) + floor(log2 L) deep
+// where the model counts n-1 and ceil(log2 n) (docs/architecture/algorithms.md).
+TEST(Sim, CriticalPathsMatchTheTunersAlphaTerms) {
+  auto log2floor = [](int x) { int k = 0; while ((2 << k) <= x) ++k; return k; };
+  auto log2ceil = [](int x) { int k = 0; while ((1 << k) < x) ++k; return k; };
+  for (auto [H, L] : {std::pair{1, 8}, {1, 5}, {8, 1}, {4, 4}, {16, 4}, {3, 8}, {32, 2}, {5, 3}}) {
+    const Topology t = Topology::uniform(H, L);
+    World w(t);
+    const int n = H * L;
+    auto path = [&](CollKind k, Algo a) {
+      EXPECT_EQ(runAndCheck(w, {k, a, 1000}, 5), "") << algoName(a);
+      return w.criticalPath();
+    };
+    const std::string at = t.describe();
+    EXPECT_EQ(path(CollKind::kAllReduce, Algo::kRing), 2 * (n - 1)) << at;
+    EXPECT_EQ(path(CollKind::kAllGather, Algo::kRing), n - 1) << at;
+    EXPECT_EQ(path(CollKind::kReduceScatter, Algo::kRing), n - 1) << at;
+    EXPECT_EQ(path(CollKind::kAllReduce, Algo::kOneShot), 1) << at;
+    const int tree = path(CollKind::kAllReduce, Algo::kTree);
+    EXPECT_EQ(tree, 2 * log2floor(n)) << at;
+    EXPECT_LE(tree, 2 * log2ceil(n)) << at;
+    if (H > 1 && L > 1) {  // (else the hierarchical builders run the ring)
+      EXPECT_EQ(path(CollKind::kAllReduce, Algo::kHier), 2 * (L - 1) + 2 * (H - 1)) << at;
+      EXPECT_EQ(path(CollKind::kAllGather, Algo::kHier), (L - 1) + (H - 1)) << at;
+      EXPECT_EQ(path(CollKind::kReduceScatter, Algo::kHier), (L - 1) + (H - 1)) << at;
+    }
+    for (CollKind k : {CollKind::kBroadcast, CollKind::kReduce}) {
+      const int chain = path(k, Algo::kRing), rooted = path(k, Algo::kTree);
+      EXPECT_EQ(chain, H > 1 ? (H - 1) + (L - 1) : n - 1) << at;
+      EXPECT_LE(chain, n - 1) << at;
+      EXPECT_EQ(rooted, log2floor(H) + log2floor(L)) << at;
+      EXPECT_LE(rooted, log2ceil(n)) << at;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace braid::sim

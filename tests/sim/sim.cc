@@ -244,6 +244,29 @@ int World::criticalPath() const {
 
 World::World(const Topology& t, std::size_t streamBytes) : layout_(layOutRanks(t.hostLabels())), streamBytes_(streamBytes) {
   for (int r = 0; r < nranks(); ++r) ranks_.push_back(std::make_unique<Rank>(*this, r));
+  // shm's and tcp's classes (transport/shm, transport/tcp: linkClass)
+  LinkClass shm, tcp;
+  shm.latencyUs = 1, shm.bytesPerUs = 6000, shm.minPiece = 32u << 10, shm.sameHost = true, shm.sharedMemory = true;
+  tcp.latencyUs = 15, tcp.bytesPerUs = 2000, tcp.minPiece = 256u << 10, tcp.sameHost = false, tcp.sharedMemory = false;
+  makeTuner(shm, tcp);
+}
+
+void World::setLinks(const LinkClass& withinHosts, const LinkClass& acrossHosts) { makeTuner(withinHosts, acrossHosts); }
+
+void World::makeTuner(const LinkClass& within, const LinkClass& across) {
+  HostShape shape = hostShape(layout_.hosts);
+  shape.local = within;
+  const LinkClass slowest = layout_.hosts.size() > 1 ? LinkClass::slower(within, across) : within;
+  tuner_ = Tuner(Config{}, nranks(), Config{}.nsocks, slowest, shape, true);
+}
+
+Status World::runTuned(const std::vector<CollArgs>& calls, std::uint64_t seed, TunerChoice* choice) {
+  const CollArgs& a = calls.front();
+  const TunerChoice t = tuner_.choose(a.kind, callBytes(a, nranks()));
+  if (choice) *choice = t;
+  // All-to-all cuts its blocks by the channels a large call gets, as Comm::execute does.
+  const bool a2a = a.kind == CollKind::kAllToAll || a.kind == CollKind::kAllToAllv;
+  return run(calls, t.algo, a2a ? tuner_.choose(CollKind::kAllToAll, std::size_t{1} << 30).channels : t.channels, t.chunk, seed);
 }
 
 World::~World() = default;

@@ -14,6 +14,7 @@
 
 #include "braid/status.hpp"
 #include "comm/algorithms/algorithms.h"
+#include "comm/tuner.h"
 
 namespace braid::sim {
 
@@ -49,6 +50,11 @@ class World {
   // (links()). Returns the first rank's failure, or, when a round moves nothing, a deadlock naming
   // the ranks still waiting.
   Status run(const std::vector<CollArgs>& calls, Algo algo, int channels, std::size_t chunk, std::uint64_t seed);
+  // The same with what the tuner chooses (comm/tuner.cc), as every rank of a communicator would:
+  // from the call's kind and bytes, the ranks' layout over hosts, and the link classes within and
+  // across hosts (by default shm's and tcp's, transport/). Returns the choice through *choice.
+  Status runTuned(const std::vector<CollArgs>& calls, std::uint64_t seed, TunerChoice* choice = nullptr);
+  void setLinks(const LinkClass& withinHosts, const LinkClass& acrossHosts);
 
   // Per ordered pair (sender, receiver), over every run so far.
   const std::map<std::pair<int, int>, LinkCount>& links() const { return links_; }
@@ -69,6 +75,8 @@ class World {
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::map<std::pair<int, int>, LinkCount> links_;
   int lastRounds_ = 0;
+  Tuner tuner_;
+  void makeTuner(const LinkClass& within, const LinkClass& across);
   friend class Rank;
   Stream& stream(int from, int to, int channel);
   std::map<std::tuple<int, int, int>, std::unique_ptr<Stream>> streams_;

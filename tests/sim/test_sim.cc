@@ -24,6 +24,7 @@ struct Case {
   bool inPlace = false;
   int channels = 2;
   std::size_t chunk = 4096;
+  bool tuned = false;  // the tuner chooses algorithm, channels and chunk (World::runTuned)
 };
 
 std::string describe(const Case& c, const Topology& t) {
@@ -33,16 +34,17 @@ std::string describe(const Case& c, const Topology& t) {
   f.op = c.op;
   f.count = c.count;
   f.root = c.kind == CollKind::kBroadcast || c.kind == CollKind::kReduce ? c.root : -1;
-  return f.describe() + " by " + algoName(c.algo) + (c.inPlace ? " in place" : "") + " on " + t.describe();
+  return f.describe() + " by " + (c.tuned ? std::string("the tuner's choice") : algoName(c.algo)) +
+         (c.inPlace ? " in place" : "") + " on " + t.describe();
 }
 
 // Runs `c` on every rank of `w` and checks every rank's output exactly. Returns "" or what failed.
 std::string runAndCheck(World& w, const Case& c, std::uint64_t seed) {
   const int n = w.nranks();
   const std::size_t nn = static_cast<std::size_t>(n), es = dataTypeSize(c.dtype);
-  const bool perRank = c.kind == CollKind::kAllGather || c.kind == CollKind::kReduceScatter;
-  const std::size_t inCount = c.kind == CollKind::kReduceScatter ? c.count * nn : c.count;
-  const std::size_t outCount = c.kind == CollKind::kAllGather ? c.count * nn : c.count;
+  const bool a2a = c.kind == CollKind::kAllToAll;
+  const std::size_t inCount = c.kind == CollKind::kReduceScatter || a2a ? c.count * nn : c.count;
+  const std::size_t outCount = c.kind == CollKind::kAllGather || a2a ? c.count * nn : c.count;
   // One allocation per rank, 1 byte past alignment: unaligned buffers, in and out of place.
   std::vector<std::vector<std::byte>> in(nn), out(nn);
   std::vector<CollArgs> calls(nn);
@@ -69,8 +71,9 @@ std::string runAndCheck(World& w, const Case& c, std::uint64_t seed) {
     a.op = c.op;
     a.root = c.root;
   }
-  Status s = w.run(calls, c.algo, c.channels, c.chunk, seed);
-  if (!s.ok()) return s.toString();
+  TunerChoice choice{};
+  Status s = c.tuned ? w.runTuned(calls, seed, &choice) : w.run(calls, c.algo, c.channels, c.chunk, seed);
+  if (!s.ok()) return s.toString() + (c.tuned ? std::string(" (the tuner chose ") + algoName(choice.algo) + ")" : "");
   for (std::size_t r = 0; r < nn; ++r) {
     const std::byte* o = static_cast<const std::byte*>(calls[r].recv);
     std::size_t wrong = 0;
@@ -85,15 +88,18 @@ std::string runAndCheck(World& w, const Case& c, std::uint64_t seed) {
       case CollKind::kReduce:
         if (static_cast<int>(r) == c.root) wrong = pattern::countWrong(o, c.count, c.dtype, c.op, n, 0);
         break;
+      case CollKind::kAllToAll:  // block p: what rank p sent to this one
+        for (std::size_t p = 0; p < nn; ++p)
+          wrong += pattern::countWrong(o + p * c.count * es, c.count, c.dtype, c.op, n, r * c.count, static_cast<int>(p));
+        break;
       default: break;
     }
     if (wrong) return "rank " + std::to_string(r) + ": " + std::to_string(wrong) + " wrong elements";
   }
-  (void)perRank;
   return "";
 }
 
-// The algorithms of each collective (hier applies where hosts hold several ranks; elsewhere the
+// The algorithms of each collective, all-to-all and barrier (hier applies where hosts hold several ranks; elsewhere the
 // builder falls back to the ring, which is then what runs).
 std::vector<Case> everyAlgorithm(std::size_t count, int n, std::size_t salt) {
   const int root = static_cast<int>(salt % static_cast<std::size_t>(n));
@@ -110,6 +116,8 @@ std::vector<Case> everyAlgorithm(std::size_t count, int n, std::size_t salt) {
     v.push_back({CollKind::kBroadcast, a, count, t, op, root, inPlace});
     v.push_back({CollKind::kReduce, a, count, t, op, root, inPlace});
   }
+  v.push_back({CollKind::kAllToAll, Algo::kRing, count, t, op, 0, inPlace});
+  v.push_back({CollKind::kBarrier, Algo::kRing, 0, t, op});
   return v;
 }
 
@@ -203,6 +211,29 @@ TEST(Sim, HierarchicalAllReduceSendsTwoHMinusOneOverHOfTheDataPerHost) {
       EXPECT_EQ(across[static_cast<std::size_t>(h)] * static_cast<std::uint64_t>(H), 2 * static_cast<std::uint64_t>(H - 1) * bytes)
           << t.describe() << ": host " << h;
   }
+}
+
+// What the tuner chooses, for every collective over sizes from 0 to 1 MiB a rank, on one host,
+// across hosts of equal and unequal size, and one rank a host (shm within hosts, tcp across),
+// with barrier and all-to-all: exact on every rank.
+TEST(Sim, TheTunersChoicesAreExact) {
+  int cases = 0;
+  for (const Topology& t : {Topology::uniform(1, 8), Topology::uniform(4, 4), Topology{{4, 4, 3}, false},
+                            Topology::uniform(16, 4), Topology::uniform(12, 1), Topology{{3, 2, 3, 2}, true}}) {
+    World w(t);
+    const std::size_t n = static_cast<std::size_t>(w.nranks());
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{65536}, std::size_t{262147}})
+      for (CollKind k : {CollKind::kAllReduce, CollKind::kAllGather, CollKind::kReduceScatter, CollKind::kBroadcast,
+                         CollKind::kReduce, CollKind::kAllToAll, CollKind::kBarrier}) {
+        const bool perRank = k == CollKind::kAllGather || k == CollKind::kReduceScatter || k == CollKind::kAllToAll;
+        Case c{k, Algo::kRing, k == CollKind::kBarrier ? 0 : perRank ? count / n : count, DataType::kFloat32,
+               count % 3 == 0 ? ReduceOp::kSum : ReduceOp::kMax, static_cast<int>(count % n), count == 1000};
+        c.tuned = true;
+        ASSERT_EQ(runAndCheck(w, c, count + static_cast<std::size_t>(k)), "") << describe(c, t);
+        ++cases;
+      }
+  }
+  std::printf("%d cases exact\n", cases);
 }
 
 // The plans' critical paths in messages (World::criticalPath), against the alpha terms of the

@@ -131,6 +131,7 @@ Work Communicator::barrier() {
 }
 
 void Communicator::finishQueued() { impl_->waitForQueuedCalls(); }
+bool Communicator::hasIncoming(int peer) { return impl_->hasIncoming(peer); }
 void Communicator::abort() { impl_->abort(); }
 Status Communicator::asyncError() const { return impl_->failure(); }
 

@@ -170,6 +170,7 @@ class Comm final : public EngineHost, public Workspace {
   // Whether this rank holds a connection to `peer` now (BRAID_CONNECT: a peer left for first use
   // is not connected until a call reaches it); false for itself.
   bool connectedTo(int peer) const;
+  bool hasIncoming(int peer);  // Communicator::hasIncoming
 
   // EngineHost / Workspace
   Connection* connection(int peer) override { return conns_[static_cast<std::size_t>(peer)].get(); }

@@ -60,6 +60,17 @@ bool Comm::connectedTo(int peer) const {
   return peer >= 0 && peer < nranks_ && conns_[static_cast<std::size_t>(peer)] != nullptr;
 }
 
+bool Comm::hasIncoming(int peer) {
+  std::lock_guard<std::mutex> g(execMu_);  // no call reads the channels meanwhile
+  if (closed_ || !connectedTo(peer)) return false;
+  Connection& c = *conns_[static_cast<std::size_t>(peer)];
+  for (int i = 0; i < c.numChannels(); ++i) {
+    auto ready = c.channel(i).peek();
+    if (!ready.ok() || !ready->empty()) return true;  // (a broken connection: the receive says so)
+  }
+  return false;
+}
+
 // The plan's peers that are not connected yet, connected now, per transport. Every rank whose plan
 // reaches this one does the same for it (calls match), so each pair meets: the higher rank
 // connects, the lower accepts (transport/tcp). A call that would need more descriptors than this

@@ -130,6 +130,11 @@ class BRAID_EXPORT Communicator {
   // calls itself while the worker is idle. Callbacks that need a lock the caller holds (Python's
   // GIL, say) must not be waited for with it held.
   void finishQueued();
+  // Whether bytes from `peer` wait here that no call has taken yet: the start of a message it sent
+  // this rank, which a receive posted now would take. False for a peer this rank is not connected
+  // to yet (BRAID_CONNECT). Waits for a call running on another thread to end; for receive-from-any
+  // (braid_torch's recv without src), after the calls queued before it have run (finishQueued).
+  bool hasIncoming(int peer);
   // Ends the communicator at once (see braidCommAbort).
   void abort();
   // The error that ended the communicator, or ok.

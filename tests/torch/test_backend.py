@@ -794,6 +794,44 @@ def check_sparse_all_reduce():
                 raise AssertionError(f"DDP {world} ranks with a sparse embedding: parameters differ from gloo's by {diff}")
 
 
+def anysource_body(rank, world, port, backend):
+    """dist.recv without src: rank 0 takes one message from every other rank in whatever order
+    they come and learns who sent each, as gloo does; then (braid: gloo's send of tag 7 waits for
+    its receive, which deadlocks here) a receive of tag 8 from any rank while rank 1's tag-7
+    message comes first (held), and the tag-7 one from any rank afterwards."""
+    init(rank, world, port, backend)
+    if rank == 0:
+        got = {}
+        for _ in range(world - 1):
+            t = torch.zeros(5)
+            src = dist.recv(t)
+            got[src] = t.tolist()
+        want = {q: [q * 10.0 + i for i in range(5)] for q in range(1, world)}
+        if got != want:
+            raise AssertionError(f"{backend}: recv from any rank gave {got}, not {want}")
+    if rank == 0 and backend == "braid":
+        t8, t7 = torch.zeros(3), torch.zeros(2)
+        src8 = dist.recv(t8, tag=8)
+        src7 = dist.recv(t7, tag=7)
+        if (src8, src7, t8.tolist(), t7.tolist()) != (1, 1, [8.0] * 3, [7.0] * 2):
+            raise AssertionError(f"{backend}: tags from any rank: {src8} {t8.tolist()}, {src7} {t7.tolist()}")
+    if rank > 0:
+        dist.send(torch.tensor([rank * 10.0 + i for i in range(5)]), dst=0)
+        if rank == 1 and backend == "braid":
+            dist.send(torch.full((2,), 7.0), dst=0, tag=7)
+            dist.send(torch.full((3,), 8.0), dst=0, tag=8)
+    dist.barrier()
+    if backend == "gloo":
+        os._exit(0)  # (as in ddp_body: torch 1.13's gloo teardown)
+    dist.destroy_process_group()
+
+
+def check_recv_from_any_rank():
+    for world in (2, 3, 4):
+        for backend in ("braid", "gloo"):
+            spawn(anysource_body, world, backend)
+
+
 def check_killed_rank_is_named():
     world = 3
     with tempfile.TemporaryDirectory() as d:
@@ -818,7 +856,7 @@ def check_killed_rank_is_named():
             print(f"  survivor {rank} failed after {took.strip()} s: {msg.strip()[:160]}")
 
 
-CHECKS = [check_collectives, check_coalescing, check_mixed_backends, check_dtypes, check_ddp_matches_gloo, check_sequence_numbers, check_sparse_all_reduce, check_killed_rank_is_named, check_bad_input_raises_on_every_rank,
+CHECKS = [check_collectives, check_coalescing, check_mixed_backends, check_dtypes, check_recv_from_any_rank, check_ddp_matches_gloo, check_sequence_numbers, check_sparse_all_reduce, check_killed_rank_is_named, check_bad_input_raises_on_every_rank,
           check_destroy_with_unwaited_work]
 
 if __name__ == "__main__":

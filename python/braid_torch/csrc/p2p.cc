@@ -3,7 +3,9 @@
 #include <pybind11/pybind11.h>  // gil_scoped_release (flush)
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
+#include <thread>
 #include <set>
 #include <utility>
 
@@ -145,7 +147,46 @@ braid::Status P2pQueue::exchangeManifests(const std::map<int, std::vector<const 
   return braid::Status::Ok();
 }
 
-void P2pQueue::run(std::vector<Entry>& batch, bool closing, Outcome& out) {
+void P2pQueue::runAnySource(const Entry& r, Outcome& out) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutSec_);
+  const std::size_t before = out.attach.size() + out.fail.size();
+  auto metOn = [&](int peer) {
+    if (out.attach.size() + out.fail.size() == before) return false;
+    r.work->setSource(peer);
+    return true;
+  };
+  for (;;) {
+    for (auto& [peer, tags] : held_) {  // a message of the tag that came earlier, from any rank
+      auto t = tags.find(r.tag);
+      if (t == tags.end() || t->second.empty()) continue;
+      Entry e = r;
+      e.peer = peer;
+      fromHeld(e, out);
+      metOn(peer);
+      return;
+    }
+    comm_->finishQueued();  // nothing in flight reads the peers' streams: what waits is a new manifest
+    int from = -1;
+    for (int k = 1; k < size_ && from < 0; ++k)
+      if (comm_->hasIncoming((rank_ + k) % size_)) from = (rank_ + k) % size_;
+    if (from < 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        out.fail.emplace_back(r.work, braid::Status::Timeout(
+            "recv from any rank with tag " + std::to_string(r.tag) + " on rank " + std::to_string(rank_) +
+            ": no rank sent this rank a message within the group's timeout (" + std::to_string(timeoutSec_) + " s)"));
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      continue;
+    }
+    std::vector<Entry> one{r};
+    one[0].peer = from;
+    run(one, false, out, true);
+    if (metOn(from)) return;
+  }
+}
+
+void P2pQueue::run(std::vector<Entry>& batch, bool closing, Outcome& out, bool oneRound) {
   braid::Communicator* c;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -153,25 +194,32 @@ void P2pQueue::run(std::vector<Entry>& batch, bool closing, Outcome& out) {
   }
   std::map<int, std::vector<const Entry*>> sendsTo;
   std::vector<const Entry*> waiting;
+  std::vector<const Entry*> fromAny;
   for (const Entry& e : batch) {
     if (!c) {
       out.fail.emplace_back(e.work, braid::Status::InvalidUsage("the process group was destroyed"));
     } else if (e.isSend) {
       sendsTo[e.peer].push_back(&e);
     } else if (closing) {
-      out.fail.emplace_back(e.work, braid::Status::Aborted("recv from rank " + std::to_string(e.peer) + " with tag " +
-                                                           std::to_string(e.tag) +
-                                                           ": the process group was destroyed before it was waited on"));
+      out.fail.emplace_back(e.work, braid::Status::Aborted(
+                                        "recv from " + (e.peer == kAnySource ? std::string("any rank") : "rank " + std::to_string(e.peer)) +
+                                        " with tag " + std::to_string(e.tag) +
+                                        ": the process group was destroyed before it was waited on"));
+    } else if (e.peer == kAnySource) {
+      fromAny.push_back(&e);
     } else if (!fromHeld(e, out)) {
       waiting.push_back(&e);
     }
   }
   if (!c) return;
   bool first = true;
-  while (first || !waiting.empty()) {
+  while ((first || !waiting.empty()) && !(oneRound && !first)) {
     std::map<int, std::vector<Announced>> announced;
     braid::Status s = exchangeManifests(first ? sendsTo : decltype(sendsTo){}, waiting, announced);
     if (!s.ok()) {
+      for (const Entry* r : fromAny)
+        out.fail.emplace_back(r->work, s.withContext("recv from any rank with tag " + std::to_string(r->tag) + " on rank " +
+                                                     std::to_string(rank_)));
       if (first)
         for (const auto& [peer, sends] : sendsTo)
           for (const Entry* e : sends)
@@ -224,14 +272,19 @@ void P2pQueue::run(std::vector<Entry>& batch, bool closing, Outcome& out) {
     if (!dropped.empty()) w.onDone([dropped](const braid::Status&) {});
     first = false;
     if (waiting.empty() || ops.empty()) continue;
+    if (oneRound) break;
     s = w.wait();  // the peers' next manifests follow this batch's messages
     if (!s.ok()) {
+      for (const Entry* r : fromAny)
+        out.fail.emplace_back(r->work, s.withContext("recv from any rank with tag " + std::to_string(r->tag) + " on rank " +
+                                                     std::to_string(rank_)));
       for (const Entry* r : waiting)
         out.fail.emplace_back(r->work, s.withContext("recv from rank " + std::to_string(r->peer) + " with tag " +
                                                      std::to_string(r->tag) + " on rank " + std::to_string(rank_)));
       return;
     }
   }
+  for (const Entry* r : fromAny) runAnySource(*r, out);
 }
 
 }  // namespace braid::torch_backend

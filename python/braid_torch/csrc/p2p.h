@@ -14,6 +14,12 @@
 //  4. receives that still wait repeat 2-3 with their peers' next manifests, after the batch.
 // A pair's stream is therefore manifest, its messages, manifest, its messages..., read in the order
 // written. The last batch is not waited on here: the Works complete with it.
+//
+// A receive from any rank (recvAnysource, peer kAnySource) runs after the rest of its flush: a
+// held message of its tag from any rank (the lowest such rank), else, once the calls queued before
+// it have run, the first rank with bytes waiting here (Communicator::hasIncoming, polled in turn
+// from this rank's right), whose manifest is read as above: a message of the tag meets the
+// receive, others are held, and it polls again, within the group's timeout.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -31,10 +37,13 @@ namespace braid::torch_backend {
 
 // The Braid tag of manifests; a user's send or receive with it is refused.
 inline constexpr int kManifestTag = INT_MIN;
+// The peer of a receive from any rank (not -1: a recv from rank -1 is refused as out of range).
+inline constexpr int kAnySource = INT_MIN;
 
 class P2pQueue {
  public:
-  P2pQueue(braid::Communicator* comm, int rank) : comm_(comm), rank_(rank) {}
+  P2pQueue(braid::Communicator* comm, int rank, int size, double timeoutSec)
+      : comm_(comm), rank_(rank), size_(size), timeoutSec_(timeoutSec) {}
 
   // Queues one send (isSend) or receive of `buf` (dense; a receive's Work copies it into the
   // user's tensor itself) with `peer` under `tag`; `work` completes when it is done.
@@ -71,7 +80,11 @@ class P2pQueue {
 
   // flush and close: takes what is queued, runs it (closing: receives fail), then completes Works.
   void drain(bool closing);
-  void run(std::vector<Entry>& batch, bool closing, Outcome& out);
+  // oneRound: read the waiting receives' peers' manifests once (a receive from any rank polls again
+  // rather than wait for that peer's next one).
+  void run(std::vector<Entry>& batch, bool closing, Outcome& out, bool oneRound = false);
+  // A receive from any rank (above).
+  void runAnySource(const Entry& r, Outcome& out);
   // Step 1 for one receive: true when a held message met it (or failed it).
   bool fromHeld(const Entry& r, Outcome& out);
   // Step 2: sends our manifests (first round) and reads the peers' of `waiting` into `announced`.
@@ -85,7 +98,8 @@ class P2pQueue {
   std::mutex mu_;  // entries_, comm_
   std::vector<Entry> entries_;
   braid::Communicator* comm_;
-  const int rank_;
+  const int rank_, size_;
+  const double timeoutSec_;
   std::mutex flushMu_;                                   // one flush at a time: its Braid calls keep one order
   std::map<int, std::map<int, std::deque<Held>>> held_;  // peer -> tag -> in arrival order (under flushMu_)
 };

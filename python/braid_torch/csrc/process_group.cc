@@ -115,7 +115,7 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
     comms.erase(std::remove_if(comms.begin(), comms.end(), [](const auto& w) { return w.expired(); }), comms.end());
     comms.emplace_back(comm_->impl());
   }
-  p2p_ = std::make_shared<P2pQueue>(comm_.get(), rank);
+  p2p_ = std::make_shared<P2pQueue>(comm_.get(), rank, size, options.timeoutSec);
 }
 
 ProcessGroupBraid::~ProcessGroupBraid() {
@@ -161,10 +161,11 @@ void ProcessGroupBraid::checkPeerOp(bool isSend, const at::Tensor& user, int pee
   const char* what = isSend ? "send to" : "recv from";
   checkDevice(user);
   (void)braidType(user);
+  TORCH_CHECK(tag != kManifestTag, "braid: ", what, " rank ", peer, ": tag ", tag, " is reserved by Braid (any other int is a tag)");
+  if (!isSend && peer == kAnySource) return;  // recvAnysource
   TORCH_CHECK(peer >= 0 && peer < getSize(), "braid: ", what, " rank ", peer, " on rank ", getRank(),
               ": the peer is outside 0..", getSize() - 1, " (this group's ranks)");
   TORCH_CHECK(peer != getRank(), "braid: ", what, " rank ", peer, ": that is this rank itself");
-  TORCH_CHECK(tag != kManifestTag, "braid: ", what, " rank ", peer, ": tag ", tag, " is reserved by Braid (any other int is a tag)");
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::deferPeerOp(bool isSend, at::Tensor user, int peer, int tag) {
@@ -479,6 +480,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   return deferPeerOp(false, single(tensors, "recv"), srcRank, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return deferPeerOp(false, single(tensors, "recv"), kAnySource, tag);
 }
 
 std::vector<c10::intrusive_ptr<c10d::Work>> ProcessGroupBraid::batchSendRecv(

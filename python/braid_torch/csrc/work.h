@@ -41,6 +41,9 @@ class WorkBraid : public c10d::Work {
   // Before attach: `f` runs on success ahead of `after` (a receive met by a message that arrived
   // earlier copies it into the receive's buffer).
   void before(std::function<void()> f);
+  // A receive from any rank: the rank its message came from, which sourceRank() returns.
+  void setSource(int rank) { source_ = rank; }
+  int sourceRank() const override { return source_ >= 0 ? source_ : c10d::Work::sourceRank(); }
 
   WorkBraid(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
 
@@ -54,6 +57,7 @@ class WorkBraid : public c10d::Work {
   void complete(const braid::Status& s);
   bool onDevice() const { return stream_.has_value(); }
 
+  int source_ = -1;
   braid::Work work_;
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;

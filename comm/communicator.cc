@@ -198,12 +198,7 @@ Status Comm::execute(const CollArgs& a, const DeviceCall* dev) {
 }
 
 Fingerprint Comm::numberCall(const CollArgs& a) {
-  Fingerprint fp;
-  fp.kind = a.kind;
-  fp.dtype = a.dtype;
-  fp.count = a.count;
-  if (a.kind == CollKind::kAllReduce || a.kind == CollKind::kReduceScatter || a.kind == CollKind::kReduce) fp.op = a.op;
-  if (a.kind == CollKind::kBroadcast || a.kind == CollKind::kReduce) fp.root = a.root;
+  Fingerprint fp = callFingerprint(a);
   if (a.kind == CollKind::kSendRecv) {
     fp.root = a.isSend ? a.peer : rank_;
     fp.sender = a.isSend ? rank_ : a.peer;

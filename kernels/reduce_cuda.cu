@@ -363,6 +363,8 @@ Status withFloatCodec(DataType t, F&& f) {
     case DataType::kFloat32: return f.template operator()<Plain<float>>();
     case DataType::kFloat64: return f.template operator()<Plain<double>>();
     case DataType::kBfloat16: return f.template operator()<Bf16>();
+    case DataType::kFloat8e4m3: return f.template operator()<Fp8<4, 3>>();
+    case DataType::kFloat8e5m2: return f.template operator()<Fp8<5, 2>>();
     default: return Status::InvalidArgument(std::string(dataTypeName(t)) + " is not a floating type");
   }
 }

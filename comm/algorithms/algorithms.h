@@ -128,6 +128,10 @@ void buildSendRecv(const CollArgs& a, Plan& plan);
 void buildOneShotAllReduce(const CollArgs& a, Workspace& ws, Plan& plan);
 void finishOneShotAllReduce(const CollArgs& a, Workspace& ws);
 
+// The fingerprint of a call from its arguments (dispatch.cc): kind, type, count, and the op and
+// root where they matter; the caller numbers it (seq) and, for send/recv, names the pair.
+Fingerprint callFingerprint(const CollArgs& a);
+
 // The plan of one call by `algo` (dispatch.cc): ring, tree or hier (where hierApplies, else the
 // ring) for the all-reduce, all-gather and reduce-scatter, a tree or chain for broadcast and
 // reduce, all-to-all over `allToAllChannels` (both ends of a pair must cut a block alike: the

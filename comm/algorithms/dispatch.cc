@@ -22,6 +22,16 @@ RankLayout layOutRanks(const std::vector<int>& hostLabelOf) {
   return l;
 }
 
+Fingerprint callFingerprint(const CollArgs& a) {
+  Fingerprint fp;
+  fp.kind = a.kind;
+  fp.dtype = a.dtype;
+  fp.count = a.count;
+  if (a.kind == CollKind::kAllReduce || a.kind == CollKind::kReduceScatter || a.kind == CollKind::kReduce) fp.op = a.op;
+  if (a.kind == CollKind::kBroadcast || a.kind == CollKind::kReduce) fp.root = a.root;
+  return fp;
+}
+
 bool buildPlan(const CollArgs& a, Workspace& ws, Algo algo, int channels, int allToAllChannels, Plan& plan) {
   switch (a.kind) {
     case CollKind::kAllReduce:

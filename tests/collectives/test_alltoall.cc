@@ -28,11 +28,16 @@
 namespace braid::test {
 namespace {
 
-// Values exact in the type: below 127 for int8, 251 for uint8 and bfloat16, 2039 for float16.
+// Values exact in the type: below 127 for int8, 251 for uint8 and bfloat16, 2039 for float16,
+// 32749 for the 16-bit integers, 17 and 9 for the 8-bit floats (e4m3 holds the integers to 16,
+// e5m2 to 8).
 double value(DataType t, std::size_t from, std::size_t to, std::size_t i) {
   const std::size_t m = t == DataType::kInt8 ? 127
                         : t == DataType::kUint8 || t == DataType::kBfloat16 ? 251
                         : t == DataType::kFloat16 ? 2039
+                        : t == DataType::kInt16 || t == DataType::kUint16 ? 32749
+                        : t == DataType::kFloat8e4m3 ? 17
+                        : t == DataType::kFloat8e5m2 ? 9
                                                   : 1000003;
   return static_cast<double>((from * 31 + to * 17 + i * 7) % m);
 }

@@ -300,7 +300,7 @@ TEST(Misuse, BadArgumentsAreRejectedAndTheCommunicatorStaysUsable) {
         {"reducescatter bad op", braidReduceScatter(buf, out, 2, braidFloat32, braidNumOps, comm, nullptr)},
         {"broadcast bad dtype", braidBroadcast(buf, out, 4, static_cast<braidDataType_t>(99), 0, comm, nullptr)},
         {"reduce bad op", braidReduce(buf, out, 4, braidFloat32, static_cast<braidRedOp_t>(77), 0, comm, nullptr)},
-        {"send bad dtype", braidSend(buf, 4, static_cast<braidDataType_t>(12), 1 - rank, comm, nullptr)},
+        {"send bad dtype", braidSend(buf, 4, static_cast<braidDataType_t>(braidNumTypes + 3), 1 - rank, comm, nullptr)},
         {"recv bad dtype", braidRecv(out, 4, static_cast<braidDataType_t>(-5), 1 - rank, comm, nullptr)},
         // Root or peer out of range.
         {"reduce root -1", braidReduce(buf, out, 4, braidFloat32, braidSum, -1, comm, nullptr)},

@@ -282,12 +282,7 @@ Status World::run(const std::vector<CollArgs>& calls, Algo algo, int channels, s
   for (int r = 0; r < n; ++r) {
     Rank& rank = *ranks_[static_cast<std::size_t>(r)];
     const CollArgs& a = calls[static_cast<std::size_t>(r)];
-    Fingerprint fp;
-    fp.kind = a.kind;
-    fp.dtype = a.dtype;
-    fp.count = a.count;
-    if (a.kind == CollKind::kAllReduce || a.kind == CollKind::kReduceScatter || a.kind == CollKind::kReduce) fp.op = a.op;
-    if (a.kind == CollKind::kBroadcast || a.kind == CollKind::kReduce) fp.root = a.root;
+    Fingerprint fp = callFingerprint(a);
     fp.seq = ++rank.seq;
     rank.plan.reset(fp, 0x5157, r, n, chunk);
     rank.oneShot = buildPlan(a, rank, algo, channels, channels, rank.plan);

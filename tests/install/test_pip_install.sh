@@ -12,8 +12,14 @@ if ! "$python" -c "import mesonpy, torch, venv, pip" 2>/dev/null; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# The source files (tracked, or new and not ignored): the build trees beside them are not the package.
-git -C "$src" ls-files -z --cached --others --exclude-standard | (cd "$src" && tar --null -T - -cf -) | tar -xf - -C "$work" --one-top-level=src || exit 1
+# The source files (tracked, or new and not ignored): the build trees beside them are not the
+# package. (Outside a git checkout, as in tools/torch2-check's copy: everything but build*/.)
+mkdir -p "$work/src"
+if git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
+  git -C "$src" ls-files -z --cached --others --exclude-standard | (cd "$src" && tar --null -T - -cf -) | tar -xf - -C "$work/src" || exit 1
+else
+  (cd "$src" && tar --exclude='./build*' -cf - .) | tar -xf - -C "$work/src" || exit 1
+fi
 "$python" -m venv --system-site-packages "$work/venv" || exit 1
 start=$(date +%s)
 if ! "$work/venv/bin/pip" install --no-build-isolation --no-deps "$work/src" >"$work/pip.log" 2>&1; then

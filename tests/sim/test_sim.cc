@@ -153,7 +153,7 @@ TEST(Sim, EveryAlgorithmIsExactFromTwoTo64Ranks) {
 }
 
 // Larger worlds on a sample: 1,024 ranks (128 hosts x 8) for every collective, 4,096 (512 hosts
-// of 7 to 9 ranks) and 16,384 (2,048 hosts x 8) for the tree-shaped plans. (The ring's and the
+// of 7 to 9 ranks) and 16,384 (2,048 hosts x 8) for the tree-shaped plans and the barrier. (The ring's and the
 // hierarchical plans' messages grow with n and with hosts x ranks per host: at 4,096 ranks the
 // hierarchical all-reduce alone posts about 10,000 messages a rank, 2.5 minutes here.)
 void runSample(const Topology& t, const std::vector<Case>& cases) {
@@ -189,7 +189,8 @@ TEST(Sim, TreesAreExactAt4096And16384Ranks) {
     runSample(t, {{CollKind::kAllReduce, Algo::kTree, 5, DataType::kFloat32, ReduceOp::kSum},
                   {CollKind::kAllReduce, Algo::kTree, 1, DataType::kInt32, ReduceOp::kMin, 0, true},
                   {CollKind::kBroadcast, Algo::kTree, 11, DataType::kFloat32, ReduceOp::kSum, n / 3},
-                  {CollKind::kReduce, Algo::kTree, 7, DataType::kInt32, ReduceOp::kSum, n - 1}});
+                  {CollKind::kReduce, Algo::kTree, 7, DataType::kInt32, ReduceOp::kSum, n - 1},
+                  {CollKind::kBarrier, Algo::kTree, 0}});
   }
 }
 

@@ -9,7 +9,7 @@ shift || true
 packages=(meson ninja-build g++ pkg-config python3 libhwloc-dev libibverbs-dev googletest libgtest-dev libbenchmark-dev
           clang libclang-rt-14-dev  # clang: the libFuzzer targets (tools/fuzz)
           python3-torch libtorch-dev pybind11-dev  # the PyTorch backend (python/braid_torch)
-          python3-mesonpy python3-venv python3-pip  # pip install . (pyproject.toml; the install suite)
+          python3-mesonpy python3-venv python3-pip patchelf  # pip install . (pyproject.toml; the install suite)
           ibverbs-utils perftest)  # real verbs programs run over the emulation (tests/fakeibv/conformance.sh)
 missing=()
 for p in "${packages[@]}"; do

@@ -213,13 +213,17 @@ void P2pQueue::run(std::vector<Entry>& batch, bool closing, Outcome& out, bool o
   }
   if (!c) return;
   bool first = true;
-  while ((first || !waiting.empty()) && !(oneRound && !first)) {
+  // The receives from any rank, which run after these rounds, fail with a failed round's error.
+  auto failFromAny = [&](const braid::Status& s) {
+    for (const Entry* r : fromAny)
+      out.fail.emplace_back(r->work, s.withContext("recv from any rank with tag " + std::to_string(r->tag) + " on rank " +
+                                                   std::to_string(rank_)));
+  };
+  while (first || !waiting.empty()) {
     std::map<int, std::vector<Announced>> announced;
     braid::Status s = exchangeManifests(first ? sendsTo : decltype(sendsTo){}, waiting, announced);
     if (!s.ok()) {
-      for (const Entry* r : fromAny)
-        out.fail.emplace_back(r->work, s.withContext("recv from any rank with tag " + std::to_string(r->tag) + " on rank " +
-                                                     std::to_string(rank_)));
+      failFromAny(s);
       if (first)
         for (const auto& [peer, sends] : sendsTo)
           for (const Entry* e : sends)
@@ -271,13 +275,11 @@ void P2pQueue::run(std::vector<Entry>& batch, bool closing, Outcome& out, bool o
     for (const Entry* r : met) out.attach.emplace_back(r->work, w);
     if (!dropped.empty()) w.onDone([dropped](const braid::Status&) {});
     first = false;
-    if (waiting.empty() || ops.empty()) continue;
     if (oneRound) break;
+    if (waiting.empty() || ops.empty()) continue;
     s = w.wait();  // the peers' next manifests follow this batch's messages
     if (!s.ok()) {
-      for (const Entry* r : fromAny)
-        out.fail.emplace_back(r->work, s.withContext("recv from any rank with tag " + std::to_string(r->tag) + " on rank " +
-                                                     std::to_string(rank_)));
+      failFromAny(s);
       for (const Entry* r : waiting)
         out.fail.emplace_back(r->work, s.withContext("recv from rank " + std::to_string(r->peer) + " with tag " +
                                                      std::to_string(r->tag) + " on rank " + std::to_string(rank_)));

@@ -81,8 +81,10 @@ class Comm final : public EngineHost, public Workspace {
   // Runs one call to completion on this thread. `a` has passed validate() (cuda::run does that).
   Status runBlocking(const CollArgs& a);
   // Requests the rendezvous store has served so far, when it runs in this process (the rank that
-  // hosts it, or the one that made the unique id); else -1.
+  // hosts it, or the one that made the unique id); else -1. storeBytes: the bytes of those
+  // requests and of the store's answers and notices.
   std::int64_t storeRequests() const;
+  std::int64_t storeBytes() const;
   // Claims the communicator for the calling thread for one call (runBlocking, runGroup, submit and
   // submitGroup do). A second thread that calls while another is inside a call is refused with
   // invalid usage naming both calls, and the communicator ends on every rank: the two threads' calls

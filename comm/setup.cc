@@ -12,12 +12,14 @@
 
 #include "base/fdlimit.h"
 #include "base/log.h"
+#include "comm/bootstrap/roster.h"
 #include "comm/communicator.h"
 #include "comm/tuner.h"
 #include "kernels/reduce.h"
 #include "topology/topology.h"
 #include "transport/registry.h"
 #include "transport/setup.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace braid {
 namespace {
@@ -135,45 +137,79 @@ Status Comm::setup(InitParams& p) {
     if (!offer.ok()) return offer.status().withContext(me);
     self.transports.push_back(std::move(*offer));
   }
+  // The set-up tree's listener (on the interface tcp uses), published with the rest.
+  std::unique_ptr<RosterTree> tree;
+  if (nranks_ > 1) {
+    // Its descriptors (a listener, a parent, the children) and, on the store's host, one per rank:
+    // a rank short of them says so to every rank now, not as a connection that fails later.
+    const long children = static_cast<long>(RosterTree::childrenOf(rank_, nranks_).size());
+    const Status room = fdlimit::reserve(children + 2 + (p.hostStore ? nranks_ : 0), me,
+                                         std::to_string(children + 2) + " for the set-up tree" +
+                                             (p.hostStore ? ", " + std::to_string(nranks_) + " for the rendezvous store's ranks" : ""));
+    if (!room.ok()) {
+      store_->report({Notice::kError, rank_, room.code(), room.message()});
+      return room;
+    }
+    auto ip = jobInterfaceAddress(config_, p.storeIp);
+    if (!ip.ok()) return ip.status().withContext(me + "'s set-up tree");
+    auto t = RosterTree::listen(config_.socketBindAll ? "0.0.0.0" : *ip, *ip, children > 0);
+    if (!t.ok()) return t.status().withContext(me);
+    tree = std::move(t.value());
+    self.boot = tree->address();
+  }
   Status s = store_->set("info/" + std::to_string(rank_), self.serialize(), deadline);
   if (!s.ok()) return s;
-  // Every rank's PeerInfo in one multi-get (a request per 1,024 ranks), not one get per rank: the
-  // store serves O(n) requests per communicator instead of O(n^2).
-  std::vector<std::string> keys;
-  for (int r = 0; r < nranks_; ++r) keys.push_back("info/" + std::to_string(r));
-  auto texts = store_->getMany(keys, deadline);
-  if (!texts.ok()) return texts.status();
+  // Every rank's roster entry, through the set-up tree: the store serves each rank its parent's
+  // PeerInfo and, below, those of the peers it connects now, never every rank's (O(n) requests and
+  // bytes per communicator, not O(n^2) bytes).
+  auto fullInfo = [&](int r) -> Result<PeerInfo> {
+    auto text = store_->get("info/" + std::to_string(r), deadline);
+    if (!text.ok()) return text.status();
+    return PeerInfo::parse(*text);
+  };
   std::vector<PeerInfo> infos(static_cast<std::size_t>(nranks_));
-  for (int r = 0; r < nranks_; ++r) {
-    auto info = PeerInfo::parse((*texts)[static_cast<std::size_t>(r)]);
-    if (!info.ok()) return info.status();
-    infos[static_cast<std::size_t>(r)] = *info;
+  if (tree) {
+    RosterTree::Job job{rank_, nranks_, p.storeNonce, nonce_, deadline};
+    auto entries = tree->allGather(job, rosterEntry(transports_, self).serialize(), [&]() -> Result<std::string> {
+      auto parent = fullInfo(RosterTree::parentOf(rank_));
+      if (!parent.ok()) return parent.status();
+      return parent->boot;
+    }, *store_);
+    if (!entries.ok()) {
+      // A rank that gave up waiting says so, so that the others stop now, with its words.
+      if (entries.status().code() == Code::kTimeout)
+        store_->report({Notice::kError, rank_, Code::kTimeout, entries.status().message()});
+      return entries.status();
+    }
+    for (int r = 0; r < nranks_; ++r) {
+      auto info = PeerInfo::parse((*entries)[static_cast<std::size_t>(r)]);
+      if (!info.ok()) return info.status().withContext("rank " + std::to_string(r) + "'s roster entry");
+      if (info->rank != r) return Status::Internal("rank " + std::to_string(r) + "'s roster entry names rank " + std::to_string(info->rank));
+      infos[static_cast<std::size_t>(r)] = std::move(*info);
+    }
   }
+  // Every choice below reads entries alike, this rank's own too.
+  infos[static_cast<std::size_t>(rank_)] = rosterEntry(transports_, self);
 
+  const std::string mySettings = settingsDigest(self.settings);
   for (const PeerInfo& info : infos)
-    if (info.settings != self.settings)
-      return Status::InvalidUsage("rank " + std::to_string(info.rank) + " runs with " + info.settings + " but rank " +
+    if (info.rank != rank_ && info.settings != mySettings) {
+      auto theirs = fullInfo(info.rank);
+      return Status::InvalidUsage("rank " + std::to_string(info.rank) + " runs with " +
+                                  (theirs.ok() ? theirs->settings : "other settings") + " but rank " +
                                   std::to_string(rank_) + " with " + self.settings +
                                   ": set the same BRAID_* values on every rank");
+    }
 
   // Choose a transport per peer (every rank could work out every pair's choice: selectTransport
-  // is a function of the two PeerInfos) and connect.
+  // is a function of the two ranks' roster entries) and connect.
   std::vector<std::vector<int>> peersOf(transports_.size());
   transportNames_.assign(static_cast<std::size_t>(nranks_), "self");
   skipped_.assign(static_cast<std::size_t>(nranks_), "");
   std::vector<int> chosen(static_cast<std::size_t>(nranks_), -1);  // by peer: its transport's index
-  int localRanks = 0;
-  std::set<int> localCpus;  // every CPU some rank of this host may run on
-  bool cpusKnown = true;
   for (int r = 0; r < nranks_; ++r) {
-    if (infos[static_cast<std::size_t>(r)].sameHostAs(self)) {
-      ++localRanks;
-      std::vector<int> cpus = topology::parseCpuList(infos[static_cast<std::size_t>(r)].cpus);
-      cpusKnown = cpusKnown && !cpus.empty();
-      localCpus.insert(cpus.begin(), cpus.end());
-    }
     if (r == rank_) continue;
-    Selection sel = selectTransport(transports_, self, infos[static_cast<std::size_t>(r)]);
+    Selection sel = selectTransport(transports_, infos[static_cast<std::size_t>(rank_)], infos[static_cast<std::size_t>(r)]);
     if (sel.index < 0)
       return Status::SystemError(me + " has no transport to rank " + std::to_string(r) + ": " + sel.skipped);
     transportNames_[static_cast<std::size_t>(r)] = sel.transport;
@@ -204,6 +240,36 @@ Status Comm::setup(InitParams& p) {
       ++later;
     }
   }
+  // The full PeerInfos this rank reads: its host's ranks' (CPUs, L3, cross-memory probe, shm) and
+  // those of every peer it connects now (their transports' addresses). One request per 1,024.
+  std::vector<std::string> keys;
+  std::vector<int> fetched;
+  for (int r = 0; r < nranks_; ++r) {
+    const int t = chosen[static_cast<std::size_t>(r)];
+    const bool connectsNow = t >= 0 && laterVia_[static_cast<std::size_t>(r)] < 0;
+    if (r != rank_ && (connectsNow || infos[static_cast<std::size_t>(r)].sameHostAs(self))) {
+      keys.push_back("info/" + std::to_string(r));
+      fetched.push_back(r);
+    }
+  }
+  auto texts = store_->getMany(keys, deadline);
+  if (!texts.ok()) return texts.status();
+  for (std::size_t k = 0; k < fetched.size(); ++k) {
+    auto info = PeerInfo::parse((*texts)[k]);
+    if (!info.ok()) return info.status().withContext("rank " + std::to_string(fetched[k]) + "'s PeerInfo");
+    infos[static_cast<std::size_t>(fetched[k])] = std::move(*info);
+  }
+  infos[static_cast<std::size_t>(rank_)] = self;
+  int localRanks = 0;
+  std::set<int> localCpus;  // every CPU some rank of this host may run on
+  bool cpusKnown = true;
+  for (const PeerInfo& info : infos)
+    if (info.sameHostAs(self)) {
+      ++localRanks;
+      std::vector<int> cpus = topology::parseCpuList(info.cpus);
+      cpusKnown = cpusKnown && !cpus.empty();
+      localCpus.insert(cpus.begin(), cpus.end());
+    }
   for (const PeerInfo& info : infos) {
     pids_.push_back(info.pid);
     localPeer_.push_back(info.sameHostAs(self));
@@ -292,8 +358,9 @@ Status Comm::setup(InitParams& p) {
   for (auto& t : transports_) t->setupDone();  // everyone has mapped everything: nothing stays in /dev/shm
   store_->startWatching([this](const Notice& n) { onNotice(n); });
   if (const std::int64_t served = storeRequests(); served >= 0)
-    BRAID_LOG(kInfo, kBoot, "store: %lld requests so far for the set-up of %d ranks (%.1f a rank)",
-              static_cast<long long>(served), nranks_, static_cast<double>(served) / nranks_);
+    BRAID_LOG(kInfo, kBoot, "store: %lld requests so far for the set-up of %d ranks (%.1f a rank), %lld bytes (%.0f a rank)",
+              static_cast<long long>(served), nranks_, static_cast<double>(served) / nranks_,
+              static_cast<long long>(storeBytes()), static_cast<double>(storeBytes()) / nranks_);
   trace_.init(config_.traceBuffer, config_.traceDir, {rank_, nranks_, static_cast<long>(getpid()), self.host, commTag_});
   std::string counts;
   for (std::size_t i = 0; i < transports_.size(); ++i)
@@ -307,6 +374,10 @@ Status Comm::setup(InitParams& p) {
 
 std::int64_t Comm::storeRequests() const {
   return storeServer_ ? storeServer_->requests() : StoreServer::requestsOfDetached(storeNonce_);
+}
+
+std::int64_t Comm::storeBytes() const {
+  return storeServer_ ? storeServer_->bytes() : StoreServer::bytesOfDetached(storeNonce_);
 }
 
 void Comm::layOutHosts(const std::vector<PeerInfo>& infos) {

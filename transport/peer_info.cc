@@ -41,7 +41,7 @@ const TransportAddress* PeerInfo::transport(std::string_view name) const {
 std::string PeerInfo::serialize() const {
   std::ostringstream o;
   o << rank << '\n' << host << '\n' << bootId << '\n' << pid << '\n' << settings << '\n' << cmaProbe << '\n'
-    << cpus << '\n' << tuningL3 << '\n' << transports.size() << '\n';
+    << cpus << '\n' << tuningL3 << '\n' << boot << '\n' << transports.size() << '\n';
   for (const TransportAddress& t : transports)
     o << t.name << ' ' << (t.usable ? 1 : 0) << ' ' << toHex(t.address) << '\n';
   return o.str();
@@ -53,7 +53,7 @@ Result<PeerInfo> PeerInfo::parse(const std::string& text) {
   std::string rank, pid, cma, l3, count;
   if (!std::getline(in, rank) || !std::getline(in, p.host) || !std::getline(in, p.bootId) || !std::getline(in, pid) ||
       !std::getline(in, p.settings) || !std::getline(in, cma) || !std::getline(in, p.cpus) || !std::getline(in, l3) ||
-      !std::getline(in, count))
+      !std::getline(in, p.boot) || !std::getline(in, count))
     return Status::Internal("bad peer info: fields missing");
   try {
     p.rank = std::stoi(rank);

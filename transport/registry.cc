@@ -5,6 +5,7 @@
 #include <set>
 #include <tuple>
 
+#include "base/auth.h"
 #include "braid_build_config.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
@@ -37,6 +38,30 @@ Result<TransportAddress> offerTransport(Transport& t, const std::string& rendezv
   if (!addr.ok()) return addr.status().withContext(ta.name + " transport");
   ta.address = *addr;
   return ta;
+}
+
+std::string settingsDigest(const std::string& settings) {
+  const auth::Digest d = auth::sha256(settings.data(), settings.size());
+  std::string text(1, '#');
+  text += auth::toHex(d.data(), 8);
+  return text;
+}
+
+PeerInfo rosterEntry(const TransportList& transports, const PeerInfo& full) {
+  PeerInfo e;
+  e.rank = full.rank;
+  e.host = full.host;
+  e.bootId = full.bootId;
+  e.pid = full.pid;
+  e.settings = settingsDigest(full.settings);
+  for (const auto& t : transports) {
+    const TransportAddress* ta = full.transport(t->name());
+    if (!ta) continue;
+    TransportAddress k = *ta;
+    if (k.usable && !t->connectsOnUse()) k.address = t->reachKey(k.address);
+    e.transports.push_back(std::move(k));
+  }
+  return e;
 }
 
 Selection selectTransport(const TransportList& transports, const PeerInfo& x, const PeerInfo& y) {

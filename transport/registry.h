@@ -22,6 +22,16 @@ TransportList makeTransports(const Config& config);
 // needs to listen (the entry says usable with an empty address).
 Result<TransportAddress> offerTransport(Transport& t, const std::string& rendezvousIp, bool alone);
 
+// What every rank must know of a rank (its entry in the set-up tree's roster, comm/bootstrap/
+// roster.h): who and where it is, a digest of its settings, and per transport whether it can run
+// there (else why not) and its reach key; for a transport that connects peers on first use (tcp),
+// its address, since any rank may reach it later. selectTransport, Transport::linkClass and
+// slowestLink decide from entries as from full PeerInfos. What the rest holds (shm and ib addresses,
+// CPUs, the cross-memory probe, L3, the settings' text) only ranks that connect to it at set-up read.
+PeerInfo rosterEntry(const TransportList& transports, const PeerInfo& full);
+// The digest of a rank's settings in its roster entry.
+std::string settingsDigest(const std::string& settings);
+
 struct Selection {
   int index = -1;         // into the TransportList; -1: none reaches (never for a valid list: tcp does)
   std::string transport;  // its name

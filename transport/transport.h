@@ -97,6 +97,7 @@ struct PeerInfo {
   std::uint64_t cmaProbe = 0;  // an address in this process that peers may read to probe process_vm_readv
   std::string cpus;       // the CPUs this rank may run on, as Linux lists them ("0-3,8"); "" if unknown
   std::uint64_t tuningL3 = 0;  // the L3 figure this rank tunes with (topology::tuningL3Bytes); 0 if unknown
+  std::string boot;       // where its children in the set-up tree connect ("ip:port", comm/bootstrap/roster.h)
 
   bool sameHostAs(const PeerInfo& o) const { return host == o.host && bootId == o.bootId; }
   // This rank's entry for the transport `name`, or null if it published none.

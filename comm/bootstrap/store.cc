@@ -58,6 +58,13 @@ std::string encodeNotice(const Notice& n) {
   return w.data();
 }
 
+// What a rank still in set-up says of a notice: the failure it reports.
+Status failureDuringSetup(const Notice& n) {
+  if (n.kind == Notice::kPeerGone)
+    return Status::RemoteError("rank " + std::to_string(n.rank) + " exited or closed its connection during setup");
+  return Status(n.code, n.message);
+}
+
 bool decodeNotice(const std::string& p, Notice* n) {
   Reader r(p);
   std::int32_t kind, code;
@@ -159,6 +166,12 @@ std::int64_t StoreServer::requestsOfDetached(const std::string& nonce) {
   return it != detachedServers().end() && it->second.first == getpid() ? it->second.second->requests() : -1;
 }
 
+std::int64_t StoreServer::bytesOfDetached(const std::string& nonce) {
+  std::lock_guard<std::mutex> g(detachedMutex());
+  auto it = detachedServers().find(nonce);
+  return it != detachedServers().end() && it->second.first == getpid() ? it->second.second->bytes() : -1;
+}
+
 void StoreServer::detach() {
   {
     std::lock_guard<std::mutex> g(detachedMutex());
@@ -184,9 +197,14 @@ void StoreServer::serve(int listenFd) {
   auto send = [&](ServerClient& c, std::uint8_t type, const std::string& payload) {
     if (c.left || !c.fd.valid()) return;
     writeBudget = Deadline::after(1);
+    bytes_.fetch_add(static_cast<std::int64_t>(payload.size() + 5), std::memory_order_relaxed);
     if (!net::sendAll(c.fd.get(), frame(type, payload).data(), payload.size() + 5, writeBudget).ok()) c.fd.reset();
   };
+  // Every notice so far, for ranks that join later: a rank that failed or vanished before another
+  // said hello is news to that one too.
+  std::vector<Notice> history;
   auto broadcast = [&](const Notice& n, std::size_t except) {
+    history.push_back(n);
     for (std::size_t i = 0; i < clients.size(); ++i)
       if (i != except && clients[i].rank >= 0) send(clients[i], kNotice, encodeNotice(n));
   };
@@ -231,6 +249,7 @@ void StoreServer::serve(int listenFd) {
     ServerClient& c = clients[i];
     Reader r(payload);
     requests_.fetch_add(1, std::memory_order_relaxed);
+    bytes_.fetch_add(static_cast<std::int64_t>(payload.size() + 5), std::memory_order_relaxed);
     if (c.rank < 0 && type != kHello) return false;  // nothing before a valid hello
     switch (type) {
       case kHello: {
@@ -267,6 +286,7 @@ void StoreServer::serve(int listenFd) {
         Writer w;
         w.str(std::string(reinterpret_cast<const char*>(proof.data()), proof.size()));
         send(c, kValue, w.data());
+        for (const Notice& n : history) send(c, kNotice, encodeNotice(n));
         return true;
       }
       case kSet: {
@@ -510,9 +530,7 @@ Result<std::string> StoreClient::request(std::uint8_t type, const std::string& p
     std::string p;
     Status s = readFrame(fd_.get(), &t, &p, waitUntil);
     if (!s.ok() && !early_.empty()) {  // unanswered, or the store went away: the notice is the cause
-      const Notice& n = early_.front();
-      if (n.kind == Notice::kPeerGone) return Status::RemoteError("rank " + std::to_string(n.rank) + " exited or closed its connection during setup");
-      return Status(n.code, n.message);
+      return failureDuringSetup(early_.front());
     }
     if (s.code() == Code::kTimeout) return Status::Timeout("no answer from the rendezvous store at " + endpoint_ + " before BRAID_TIMEOUT: some rank has not arrived");
     if (!s.ok()) return Status::RemoteError("the rendezvous store at " + endpoint_ + " went away (" + s.message() + "): rank 0 or the process that created the unique id exited");
@@ -615,6 +633,27 @@ void StoreClient::startWatching(std::function<void(const Notice&)> onNotice) {
       if (t == kNotice && decodeNotice(p, &n)) onNotice(n);
     }
   });
+}
+
+bool StoreClient::readNotice(const Deadline& d, Status* failure) {
+  if (!early_.empty()) {
+    *failure = failureDuringSetup(early_.front());
+    return true;
+  }
+  if (d.expired()) return false;  // only asked about notices already read
+  std::uint8_t t;
+  std::string p;
+  Status s = readFrame(fd_.get(), &t, &p, d);
+  if (!s.ok() && s.code() == Code::kTimeout) return false;
+  Notice n;
+  if (!s.ok())
+    *failure = Status::RemoteError("the rendezvous store at " + endpoint_ + " went away (" + s.message() +
+                                   "): rank 0 or the process that created the unique id exited");
+  else if (t != kNotice || !decodeNotice(p, &n))
+    *failure = Status::Internal("unexpected frame from the store during set-up");
+  else
+    early_.push_back(n), *failure = failureDuringSetup(n);
+  return true;
 }
 
 void StoreClient::report(const Notice& n) {

@@ -41,8 +41,11 @@ class StoreServer {
   bool finished() const { return finished_; }  // every rank left (or stop): no longer serving
   // Requests served so far (every frame a client sent: hello, set, get, multi-get, add, ...).
   std::int64_t requests() const { return requests_.load(std::memory_order_relaxed); }
+  // Bytes of those frames and of every answer and notice it sent.
+  std::int64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
   // The same for this process's detached store of `nonce` (unique-id mode); -1 if there is none.
   static std::int64_t requestsOfDetached(const std::string& nonce);
+  static std::int64_t bytesOfDetached(const std::string& nonce);
   // Serves until every rank that said hello has left, or the deadline passes, then stops.
   void waitUntilAllLeft(const Deadline& d);
   // Lets the server thread run on its own and end when every rank has left (unique-id mode).
@@ -61,6 +64,7 @@ class StoreServer {
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
   std::atomic<std::int64_t> requests_{0};
+  std::atomic<std::int64_t> bytes_{0};
   // Who closes the listener: the object (listen_, kOwned), the detached thread (kDetached), or
   // nobody yet because the thread ended first (kThreadDone: detach() closes it). Changed only by
   // exchange, so the thread never reads listen_ while detach() releases it.
@@ -88,6 +92,13 @@ class StoreClient final : public Exchange {
   // After setup: a thread reads notices and hands each to `onNotice` until close(). Notices that
   // arrived during a set or add (another rank failed right after setup) are handed over first.
   void startWatching(std::function<void(const Notice&)> onNotice);
+  // During set-up, between requests: the descriptor that turns readable when the store sends a
+  // notice (another rank failed or left), and reading it. A wait elsewhere (the set-up tree) polls
+  // it so that it ends with the cause at once. True, with the failure the notice names (kept for
+  // the watcher too), once a notice has come, also during an earlier request, or the store went
+  // away; false if nothing came before the deadline (an expired one: only notices read earlier).
+  int noticeFd() const { return fd_.get(); }
+  bool readNotice(const Deadline& d, Status* failure);
   // Tells the store (and through it every rank) about a failure. Thread-safe; never blocks long.
   void report(const Notice& n);
   // Clean goodbye: the store will not announce this rank as gone.

@@ -727,39 +727,44 @@ TEST(Init, TimeoutWhileDataStillMovesSaysSoAndNamesNoSilentRank) {
   expectEveryRankSucceeded(outcome);
 }
 
-// The rendezvous store serves a number of requests per rank that does not grow with the ranks (one
-// multi-get for every PeerInfo, not a get per rank): at 2, 4, 8 and 16 ranks over tcp (shm would add
-// its per-pair keys, bounded by the ranks of one host), the count per rank stays the same, within
-// the few that only rank 0 makes.
-TEST(Init, StoreRequestsPerRankDoNotGrowWithTheRanks) {
-  std::map<int, double> perRank;
-  for (int n : {2, 4, 8, 16}) {
+// The rendezvous store serves a number of requests and bytes per rank that does not grow with the
+// ranks: no rank reads every rank's PeerInfo from it (the roster travels along the set-up tree), only
+// those of the peers it connects. Over tcp, one rank a host (BRAID_HOSTID) so that the peers
+// connected at creation are the algorithms' neighbours, at 16, 32 and 64 ranks: the count and the
+// bytes per rank stay the same, within what only rank 0 (the trees' root) adds.
+TEST(Init, StoreRequestsAndBytesPerRankDoNotGrowWithTheRanks) {
+  std::map<int, double> requests, bytes;
+  for (int n : {16, 32, 64}) {
     const std::string file = "/tmp/braid-store-requests-" + std::to_string(getpid()) + "-" + std::to_string(n);
+    Env env = transportEnv("tcp");
+    env.push_back({"BRAID_HOSTID", "host{rank}"});
     auto outcome = runRanks(n, [&](int rank, braidComm_t comm) {
       if (braidBarrier(comm) != braidSuccess) return 1;  // every rank's set-up requests have arrived
       if (rank == 0) {
-        const long long served = comm->impl->storeRequests();
+        const long long served = comm->impl->storeRequests(), moved = comm->impl->storeBytes();
         std::FILE* f = std::fopen(file.c_str(), "w");
-        if (!f || served < 0) return 2;
-        std::fprintf(f, "%lld\n", served);
+        if (!f || served < 0 || moved < 0) return 2;
+        std::fprintf(f, "%lld %lld\n", served, moved);
         std::fclose(f);
       }
       return 0;
-    }, transportEnv("tcp"), 120);
+    }, env, 180);
     expectEveryRankSucceeded(outcome);
-    long long served = -1;
+    long long served = -1, moved = -1;
     if (std::FILE* f = std::fopen(file.c_str(), "r")) {
-      if (std::fscanf(f, "%lld", &served) != 1) served = -1;
+      if (std::fscanf(f, "%lld %lld", &served, &moved) != 2) served = -1;
       std::fclose(f);
     }
     std::remove(file.c_str());
     ASSERT_GT(served, 0) << n << " ranks";
-    perRank[n] = static_cast<double>(served) / n;
-    std::printf("%d ranks: %lld store requests for the set-up, %.2f a rank\n", n, served, perRank[n]);
+    requests[n] = static_cast<double>(served) / n;
+    bytes[n] = static_cast<double>(moved) / n;
+    std::printf("%d ranks: %lld store requests for the set-up (%.2f a rank), %lld bytes (%.0f a rank)\n", n, served,
+                requests[n], moved, bytes[n]);
   }
-  // n gets per rank would add 14 a rank from 2 to 16 ranks; the fixed ones spread thinner.
-  EXPECT_LE(perRank[16], perRank[2]);
-  EXPECT_LE(perRank[16] - perRank[8], 0.5);
+  // Each rank's reading every PeerInfo (~300 B) would add 4,800 B a rank from 16 to 32 ranks.
+  EXPECT_LE(requests[64], requests[16] + 0.5);
+  EXPECT_LE(bytes[64], bytes[16] * 1.15);
 }
 
 TEST(Init, RankOutOfRangeAndZeroRanksAreInvalidArguments) {

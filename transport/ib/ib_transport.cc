@@ -135,24 +135,28 @@ Result<std::string> IbTransport::localAddress(const std::string&) {
   return a.text();
 }
 
+// Reads only what reachKey keeps (the port's kind and, for RoCE, its GID type), so that a rank's
+// roster entry, which holds the key in place of the address, decides as its full PeerInfo would.
 Availability IbTransport::canReach(const PeerInfo& a, const PeerInfo& b) const {
-  auto x = IbAddress::parse(a.transport(name())->address);
-  auto y = IbAddress::parse(b.transport(name())->address);
-  if (!x.ok() || !y.ok()) return {false, (x.ok() ? y : x).status().message()};
-  auto describe = [](const PeerInfo& p, const IbAddress& ad) {
-    return "rank " + std::to_string(p.rank) + "'s port " + ad.device + ":" + std::to_string(ad.port) + " is " +
-           (ad.remote.ethernet ? "Ethernet (RoCE)" : "InfiniBand");
+  auto keyOf = [&](const PeerInfo& p) { return reachKey(p.transport(name())->address); };
+  const std::string x = keyOf(a), y = keyOf(b);
+  for (const auto& [key, p] : {std::pair<const std::string&, const PeerInfo&>{x, a}, {y, b}})
+    if (key != "ib" && key.rfind("roce ", 0) != 0)
+      return {false, "rank " + std::to_string(p.rank) + "'s ib address is unreadable (" + key + ")"};
+  auto describe = [](const PeerInfo& p, const std::string& key) {
+    return "rank " + std::to_string(p.rank) + "'s port is " + (key == "ib" ? "InfiniBand" : "Ethernet (RoCE)");
   };
-  if (x->remote.ethernet != y->remote.ethernet) return {false, describe(a, *x) + ", " + describe(b, *y)};
-  if (x->remote.ethernet && x->gidType != y->gidType)
-    return {false, "rank " + std::to_string(a.rank) + " sends " + gidTypeName(x->gidType) + ", rank " +
-                       std::to_string(b.rank) + " " + gidTypeName(y->gidType) + " (set BRAID_IB_GID_INDEX alike)"};
+  if ((x == "ib") != (y == "ib")) return {false, describe(a, x) + ", " + describe(b, y)};
+  if (x != y)
+    return {false, "rank " + std::to_string(a.rank) + " sends " + gidTypeName(std::atoi(x.c_str() + 5)) + ", rank " +
+                       std::to_string(b.rank) + " " + gidTypeName(std::atoi(y.c_str() + 5)) + " (set BRAID_IB_GID_INDEX alike)"};
   return {true, ""};
 }
 
 std::string IbTransport::reachKey(const std::string& address) const {
   auto x = IbAddress::parse(address);
-  if (!x.ok()) return "unparsable " + address;  // canReach refuses it, naming the rank: keep it apart
+  if (!x.ok() && (address == "ib" || address.rfind("roce ", 0) == 0)) return address;  // a roster entry's: a key already
+  if (!x.ok()) return "unparsable " + x.status().message();  // canReach refuses it, naming the rank: keep it apart
   return x->remote.ethernet ? "roce " + std::to_string(x->gidType) : "ib";
 }
 

@@ -73,10 +73,13 @@ Result<bool> chooseCongestion(const Config& config, int fd, int peer, bool sameH
 }
 }  // namespace
 
+Result<std::string> jobInterfaceAddress(const Config& config, const std::string& rendezvousIp) {
+  return config.socketIfname.empty() ? net::localAddressToward(rendezvousIp) : net::addressForInterfaces(config.socketIfname);
+}
+
 Result<std::string> TcpTransport::localAddress(const std::string& rendezvousIp) {
   const Config& config = config_;
-  Result<std::string> ip = config.socketIfname.empty() ? net::localAddressToward(rendezvousIp)
-                                                       : net::addressForInterfaces(config.socketIfname);
+  Result<std::string> ip = jobInterfaceAddress(config, rendezvousIp);
   if (!ip.ok()) return ip.status();
   // Only the chosen interface's address, so the listener is not reachable through other networks
   // of this host; BRAID_SOCKET_BIND_ALL=1 binds every address but still advertises this one.

@@ -18,6 +18,10 @@
 
 namespace braid {
 
+// The address of the interface a rank's sockets use: BRAID_SOCKET_IFNAME's, else the one that
+// routes toward the rendezvous store (the tcp listener and the set-up tree's).
+Result<std::string> jobInterfaceAddress(const Config& config, const std::string& rendezvousIp);
+
 class TcpTransport final : public Transport {
  public:
   explicit TcpTransport(const Config& config) : config_(config) {}

@@ -352,7 +352,10 @@ Result<std::vector<std::string>> gather(const RosterTree::Job& job, const std::s
       return w.noticed;
     });
     if (w.noticed) return noticed;
-    if (!fd.ok()) return fd.status().withContext(to + " at " + *addr + " (BRAID_SOCKET_IFNAME, firewalls)");
+    if (!fd.ok())
+      return Status(fd.status().code(), who + " could not connect to rank " + std::to_string(parent) +
+                                            " (its parent in the set-up tree) at " + *addr + ": " + fd.status().message() +
+                                            "; check BRAID_SOCKET_IFNAME and firewalls between the hosts");
     net::setNoDelay(fd->get());
     Writer hello;
     hello.u32(kMagic);

@@ -162,8 +162,8 @@ Status Comm::setup(InitParams& p) {
   // Every rank's roster entry, through the set-up tree: the store serves each rank its parent's
   // PeerInfo and, below, those of the peers it connects now, never every rank's (O(n) requests and
   // bytes per communicator, not O(n^2) bytes).
-  auto fullInfo = [&](int r) -> Result<PeerInfo> {
-    auto text = store_->get("info/" + std::to_string(r), deadline);
+  auto storedInfo = [store = store_.get()](int r, const Deadline& d) -> Result<PeerInfo> {
+    auto text = store->get("info/" + std::to_string(r), d);
     if (!text.ok()) return text.status();
     return PeerInfo::parse(*text);
   };
@@ -171,7 +171,7 @@ Status Comm::setup(InitParams& p) {
   if (tree) {
     RosterTree::Job job{rank_, nranks_, p.storeNonce, nonce_, deadline};
     auto entries = tree->allGather(job, rosterEntry(transports_, self).serialize(), [&]() -> Result<std::string> {
-      auto parent = fullInfo(RosterTree::parentOf(rank_));
+      auto parent = storedInfo(RosterTree::parentOf(rank_), deadline);
       if (!parent.ok()) return parent.status();
       return parent->boot;
     }, *store_);
@@ -194,7 +194,7 @@ Status Comm::setup(InitParams& p) {
   const std::string mySettings = settingsDigest(self.settings);
   for (const PeerInfo& info : infos)
     if (info.rank != rank_ && info.settings != mySettings) {
-      auto theirs = fullInfo(info.rank);
+      auto theirs = storedInfo(info.rank, deadline);
       return Status::InvalidUsage("rank " + std::to_string(info.rank) + " runs with " +
                                   (theirs.ok() ? theirs->settings : "other settings") + " but rank " +
                                   std::to_string(rank_) + " with " + self.settings +
@@ -323,7 +323,7 @@ Status Comm::setup(InitParams& p) {
   }
   cmaUsable_ = link_.sharedMemory && *total % kOversubscribedUnit == nranks_;
   oversubscribed_ = *total % kFdsShortUnit >= kOversubscribedUnit;
-  SetupContext ctx{rank_, nranks_, nonce_, p.storeNonce, config_, infos, *store_, deadline, later > 0};
+  SetupContext ctx{rank_, nranks_, nonce_, p.storeNonce, config_, infos, *store_, deadline, later > 0, storedInfo};
   conns_.resize(static_cast<std::size_t>(nranks_));
   for (std::size_t i = 0; i < transports_.size(); ++i) {
     auto made = transports_[i]->connect(ctx, peersOf[i]);

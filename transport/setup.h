@@ -3,6 +3,7 @@
 // bootstrap only through Exchange (base/exchange.h): the communicator passes its rendezvous
 // store as one, so nothing in transport/ includes the bootstrap.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct SetupContext {
   // Some peers of this transport are left for first use (Transport::connectOnUse): keep what
   // they need to reach this rank (the tcp listener).
   bool connectLater = false;
+  // A rank's full PeerInfo (its transports' addresses), for a transport that connects a peer on
+  // first use whose address the roster does not carry (ib). Valid while the communicator lives.
+  std::function<Result<PeerInfo>(int rank, const Deadline& d)> fullInfo;
 };
 
 }  // namespace braid

@@ -58,10 +58,11 @@ std::string encodeNotice(const Notice& n) {
   return w.data();
 }
 
-// What a rank still in set-up says of a notice: the failure it reports.
-Status failureDuringSetup(const Notice& n) {
+// What a request says of a notice that came while it waited: the failure it reports.
+Status failureDuringSetup(const Notice& n, bool inSetup = true) {
   if (n.kind == Notice::kPeerGone)
-    return Status::RemoteError("rank " + std::to_string(n.rank) + " exited or closed its connection during setup");
+    return Status::RemoteError("rank " + std::to_string(n.rank) + " exited or closed its connection" +
+                               (inSetup ? " during setup" : ""));
   return Status(n.code, n.message);
 }
 
@@ -513,7 +514,34 @@ Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& ip,
 
 StoreClient::~StoreClient() { close(); }
 
+Status StoreClient::nextFrame(std::uint8_t* type, std::string* payload, const Deadline& d) {
+  if (!watching_) return readFrame(fd_.get(), type, payload, d);
+  std::unique_lock<std::mutex> g(replyMu_);
+  while (replies_.empty() && gone_.empty())
+    if (replyCv_.wait_until(g, d.at()) == std::cv_status::timeout && replies_.empty()) return Status::Timeout("no frame");
+  if (replies_.empty()) return Status::RemoteError(gone_);
+  *type = replies_.front().first;
+  *payload = std::move(replies_.front().second);
+  replies_.pop_front();
+  return Status::Ok();
+}
+
 Result<std::string> StoreClient::request(std::uint8_t type, const std::string& payload, const Deadline& d) {
+  std::unique_lock<std::mutex> one(requestMu_, std::defer_lock);
+  if (watching_) {
+    one.lock();
+    std::lock_guard<std::mutex> g(replyMu_);
+    replies_.clear();
+    awaiting_ = true;
+  }
+  struct Done {
+    StoreClient* c;
+    ~Done() {
+      if (!c->watching_) return;
+      std::lock_guard<std::mutex> g(c->replyMu_);
+      c->awaiting_ = false;
+    }
+  } done{this};
   {
     std::lock_guard<std::mutex> g(writeMu_);
     std::string f = frame(type, payload);
@@ -528,9 +556,9 @@ Result<std::string> StoreClient::request(std::uint8_t type, const std::string& p
   for (;;) {
     std::uint8_t t;
     std::string p;
-    Status s = readFrame(fd_.get(), &t, &p, waitUntil);
+    Status s = nextFrame(&t, &p, waitUntil);
     if (!s.ok() && !early_.empty()) {  // unanswered, or the store went away: the notice is the cause
-      return failureDuringSetup(early_.front());
+      return failureDuringSetup(early_.front(), !watching_);
     }
     if (s.code() == Code::kTimeout) return Status::Timeout("no answer from the rendezvous store at " + endpoint_ + " before BRAID_TIMEOUT: some rank has not arrived");
     if (!s.ok()) return Status::RemoteError("the rendezvous store at " + endpoint_ + " went away (" + s.message() + "): rank 0 or the process that created the unique id exited");
@@ -617,20 +645,36 @@ Status StoreClient::barrier(const std::string& name, int nranks, const Deadline&
 void StoreClient::startWatching(std::function<void(const Notice&)> onNotice) {
   for (const Notice& n : early_) onNotice(n);
   early_.clear();
+  watching_ = true;
   watcher_ = std::thread([this, onNotice = std::move(onNotice)] {
+    auto end = [&](const std::string& why) {
+      std::lock_guard<std::mutex> g(replyMu_);
+      gone_ = why;
+      replyCv_.notify_all();
+    };
     for (;;) {
       std::uint8_t t;
       std::string p;
       Status s = readFrame(fd_.get(), &t, &p, Deadline::after(1e9));
-      if (closing_) return;
+      if (closing_) return end("the communicator is closing");
       if (!s.ok()) {
-        onNotice({Notice::kError, -1, Code::kRemoteError,
-                  "lost the connection to the rendezvous store at " + endpoint_ +
-                      ": the process hosting it (rank 0, or the one that created the unique id) exited"});
+        const std::string lost = "lost the connection to the rendezvous store at " + endpoint_ +
+                                 ": the process hosting it (rank 0, or the one that created the unique id) exited";
+        end(lost);
+        onNotice({Notice::kError, -1, Code::kRemoteError, lost});
         return;
       }
       Notice n;
-      if (t == kNotice && decodeNotice(p, &n)) onNotice(n);
+      const bool notice = t == kNotice && decodeNotice(p, &n);
+      {
+        // A request's answer, or a notice it should hear of (it then stops waiting soon).
+        std::lock_guard<std::mutex> g(replyMu_);
+        if (awaiting_) {
+          replies_.emplace_back(t, p);
+          replyCv_.notify_all();
+        }
+      }
+      if (notice) onNotice(n);
     }
   });
 }

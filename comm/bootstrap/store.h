@@ -5,6 +5,8 @@
 // bounded (kMaxFrame); anything malformed drops that connection only.
 #pragma once
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -91,6 +93,8 @@ class StoreClient final : public Exchange {
 
   // After setup: a thread reads notices and hands each to `onNotice` until close(). Notices that
   // arrived during a set or add (another rank failed right after setup) are handed over first.
+  // Requests still work (a transport connecting peers on first use trades names through the
+  // store): the thread hands their answers over, one request at a time.
   void startWatching(std::function<void(const Notice&)> onNotice);
   // During set-up, between requests: the descriptor that turns readable when the store sends a
   // notice (another rank failed or left), and reading it. A wait elsewhere (the set-up tree) polls
@@ -107,7 +111,16 @@ class StoreClient final : public Exchange {
  private:
   StoreClient() = default;
   Result<std::string> request(std::uint8_t type, const std::string& payload, const Deadline& d);
+  // The next frame for a request: read here during set-up, handed over by the watcher after.
+  Status nextFrame(std::uint8_t* type, std::string* payload, const Deadline& d);
   net::Fd fd_;
+  std::atomic<bool> watching_{false};
+  std::mutex requestMu_;  // after set-up: one request at a time
+  std::mutex replyMu_;
+  std::condition_variable replyCv_;
+  std::deque<std::pair<std::uint8_t, std::string>> replies_;  // frames for the request waiting
+  bool awaiting_ = false;  // a request waits for its answer (under replyMu_)
+  std::string gone_;       // the watcher's connection ended: why (under replyMu_)
   std::vector<Notice> early_;  // notices that arrived while a set/add waited for its reply
   std::mutex writeMu_;
   std::thread watcher_;

@@ -2,7 +2,8 @@
 // peers its algorithms reach; send/recv between ranks not connected yet (both directions at once),
 // all-to-all, and broadcasts and reduces from every root then connect the rest, exactly. A call that would need
 // more descriptors than a rank may open is refused there, and every rank fails within seconds
-// with the numbers. Ranks on pretend hosts (BRAID_HOSTID): shm within, tcp across.
+// with the numbers. Ranks on pretend hosts (BRAID_HOSTID): shm within, tcp or ib (the verbs
+// emulation) across.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
@@ -28,10 +29,21 @@ int connectedCount(braidComm_t comm, int n) {
   return k;
 }
 
-TEST(ConnectOnUse, PeersNotConnectedAtCreationAreReachedExactly) {
+// Across the pretend hosts: tcp, or ib over the verbs emulation (queue pairs traded through the
+// store on first use, the peer's address read from it).
+class ConnectOnUseAcross : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ConnectOnUseAcross, PeersNotConnectedAtCreationAreReachedExactly) {
+  const std::string across = GetParam();
+  Env env = kEnv;
+  if (across == "ib") env.push_back({"BRAID_IBVERBS_LIB", fakeIbverbsLib()});
+  else env.push_back({"BRAID_IB_DISABLE", "1"});
   auto outcome = runRanks(kRanks, [&](int rank, braidComm_t comm) {
     const int n = kRanks;
     const int atCreation = connectedCount(comm, n);
+    const int elsewhere = (rank + 2) % n;
+    if (comm->impl->transportOf(elsewhere) != across)
+      return report(rank, "rank " + std::to_string(elsewhere) + " is reached over " + comm->impl->transportOf(elsewhere)), 12;
     // This host's other rank is connected; some peer on another host is not.
     if (!comm->impl->connectedTo(rank ^ 1)) return report(rank, "its host's other rank is not connected"), 1;
     if (atCreation >= n - 1) return report(rank, "every peer was connected at creation"), 2;
@@ -81,9 +93,12 @@ TEST(ConnectOnUse, PeersNotConnectedAtCreationAreReachedExactly) {
       std::fprintf(stderr, "rank 0: %d of %d peers connected at creation, %zu reached on first use\n", atCreation, n - 1,
                    unreached.size());
     return 0;
-  }, kEnv, 180);
+  }, env, 180);
   expectEveryRankSucceeded(outcome);
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, ConnectOnUseAcross, ::testing::Values(std::string("tcp"), std::string("ib")),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 // 8 ranks on one host and 1 on another: the first host's ring neighbours of the lone rank connect
 // every peer at creation, the others do not; every rank must still choose the same algorithm for a

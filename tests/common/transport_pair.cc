@@ -70,7 +70,7 @@ Result<std::unique_ptr<TransportPair>> TransportPair::make(const std::string& tr
   // Both ends connect at once (each may wait for the other's half through the store).
   Result<std::vector<std::unique_ptr<Connection>>> made[2] = {Status::Internal("not run"), Status::Internal("not run")};
   auto connect = [&](int r) {
-    SetupContext ctx{r, 2, "tp" + std::to_string(getpid()), secret, config, infos, *p->ranks_[r]->store, deadline};
+    SetupContext ctx{r, 2, "tp" + std::to_string(getpid()), secret, config, infos, *p->ranks_[r]->store, deadline, false, nullptr};
     made[r] = p->ranks_[r]->used->connect(ctx, {1 - r});
   };
   std::thread other(connect, 1);

@@ -178,7 +178,7 @@ WaitSources IbTransport::waitSources() const {
   WaitSources w;
   // Only with ib peers: a socket to wait on makes the waiter poll in slices instead of sleeping
   // on the shm doorbell.
-  if (device_ && connected_) {
+  if (device_ && (connected_ || connectLater_)) {
     w.fds.push_back(device_->channel->fd);
     w.beforeSleep.push_back(&device_->sleepSoon);
   }
@@ -187,43 +187,71 @@ WaitSources IbTransport::waitSources() const {
 
 Result<std::vector<std::unique_ptr<Connection>>> IbTransport::connect(const SetupContext& ctx,
                                                                       const std::vector<int>& peers) {
+  rank_ = ctx.rank;
+  store_ = &ctx.store;
+  fullInfo_ = ctx.fullInfo;
+  connectLater_ = ctx.connectLater;
+  std::map<int, std::string> addresses;
+  for (int p : peers) addresses[p] = ctx.peers[static_cast<std::size_t>(p)].transport(name())->address;
+  return establish(peers, addresses, ctx.deadline, "");
+}
+
+Result<std::vector<std::unique_ptr<Connection>>> IbTransport::connectOnUse(const std::vector<int>& peers,
+                                                                           const Deadline& deadline,
+                                                                           const std::function<bool()>& stop) {
+  if (!store_ || !fullInfo_) return Status::Internal("ib: connectOnUse before connect");
+  std::map<int, std::string> addresses;
+  for (int p : peers) {
+    if (stop && stop()) return Status::Aborted("rank " + std::to_string(rank_) + " stopped connecting (ib, on first use)");
+    auto info = fullInfo_(p, deadline);
+    if (!info.ok()) return info.status().withContext("rank " + std::to_string(rank_) + " reading rank " + std::to_string(p) + "'s ib address");
+    const TransportAddress* a = info->transport(name());
+    if (!a || !a->usable) return Status::Internal("rank " + std::to_string(p) + " published no usable ib address");
+    addresses[p] = a->address;
+  }
+  return establish(peers, addresses, deadline, " on first use");
+}
+
+Result<std::vector<std::unique_ptr<Connection>>> IbTransport::establish(const std::vector<int>& peers,
+                                                                        const std::map<int, std::string>& addresses,
+                                                                        const Deadline& deadline, const char* how) {
   std::vector<std::unique_ptr<Connection>> out;
   if (peers.empty()) return out;
   if (!device_) return Status::Internal("ib: connect before localAddress");
-  const int channels = ctx.config.nsocks;
+  const int channels = config_.nsocks;
   std::map<int, std::vector<std::unique_ptr<IbChannel>>> chans;
   for (int p : peers) {
     std::vector<IbEndpoint> mine;
     for (int c = 0; c < channels; ++c) {
-      auto ch = IbChannel::create(device_, p, ctx.config.buffSize);
+      auto ch = IbChannel::create(device_, p, config_.buffSize);
       if (!ch.ok()) return ch.status();
       mine.push_back((*ch)->endpoint());
       chans[p].push_back(std::move(ch.value()));
     }
-    Status s = ctx.store.set("ib/" + std::to_string(ctx.rank) + "/" + std::to_string(p), endpointsText(mine), ctx.deadline);
+    Status s = store_->set("ib/" + std::to_string(rank_) + "/" + std::to_string(p), endpointsText(mine), deadline);
     if (!s.ok()) return s;
   }
   for (int p : peers) {
-    auto text = ctx.store.get("ib/" + std::to_string(p) + "/" + std::to_string(ctx.rank), ctx.deadline);
-    if (!text.ok()) return text.status();
+    auto text = store_->get("ib/" + std::to_string(p) + "/" + std::to_string(rank_), deadline);
+    if (!text.ok()) return text.status().withContext("rank " + std::to_string(rank_) + " waiting for rank " + std::to_string(p) + "'s ib queue pairs" + how);
     std::vector<IbEndpoint> theirs = parseEndpoints(*text);
-    auto addr = IbAddress::parse(ctx.peers[static_cast<std::size_t>(p)].transport(name())->address);
+    auto addr = IbAddress::parse(addresses.at(p));
     if (!addr.ok()) return addr.status();
     if (theirs.size() != static_cast<std::size_t>(channels))
       return Status::InvalidUsage("rank " + std::to_string(p) + " offers " + std::to_string(theirs.size()) +
                                   " ib queue pairs, this rank " + std::to_string(channels) + " (BRAID_NSOCKS must match)");
     for (int c = 0; c < channels; ++c) {
-      Status s = chans[p][static_cast<std::size_t>(c)]->connect(theirs[static_cast<std::size_t>(c)], addr->remote, ctx.config);
+      Status s = chans[p][static_cast<std::size_t>(c)]->connect(theirs[static_cast<std::size_t>(c)], addr->remote, config_);
       if (!s.ok()) return s;
     }
     out.push_back(std::make_unique<IbConnection>(p, std::move(chans[p])));
   }
   connected_ = true;
   const IbPort& port = device_->port;
-  BRAID_LOG(kInfo, kNet, "ib: %zu peers over %s (%s, %s %u), %d queue pairs each, %zu KiB rings each way", peers.size(),
+  BRAID_LOG(kInfo, kNet, "ib: %zu peers%s over %s (%s, %s %u), %d queue pairs each, %zu KiB rings each way", peers.size(), how,
             port.name().c_str(), port.ethernet() ? gidTypeName(port.gidType) : "InfiniBand",
             port.ethernet() ? "GID index" : "LID", port.ethernet() ? static_cast<unsigned>(port.gidIndex) : port.attr.lid,
-            channels, ctx.config.buffSize >> 10);
+            channels, config_.buffSize >> 10);
   return out;
 }
 

@@ -4,6 +4,8 @@
 // below one connection's rings) is the probe's reason, kept and shown by `braid info`, and the
 // pair falls back to the next transport (tcp) on both ends.
 #pragma once
+#include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -25,9 +27,19 @@ class IbTransport final : public Transport {
   LinkClass linkClass(const PeerInfo& a, const PeerInfo& b) const override;
   std::string reachKey(const std::string& address) const override;  // the port's link layer and GID type
   Result<std::vector<std::unique_ptr<Connection>>> connect(const SetupContext& ctx, const std::vector<int>& peers) override;
+  // Peers beyond those connect() was given: their queue pairs traded through the store as at
+  // set-up, their addresses read from it (SetupContext::fullInfo).
+  bool connectsOnUse() const override { return true; }
+  Result<std::vector<std::unique_ptr<Connection>>> connectOnUse(const std::vector<int>& peers, const Deadline& deadline,
+                                                                const std::function<bool()>& stop) override;
   WaitSources waitSources() const override;
 
  private:
+  // Queue pairs to each of `peers` (addresses: each one's published ib address), traded through
+  // the store under ib/<from>/<to>.
+  Result<std::vector<std::unique_ptr<Connection>>> establish(const std::vector<int>& peers,
+                                                             const std::map<int, std::string>& addresses,
+                                                             const Deadline& deadline, const char* how);
   Config config_;
   bool probed_ = false;
   Availability availability_;
@@ -35,6 +47,10 @@ class IbTransport final : public Transport {
   std::vector<IbPort> ports_;
   std::shared_ptr<IbDevice> device_;
   bool connected_ = false;  // connect() made connections
+  bool connectLater_ = false;  // peers may still connect on first use
+  int rank_ = -1;
+  Exchange* store_ = nullptr;
+  std::function<Result<PeerInfo>(int, const Deadline&)> fullInfo_;
 };
 
 // A published ib address, parsed (tests and `braid doctor` read it too).

@@ -8,15 +8,20 @@ Prints one line per test (ok, skipped with torch's reason, FAIL) and a summary; 
 any test failed. Skips are torch's own decisions (a test for another backend or a GPU), never
 counted as passes. docs/PYTORCH.md records the last run.
 
-usage: test_upstream.py [TEST_NAME ...]   (default: the chosen list below)
+usage: test_upstream.py [--world-size N] [TEST_NAME ...]
+  (default: the chosen list at 3 ranks, then the group tests that need 4 at 4)
 """
 import os
+import subprocess
 import sys
 import tempfile
 import time
 import unittest
 
-os.environ.setdefault("BACKEND", "braid")
+if len(sys.argv) > 2 and sys.argv[1] == "--world-size":
+    os.environ["WORLD_SIZE"] = sys.argv[2]
+    del sys.argv[1:3]
+os.environ["BACKEND"] = "braid"
 os.environ.setdefault("WORLD_SIZE", "3")
 os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="braid-torch-upstream-"))
 
@@ -70,32 +75,53 @@ test_all_gather_object_default_pg test_all_gather_object_subgroup test_gather_ob
 test_scatter_object_list test_monitored_barrier_gloo
 """.split()
 
+# Those torch runs only from 4 ranks ("small world size", "requires world size of 4").
+AT_FOUR = """
+test_new_subgroups test_new_subgroups_by_enumeration test_broadcast_group test_reduce_group_sum
+test_all_reduce_group_sum test_scatter_group test_gather_group test_all_gather_group test_barrier_group
+""".split()
+
+# Tests that fail for any backend registered from outside torch, with the reason. Reported as
+# such (never as passes); one that passes is reported too.
+EXPECTED_FAILURES = {
+    "test_ddp_logging_data_cpu": "DDP's logger takes the name from torch's ProcessGroup, which says 'custom' for "
+                                 "every backend registered through Backend.register_backend (ProcessGroup.hpp, "
+                                 "BackendType::CUSTOM), while the test compares it with dist.get_backend(): 'braid'",
+}
+
 
 def main():
     names = sys.argv[1:] or CHOSEN
-    suite = unittest.TestSuite(TestBraidWithSpawn(name) for name in names)
     runner = unittest.TextTestRunner(verbosity=0, stream=open(os.devnull, "w"))
-    passed, skipped, failed = [], [], []
-    for test in suite:
+    passed, skipped, failed, expected = [], [], [], []
+    for name in names:
         t0 = time.monotonic()
-        r = runner.run(test)
+        r = runner.run(TestBraidWithSpawn(name))
         took = time.monotonic() - t0
-        name = test._testMethodName
-        if r.failures or r.errors:
+        broke = r.failures or r.errors
+        if broke and name in EXPECTED_FAILURES:
+            expected.append(name)
+            print(f"xfail {name}: {EXPECTED_FAILURES[name]}")
+        elif broke:
             failed.append(name)
             print(f"FAIL {name} ({took:.1f} s)")
             for _, trace in r.failures + r.errors:
-                print("     " + trace.strip().splitlines()[-1][:300])
+                lines = [l for l in trace.strip().splitlines() if "Error" in l or "assert" in l.lower()]
+                print("     " + (lines[-1] if lines else trace.strip().splitlines()[-1])[:300])
         elif r.skipped:
             skipped.append(name)
             print(f"skip {name}: {r.skipped[0][1][:200]}")
         else:
             passed.append(name)
-            print(f"ok   {name} ({took:.1f} s)")
+            print(f"ok   {name} ({took:.1f} s)" + (" (listed as an expected failure)" if name in EXPECTED_FAILURES else ""))
         sys.stdout.flush()
-    print(f"torch {torch.__version__}, {os.environ['WORLD_SIZE']} ranks: {len(passed)} passed, {len(skipped)} skipped, "
-          f"{len(failed)} failed of {len(names)}")
-    sys.exit(1 if failed else 0)
+    print(f"torch {torch.__version__}, {os.environ['WORLD_SIZE']} ranks: {len(passed)} passed, {len(skipped)} skipped "
+          f"(torch's reasons above), {len(expected)} expected failures, {len(failed)} failed of {len(names)}")
+    status = 1 if failed else 0
+    if not sys.argv[1:]:
+        sys.stdout.flush()
+        status |= subprocess.run([sys.executable, os.path.abspath(__file__), "--world-size", "4"] + AT_FOUR).returncode
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -209,39 +209,38 @@ struct Doctor {
     return f;
   }
 
-  // The pairs of `rounds` (measurementRounds), round by round; the matrix on every rank (rank 0
-  // reports it), with the pairs not measured left so (PairFigure::measured).
-  std::vector<std::vector<PairFigure>> measurePairs(const std::vector<std::vector<std::pair<int, int>>>& rounds) {
-    std::vector<double> row(static_cast<std::size_t>(n) * 3, 0.0);
-    std::vector<char> measured(static_cast<std::size_t>(n) * n, 0);
-    for (const auto& round : rounds)
-      for (auto [a, b] : round) measured[static_cast<std::size_t>(a) * n + b] = 1;
+  // The pairs of `rounds` (measurementRounds), round by round; every measured pair's figures on
+  // every rank (rank 0 reports them), the other pairs not measured. One all-reduce of 3 doubles a
+  // pair measured, each filled by the pair's lower rank: O(H^2 + n) over H hosts, not n x n.
+  PairTable measurePairs(const std::vector<std::vector<std::pair<int, int>>>& rounds) {
+    std::vector<std::pair<int, int>> list;  // (lower, higher), in round order
+    std::vector<std::size_t> first;         // each round's first index into it
+    for (const auto& round : rounds) {
+      first.push_back(list.size());
+      for (auto [a, b] : round) list.push_back({std::min(a, b), std::max(a, b)});
+    }
+    std::vector<double> mine(list.size() * 3, 0.0), all(mine.size());
     for (std::size_t r = 0; r < rounds.size() && error.empty(); ++r) {
-      for (auto [a, b] : rounds[r]) {
+      for (std::size_t k = first[r]; k < first[r] + rounds[r].size(); ++k) {
+        auto [a, b] = list[k];
         if (a != rank && b != rank) continue;
         const int peer = a == rank ? b : a;
         PairPin pin(facts, rank, peer);
         PairFigure f = measurePair(peer);
-        double* cell = &row[static_cast<std::size_t>(peer) * 3];
-        cell[0] = f.latUs, cell[1] = f.gbps, cell[2] = f.clockOffsetUs;
+        if (rank == a) mine[k * 3] = f.latUs, mine[k * 3 + 1] = f.gbps, mine[k * 3 + 2] = f.clockOffsetUs;
       }
       if (error.empty()) ok(braidBarrier(comm), "barrier between rounds");
     }
-    std::vector<std::vector<PairFigure>> m(static_cast<std::size_t>(n), std::vector<PairFigure>(static_cast<std::size_t>(n)));
-    std::vector<double> all(row.size() * static_cast<std::size_t>(n));
-    if (!error.empty() || !ok(braidAllGather(row.data(), all.data(), row.size(), braidFloat64, comm, nullptr), "gather"))
+    PairTable m(n);
+    if (!error.empty() ||
+        !ok(braidAllReduce(mine.data(), all.data(), mine.size(), braidFloat64, braidSum, comm, nullptr), "gather"))
       return m;
-    for (int a = 0; a < n; ++a)
-      for (int b = a + 1; b < n; ++b) {
-        if (!measured[static_cast<std::size_t>(a) * n + b]) continue;
-        const double* cell = &all[(static_cast<std::size_t>(a) * n + b) * 3];  // measured by the lower rank
-        PairFigure f;
-        f.measured = true;
-        f.latUs = cell[0], f.gbps = cell[1], f.clockOffsetUs = cell[2];
-        m[a][b] = f;
-        f.clockOffsetUs = -f.clockOffsetUs;
-        m[b][a] = f;
-      }
+    for (std::size_t k = 0; k < list.size(); ++k) {
+      PairFigure f;
+      f.measured = true;
+      f.latUs = all[k * 3], f.gbps = all[k * 3 + 1], f.clockOffsetUs = all[k * 3 + 2];
+      m.set(list[k].first, list[k].second, f);
+    }
     return m;
   }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -86,6 +87,54 @@ struct PairFigure {
   double clockOffsetUs = 0;  // higher rank's clock minus the lower's
 };
 
+// The figures of the pairs measured, read as [a][b] either way round (a pair not measured reads
+// as PairFigure{}, measured false). Held sparse: over H hosts the doctor measures O(H^2 + n)
+// pairs, not n^2 (a dense matrix would take 4 GB at 10,000 ranks).
+class PairTable {
+ public:
+  PairTable() = default;
+  explicit PairTable(int n) : n_(n) {}
+  int size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  const PairFigure& at(int a, int b) const {
+    auto it = cells_.find(key(a, b));
+    return it == cells_.end() ? kNone : it->second;
+  }
+  PairFigure& cell(int a, int b) { return cells_[key(a, b)]; }  // made (not measured) if absent
+  // `f` as the lower rank measured it, and its mirror (the clock offset seen from the other end).
+  void set(int a, int b, PairFigure f) {
+    cell(a, b) = f;
+    f.clockOffsetUs = -f.clockOffsetUs;
+    cell(b, a) = f;
+  }
+  // Every measured pair once, a < b.
+  template <typename F>
+  void forEachMeasured(F&& f) const {
+    for (const auto& [k, fig] : cells_) {
+      const int a = static_cast<int>(k >> 32), b = static_cast<int>(k & 0xffffffffu);
+      if (a < b && fig.measured) f(a, b, fig);
+    }
+  }
+  struct Row {
+    PairTable* t;
+    int a;
+    PairFigure& operator[](int b) const { return t->cell(a, b); }
+  };
+  struct ConstRow {
+    const PairTable* t;
+    int a;
+    const PairFigure& operator[](int b) const { return t->at(a, b); }
+  };
+  Row operator[](int a) { return {this, a}; }
+  ConstRow operator[](int a) const { return {this, a}; }
+
+ private:
+  static std::uint64_t key(int a, int b) { return static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32 | static_cast<std::uint32_t>(b); }
+  static inline const PairFigure kNone{};
+  int n_ = 0;
+  std::unordered_map<std::uint64_t, PairFigure> cells_;
+};
+
 struct RingFigure {
   std::vector<int> order;
   double busbw = 0;     // GB/s, nccl-tests' all-reduce factor 2(n-1)/n
@@ -95,7 +144,7 @@ struct RingFigure {
 
 struct Data {
   std::vector<RankFacts> ranks;
-  std::vector<std::vector<PairFigure>> pairs;  // [a][b], filled for a < b and mirrored
+  PairTable pairs;      // [a][b]: the pairs measured, each both ways round
   int rounds = 0;       // rounds of disjoint pairs measured (measurementRounds)
   bool byHost = false;  // one rank pair per two hosts, not every pair
   bool oneAtATime = false;  // a pair a round: every host on one kernel

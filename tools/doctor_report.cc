@@ -296,15 +296,16 @@ std::string jsonReport(const Data& d, const std::vector<Finding>& findings) {
   }
   o << "],\n \"pairs\": [";
   bool first = true;
-  for (int a = 0; a < static_cast<int>(d.pairs.size()); ++a)
-    for (int b = a + 1; b < n; ++b) {
-      const PairFigure& p = d.pairs[a][b];
-      if (!p.measured) continue;
-      o << (first ? "" : ",\n   ") << "{\"a\": " << a << ", \"b\": " << b << ", \"transport\": " << q(d.ranks[a].transportTo[b])
-        << ", \"gbps\": " << num(p.gbps) << ", \"lat_us\": " << num(p.latUs) << ", \"share\": " << p.share
-        << ", \"clock_offset_us\": " << num(p.clockOffsetUs) << "}";
-      first = false;
-    }
+  std::vector<std::pair<int, int>> measured;
+  d.pairs.forEachMeasured([&](int a, int b, const PairFigure&) { measured.push_back({a, b}); });
+  std::sort(measured.begin(), measured.end());
+  for (auto [a, b] : measured) {
+    const PairFigure& p = d.pairs[a][b];
+    o << (first ? "" : ",\n   ") << "{\"a\": " << a << ", \"b\": " << b << ", \"transport\": " << q(d.ranks[a].transportTo[b])
+      << ", \"gbps\": " << num(p.gbps) << ", \"lat_us\": " << num(p.latUs) << ", \"share\": " << p.share
+      << ", \"clock_offset_us\": " << num(p.clockOffsetUs) << "}";
+    first = false;
+  }
   o << "],\n \"host_links\": [";
   const std::vector<HostLink> links = hostLinks(d, h);
   for (std::size_t i = 0; i < links.size(); ++i)

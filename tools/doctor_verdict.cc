@@ -352,15 +352,13 @@ std::vector<HostLink> hostLinks(const Data& d, const HostLayout& h) {
   };
   std::map<std::pair<int, int>, std::vector<Figure>> figures;
   std::map<std::pair<int, int>, std::string> transport;
-  const int n = static_cast<int>(d.pairs.size());
-  for (int a = 0; a < n; ++a)
-    for (int b = a + 1; b < n; ++b) {
-      const int ha = h.hostOf[a], hb = h.hostOf[b];
-      if (ha == hb || !d.pairs[a][b].measured) continue;
-      const auto key = std::make_pair(std::min(ha, hb), std::max(ha, hb));
-      figures[key].push_back({d.pairs[a][b].gbps * d.pairs[a][b].share, d.pairs[a][b].gbps, d.pairs[a][b].latUs});
-      if (static_cast<std::size_t>(b) < d.ranks[a].transportTo.size()) transport[key] = d.ranks[a].transportTo[b];
-    }
+  d.pairs.forEachMeasured([&](int a, int b, const PairFigure& p) {
+    const int ha = h.hostOf[a], hb = h.hostOf[b];
+    if (ha == hb) return;
+    const auto key = std::make_pair(std::min(ha, hb), std::max(ha, hb));
+    figures[key].push_back({p.gbps * p.share, p.gbps, p.latUs});
+    if (static_cast<std::size_t>(b) < d.ranks[a].transportTo.size()) transport[key] = d.ranks[a].transportTo[b];
+  });
   std::vector<HostLink> out;
   for (auto& [key, v] : figures) {
     HostLink l;

@@ -41,7 +41,7 @@ Data healthy(int n, int perHost, double gbps = 1.0) {
     }
     d.ranks.push_back(f);
   }
-  d.pairs.assign(n, std::vector<PairFigure>(n));
+  d.pairs = PairTable(n);
   for (int a = 0; a < n; ++a)
     for (int b = 0; b < n; ++b)
       if (a != b) d.pairs[a][b] = {true, 10.0, gbps, 1, 0.0};

@@ -175,12 +175,7 @@ Status Comm::setup(InitParams& p) {
       if (!parent.ok()) return parent.status();
       return parent->boot;
     }, *store_);
-    if (!entries.ok()) {
-      // A rank that gave up waiting says so, so that the others stop now, with its words.
-      if (entries.status().code() == Code::kTimeout)
-        store_->report({Notice::kError, rank_, Code::kTimeout, entries.status().message()});
-      return entries.status();
-    }
+    if (!entries.ok()) return entries.status();  // (the tree has told every rank through the store)
     for (int r = 0; r < nranks_; ++r) {
       auto info = PeerInfo::parse((*entries)[static_cast<std::size_t>(r)]);
       if (!info.ok()) return info.status().withContext("rank " + std::to_string(r) + "'s roster entry");

@@ -9,7 +9,7 @@ any test failed. Skips are torch's own decisions (a test for another backend or 
 counted as passes. docs/PYTORCH.md records the last run.
 
 usage: test_upstream.py [--world-size N] [TEST_NAME ...]
-  (default: the chosen list at 3 ranks, then the group tests that need 4 at 4)
+  (default: the chosen list at 3 ranks, then the group tests that need 8 at 8)
 """
 import os
 import subprocess
@@ -75,10 +75,10 @@ test_all_gather_object_default_pg test_all_gather_object_subgroup test_gather_ob
 test_scatter_object_list test_monitored_barrier_gloo
 """.split()
 
-# Those torch runs only from 4 ranks ("small world size", "requires world size of 4").
-AT_FOUR = """
-test_new_subgroups test_new_subgroups_by_enumeration test_broadcast_group test_reduce_group_sum
-test_all_reduce_group_sum test_scatter_group test_gather_group test_all_gather_group test_barrier_group
+# Those torch runs only from 8 ranks (skip_if_small_worldsize: "small world size").
+AT_EIGHT = """
+test_broadcast_group test_reduce_group_sum test_all_reduce_group_sum test_scatter_group test_gather_group
+test_all_gather_group test_barrier_group
 """.split()
 
 # Tests that fail for any backend registered from outside torch, with the reason. Reported as
@@ -120,7 +120,7 @@ def main():
     status = 1 if failed else 0
     if not sys.argv[1:]:
         sys.stdout.flush()
-        status |= subprocess.run([sys.executable, os.path.abspath(__file__), "--world-size", "4"] + AT_FOUR).returncode
+        status |= subprocess.run([sys.executable, os.path.abspath(__file__), "--world-size", "8"] + AT_EIGHT).returncode
     sys.exit(status)
 
 

@@ -35,6 +35,18 @@ Comm::~Comm() {
 
 std::string Comm::transportOf(int peer) const { return transportNames_[static_cast<std::size_t>(peer)]; }
 std::string Comm::skippedTransports(int peer) const { return skipped_[static_cast<std::size_t>(peer)]; }
+Selection Comm::choiceBetween(int a, int b) const {
+  if (a == rank_ || b == rank_) {
+    const auto peer = static_cast<std::size_t>(a == rank_ ? b : a);
+    Selection s;
+    s.transport = transportNames_[peer];
+    s.skipped = skipped_[peer];
+    return s;
+  }
+  Selection s = selectTransport(transports_, roster_[static_cast<std::size_t>(a)], roster_[static_cast<std::size_t>(b)]);
+  if (s.index < 0) s.transport = "none";
+  return s;
+}
 
 std::string Comm::remoteHostOf(int peer) const {
   if (peer < 0 || static_cast<std::size_t>(peer) >= localPeer_.size() || localPeer_[static_cast<std::size_t>(peer)])

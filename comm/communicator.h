@@ -169,6 +169,9 @@ class Comm final : public EngineHost, public Workspace {
   // before it in the registry were skipped ("" when none was).
   std::string transportOf(int peer) const;
   std::string skippedTransports(int peer) const;
+  // The transport between any two ranks, and why the ones before it were skipped: this rank's own
+  // choices, or worked out from the two ranks' roster entries (as both of them did).
+  Selection choiceBetween(int a, int b) const;
   // Whether this rank holds a connection to `peer` now (BRAID_CONNECT: a peer left for first use
   // is not connected until a call reaches it); false for itself.
   bool connectedTo(int peer) const;
@@ -326,6 +329,7 @@ class Comm final : public EngineHost, public Workspace {
   std::vector<int> laterVia_;  // by peer rank: the transport (index) that connects it on first use; -1: none
   std::vector<std::size_t> waitedFds_;  // by transport: how many of its waitSources().fds the waiter has
   std::vector<std::string> transportNames_, skipped_;  // by peer rank
+  std::vector<PeerInfo> roster_;  // every rank's roster entry (transport/registry.h rosterEntry)
   std::vector<std::string> hostNames_;  // by rank: PeerInfo::host
   std::unique_ptr<Waiter> waiter_;
   Mailbox* mailbox_ = nullptr;  // the host's mailbox, when a transport has one (shm)

@@ -213,6 +213,7 @@ Status Comm::setup(InitParams& p) {
     BRAID_LOG(kInfo, kInit, "peer %d: %s%s%s", r, sel.transport.c_str(), sel.skipped.empty() ? "" : " (",
               sel.skipped.empty() ? "" : (sel.skipped + ")").c_str());
   }
+  roster_ = infos;  // (entries: each pair's choice for the doctor, Comm::choiceBetween)
   // Which peers connect now (BRAID_CONNECT): all of them, or this host's ranks and the peers the
   // algorithms reach (comm/connect.cc); a transport that cannot connect later connects all its peers.
   maxChannels_ = config_.nsocks;

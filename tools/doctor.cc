@@ -386,13 +386,13 @@ int runDoctor(int argc, char** argv) {
   d.rank = params->rank;
   d.n = params->nranks;
   const int n = d.n;
-  for (int p = 0; p < n; ++p) {
-    mine.transportTo.push_back(p == d.rank ? "self" : d.comm->impl->transportOf(p));
-    mine.skippedTo.push_back(p == d.rank ? "" : d.comm->impl->skippedTransports(p));
-    mine.connectedTo.push_back(p == d.rank || d.comm->impl->connectedTo(p));
-  }
+  for (int p = 0; p < n; ++p) mine.connectedTo.push_back(p == d.rank || d.comm->impl->connectedTo(p));
   mine.cmaAddr = cmaProbeAddress();  // what same-host peers read to test cross-memory attach
   Data data;
+  data.choiceOf = [comm = d.comm](int a, int b) {
+    const Selection s = comm->impl->choiceBetween(a, b);
+    return PairChoice{s.transport, s.skipped};
+  };
   data.bytes = o.bytes;
   data.iters = o.iters;
   data.slowRatio = o.slow;

@@ -4,6 +4,7 @@
 // unit tests drive with made-up data; tools/doctor_report.cc writes the text, JSON and SVG.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -70,9 +71,12 @@ struct RankFacts {
   std::vector<IbPortFact> ibPorts;
   // BRAID_* variables set for this rank, with BRAID_SECRET's value replaced by a digest
   std::vector<std::pair<std::string, std::string>> settings;
-  // by peer rank: the transport chosen ("self" for this rank) and why the ones before it were not
+  // by peer rank: the transport chosen ("self" for this rank) and why the ones before it were not.
+  // Empty from braid doctor (Data::choiceOf works any pair out); tests may fill them.
   std::vector<std::string> transportTo, skippedTo;
-  std::vector<bool> connectedTo;  // per peer: connected when the communicator was made (BRAID_CONNECT), else on first use
+  // per peer: connected when the communicator was made (BRAID_CONNECT), else on first use; a peer
+  // past the end counts as connected. On the wire: the peers not connected, as ranges.
+  std::vector<bool> connectedTo;
 
   std::string serialize() const;
   static RankFacts parse(const std::string& text);
@@ -142,8 +146,24 @@ struct RingFigure {
   std::size_t wrong = 0;  // elements that differ from the exact sum, over all ranks
 };
 
+// A pair's transport and why the transports before it were skipped ("" when none was).
+struct PairChoice {
+  std::string transport, skipped;
+};
+
 struct Data {
   std::vector<RankFacts> ranks;
+  // Each pair's choice, on demand: braid doctor asks the communicator, which works any pair out
+  // from its roster, so that no rank ships a line per peer (n^2 in all). Unset: the ranks'
+  // transportTo and skippedTo.
+  std::function<PairChoice(int a, int b)> choiceOf;
+  PairChoice choice(int a, int b) const {
+    if (a == b) return {"self", ""};
+    if (choiceOf) return choiceOf(a, b);
+    const RankFacts& f = ranks[static_cast<std::size_t>(a)];
+    const auto k = static_cast<std::size_t>(b);
+    return {k < f.transportTo.size() ? f.transportTo[k] : "", k < f.skippedTo.size() ? f.skippedTo[k] : ""};
+  }
   PairTable pairs;      // [a][b]: the pairs measured, each both ways round
   int rounds = 0;       // rounds of disjoint pairs measured (measurementRounds)
   bool byHost = false;  // one rank pair per two hosts, not every pair

@@ -227,9 +227,22 @@ std::string RankFacts::serialize() const {
   line("ib", {n(ibDisabled ? 1 : 0), ibProbe});
   for (const IbPortFact& p : ibPorts) line("ibport", {p.name, p.state, p.link, n(p.mtu), n(p.gidIndex), n(p.numa)});
   for (const auto& [k, v] : settings) line("setting", {k, v});
-  for (std::size_t p = 0; p < transportTo.size(); ++p)
-    line("peer", {transportTo[p], p < skippedTo.size() ? skippedTo[p] : "",
-                  p < connectedTo.size() && !connectedTo[p] ? "0" : "1"});
+  for (std::size_t p = 0; p < transportTo.size(); ++p) line("peer", {transportTo[p], p < skippedTo.size() ? skippedTo[p] : ""});
+  // The peers not connected at creation, as ranges ("3-9,12"): a few a rank, not one line a peer.
+  std::string later;
+  for (std::size_t p = 0; p < connectedTo.size(); ++p) {
+    if (connectedTo[p]) continue;
+    std::size_t q = p;
+    while (q + 1 < connectedTo.size() && !connectedTo[q + 1]) ++q;
+    if (!later.empty()) later += ',';
+    later += n(static_cast<long long>(p));
+    if (q > p) {
+      later += '-';
+      later += n(static_cast<long long>(q));
+    }
+    p = q;
+  }
+  line("connected", {n(static_cast<long long>(connectedTo.size())), later});
   return o.str();
 }
 
@@ -269,7 +282,16 @@ RankFacts RankFacts::parse(const std::string& text) {
     } else if (key == "peer") {
       f.transportTo.push_back(s(1));
       f.skippedTo.push_back(s(2));
-      f.connectedTo.push_back(s(3) != "0");
+    } else if (key == "connected") {
+      f.connectedTo.assign(static_cast<std::size_t>(std::max(0LL, std::min(i64(1), 1LL << 24))), true);
+      std::istringstream ranges(s(2));
+      for (std::string r; std::getline(ranges, r, ',');) {
+        const long long lo = std::strtoll(r.c_str(), nullptr, 10);
+        const std::size_t dash = r.find('-');
+        const long long hi = dash == std::string::npos ? lo : std::strtoll(r.c_str() + dash + 1, nullptr, 10);
+        for (long long p = std::max(0LL, lo); p <= hi && p < static_cast<long long>(f.connectedTo.size()); ++p)
+          f.connectedTo[static_cast<std::size_t>(p)] = false;
+      }
     }
   }
   return f;

@@ -63,12 +63,12 @@ std::string textReport(const Data& d, const std::vector<Finding>& findings) {
   };
   if (n <= kRankMatrixUpTo) {
     o << "\n1. Transports (row: rank, column: peer; *: connected on first use, not when the communicator was made)\n";
-    matrix(o, n, 6, [&](int a, int b) { return d.ranks[a].transportTo[b] + (later(a, b) ? "*" : ""); });
+    matrix(o, n, 6, [&](int a, int b) { return d.choice(a, b).transport + (later(a, b) ? "*" : ""); });
   } else {
     std::map<std::string, std::pair<long, long>> counts;  // transport -> (pairs, of them connected at creation)
     for (int a = 0; a < n; ++a)
       for (int b = a + 1; b < n; ++b) {
-        auto& c = counts[d.ranks[a].transportTo[b]];
+        auto& c = counts[d.choice(a, b).transport];
         ++c.first;
         c.second += !later(a, b);
       }
@@ -96,9 +96,9 @@ std::string textReport(const Data& d, const std::vector<Finding>& findings) {
   std::map<std::string, std::pair<std::vector<std::string>, std::string>> why;  // reason -> (pairs, first pair's text)
   for (int a = 0; a < n; ++a)
     for (int b = a + 1; b < n; ++b)
-      if (const std::string& skipped = d.ranks[a].skippedTo[b]; !skipped.empty()) {
-        auto& [pairs, first] = why[d.ranks[a].transportTo[b] + " because " + general(skipped)];
-        if (pairs.empty()) first = skipped;
+      if (const PairChoice c = d.choice(a, b); !c.skipped.empty()) {
+        auto& [pairs, first] = why[c.transport + " because " + general(c.skipped)];
+        if (pairs.empty()) first = c.skipped;
         pairs.push_back(std::to_string(a) + "–" + std::to_string(b));
       }
   if (!why.empty()) o << "  why not the others:\n";
@@ -289,9 +289,12 @@ std::string jsonReport(const Data& d, const std::vector<Finding>& findings) {
     o << "]}, \"settings\": {";
     for (std::size_t i = 0; i < f.settings.size(); ++i) o << (i ? ", " : "") << q(f.settings[i].first) << ": " << q(f.settings[i].second);
     o << "}, \"transports\": [";
-    for (std::size_t p = 0; p < f.transportTo.size(); ++p)
-      o << (p ? ", " : "") << "{\"peer\": " << p << ", \"transport\": " << q(f.transportTo[p]) << ", \"skipped\": " << q(f.skippedTo[p])
-        << ", \"connected_at_creation\": " << (p < f.connectedTo.size() && !f.connectedTo[p] ? "false" : "true") << "}";
+    for (int p = 0; p < n; ++p) {
+      const PairChoice c = d.choice(r, p);
+      const auto k = static_cast<std::size_t>(p);
+      o << (p ? ", " : "") << "{\"peer\": " << p << ", \"transport\": " << q(c.transport) << ", \"skipped\": " << q(c.skipped)
+        << ", \"connected_at_creation\": " << (k < f.connectedTo.size() && !f.connectedTo[k] ? "false" : "true") << "}";
+    }
     o << "]}";
   }
   o << "],\n \"pairs\": [";
@@ -301,7 +304,7 @@ std::string jsonReport(const Data& d, const std::vector<Finding>& findings) {
   std::sort(measured.begin(), measured.end());
   for (auto [a, b] : measured) {
     const PairFigure& p = d.pairs[a][b];
-    o << (first ? "" : ",\n   ") << "{\"a\": " << a << ", \"b\": " << b << ", \"transport\": " << q(d.ranks[a].transportTo[b])
+    o << (first ? "" : ",\n   ") << "{\"a\": " << a << ", \"b\": " << b << ", \"transport\": " << q(d.choice(a, b).transport)
       << ", \"gbps\": " << num(p.gbps) << ", \"lat_us\": " << num(p.latUs) << ", \"share\": " << p.share
       << ", \"clock_offset_us\": " << num(p.clockOffsetUs) << "}";
     first = false;

@@ -287,8 +287,7 @@ void transportFindings(const Data& d, const HostLayout& h, bool ibExplained, std
   std::map<std::string, std::vector<std::pair<int, int>>> across, within;
   for (int a = 0; a < n; ++a)
     for (int b = a + 1; b < n; ++b) {
-      const std::string& t = d.ranks[a].transportTo.size() > static_cast<std::size_t>(b) ? d.ranks[a].transportTo[b] : "";
-      (h.hostOf[a] == h.hostOf[b] ? within : across)[t].emplace_back(a, b);
+      (h.hostOf[a] == h.hostOf[b] ? within : across)[d.choice(a, b).transport].emplace_back(a, b);
     }
   auto report = [&](const std::map<std::string, std::vector<std::pair<int, int>>>& by, const char* kind) {
     if (by.size() < 2) return;
@@ -297,7 +296,7 @@ void transportFindings(const Data& d, const HostLayout& h, bool ibExplained, std
       counts += (counts.empty() ? "" : ", ") + t + " " + std::to_string(pairs.size());
       if (why.empty() && t == "tcp") {
         auto [a, b] = pairs[0];
-        why = "rank " + std::to_string(a) + "–rank " + std::to_string(b) + ": " + d.ranks[a].skippedTo[b];
+        why = "rank " + std::to_string(a) + "–rank " + std::to_string(b) + ": " + d.choice(a, b).skipped;
       }
     }
     out.push_back({std::string("transports ") + kind,
@@ -357,7 +356,7 @@ std::vector<HostLink> hostLinks(const Data& d, const HostLayout& h) {
     if (ha == hb) return;
     const auto key = std::make_pair(std::min(ha, hb), std::max(ha, hb));
     figures[key].push_back({p.gbps * p.share, p.gbps, p.latUs});
-    if (static_cast<std::size_t>(b) < d.ranks[a].transportTo.size()) transport[key] = d.ranks[a].transportTo[b];
+    transport[key] = d.choice(a, b).transport;
   });
   std::vector<HostLink> out;
   for (auto& [key, v] : figures) {

@@ -157,9 +157,11 @@ int heightOf(int rank, int nranks) {
   return h;
 }
 
-// The rank nearest a missing one gives up first: a rank waits kLevelGraceSec longer per level of
-// the tree it waits across, so the parent of a rank that never came names it, and its notice
-// reaches every other rank before their own waits end (blaming the parent instead).
+// The rank nearest a missing one gives up first: a rank at height h (levels below it) waits for
+// its children, and tries its parent, until BRAID_TIMEOUT plus h x kLevelGraceSec, and every rank
+// waits for the roster from above a level longer than rank 0 would. So a child that cannot reach
+// its parent says so before the parent gives up on it, the parent of a rank that never came names
+// it, and that notice reaches every other rank before their own waits end (blaming a neighbour).
 constexpr double kLevelGraceSec = 1;
 Deadline extended(const Deadline& d, int levels) {
   if (levels <= 0) return d;
@@ -223,7 +225,7 @@ Result<std::vector<std::string>> gather(const RosterTree::Job& job, const std::s
   std::vector<Incoming> pending;
   std::size_t joined = 0, strangers = 0;
   if (!children.empty()) net::setNonBlocking(listener, true);
-  const Deadline childrenBy = extended(job.deadline, heightOf(me, n) - 1);
+  const Deadline childrenBy = extended(job.deadline, heightOf(me, n));  // and the parent, after
   while (joined < children.size()) {
     Status early = w.notice(0);  // also one read during an earlier request
     if (w.noticed) return early;
@@ -347,7 +349,7 @@ Result<std::vector<std::string>> gather(const RosterTree::Job& job, const std::s
     const std::size_t colon = addr->rfind(':');
     if (colon == std::string::npos) return Status::Internal(to + ": bad address " + *addr);
     Status noticed = Status::Ok();
-    auto fd = net::connectWithRetry(addr->substr(0, colon), std::atoi(addr->c_str() + colon + 1), job.deadline, [&] {
+    auto fd = net::connectWithRetry(addr->substr(0, colon), std::atoi(addr->c_str() + colon + 1), childrenBy, [&] {
       noticed = w.notice(0);
       return w.noticed;
     });
@@ -361,9 +363,9 @@ Result<std::vector<std::string>> gather(const RosterTree::Job& job, const std::s
     hello.u32(kMagic);
     hello.i32(me);
     const std::string challenge = auth::randomBytes(kChallengeBytes);
-    Status s = sendExact(fd->get(), hello.data() + challenge, job.deadline, w, to);
+    Status s = sendExact(fd->get(), hello.data() + challenge, childrenBy, w, to);
     std::string answer;
-    if (s.ok()) s = recvExact(fd->get(), answer, kChallengeBytes + 32, job.deadline, w, to);
+    if (s.ok()) s = recvExact(fd->get(), answer, kChallengeBytes + 32, childrenBy, w, to);
     if (!s.ok()) return s;
     auth::Digest theirs{};
     std::memcpy(theirs.data(), answer.data() + kChallengeBytes, theirs.size());
@@ -378,11 +380,11 @@ Result<std::vector<std::string>> gather(const RosterTree::Job& job, const std::s
         up.str(roster[static_cast<std::size_t>(r)]);
       }
     s = sendExact(fd->get(), std::string(reinterpret_cast<const char*>(p.data()), p.size()) + lengthPrefixed(up.data()),
-                  job.deadline, w, to);
+                  childrenBy, w, to);
     if (!s.ok()) return s;
     const std::string down = who + " waiting for every rank's entry from rank " + std::to_string(parent) +
                              " (its parent in the set-up tree)";
-    auto all = recvFrame(fd->get(), frameLimit(n), extended(job.deadline, heightOf(0, n)), w, down);
+    auto all = recvFrame(fd->get(), frameLimit(n), extended(job.deadline, heightOf(0, n) + 1), w, down);
     if (!all.ok()) return all.status();
     Reader r(*all);
     std::uint32_t count = 0;
@@ -400,7 +402,7 @@ Result<std::vector<std::string>> gather(const RosterTree::Job& job, const std::s
     for (const std::string& entry : roster) all.str(entry);
     const std::string frame = lengthPrefixed(all.data());
     for (std::size_t i = 0; i < children.size(); ++i) {
-      Status s = sendExact(childFd[i].get(), frame, job.deadline, w,
+      Status s = sendExact(childFd[i].get(), frame, extended(job.deadline, heightOf(0, n) + 1), w,
                            who + " sending every rank's entry to rank " + std::to_string(children[i]) +
                                " (its child in the set-up tree)");
       if (!s.ok()) return s;

@@ -466,6 +466,31 @@ TEST(Doctor, FactsSurviveTheirTextForm) {
   EXPECT_EQ(g.ifSpecProblem, "tabs and newlines");
 }
 
+// The peers connected at creation travel as the ranges of those that were not: a few ranges a
+// rank whatever the size, read back exactly.
+TEST(Doctor, PeersConnectedAtCreationSurviveAsRanges) {
+  RankFacts f;
+  f.connectedTo.assign(1000, true);
+  for (int p : {3, 4, 5, 6, 9, 998, 999}) f.connectedTo[static_cast<std::size_t>(p)] = false;
+  const std::string text = f.serialize();
+  EXPECT_NE(text.find("connected\t1000\t3-6,9,998-999"), std::string::npos) << text;
+  EXPECT_EQ(RankFacts::parse(text).connectedTo, f.connectedTo);
+  EXPECT_EQ(text.find("peer\t"), std::string::npos);  // no line a peer
+}
+
+// A report made from choices asked on demand (braid doctor asks the communicator) reads as one
+// made from the ranks' own tables.
+TEST(Doctor, ChoicesAskedOnDemandReportAsTables) {
+  Data tables = healthy(4, 2);
+  tables.ranks[0].skippedTo[2] = tables.ranks[2].skippedTo[0] = "shm skipped: rank 2 is on host braid-h2";
+  Data asked = tables;
+  for (RankFacts& f : asked.ranks) f.transportTo.clear(), f.skippedTo.clear();
+  asked.choiceOf = [&tables](int a, int b) { return tables.choice(a, b); };
+  const auto findings = analyse(tables);
+  EXPECT_EQ(textReport(asked, analyse(asked)), textReport(tables, findings));
+  EXPECT_EQ(jsonReport(asked, analyse(asked)), jsonReport(tables, findings));
+}
+
 TEST(Doctor, RankText) {
   EXPECT_EQ(rankText({3}), "rank 3");
   EXPECT_EQ(rankText({0, 1, 2, 5, 7, 8}), "ranks 0-2,5,7-8");

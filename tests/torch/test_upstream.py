@@ -4,8 +4,9 @@ torch/testing/_internal/distributed/distributed_test.py, run as torch's test_dis
 runs them for gloo (3 ranks, file:// init, one process per rank), as a second opinion beside
 tests/torch/test_backend.py. torch 2.x only (exit 77 on older torch, with the reason).
 
-Prints one line per test (ok, skipped with torch's reason, FAIL) and a summary; exits non-zero if
-any test failed. Skips are torch's own decisions (a test for another backend or a GPU), never
+Prints one line per test (ok; skip, with torch's reason; xfail, a failure torch causes for every
+backend registered from outside it, with the reason; FAIL) and a summary; exits non-zero if any
+test failed. Skips are torch's own decisions (a test for another backend or a GPU), never
 counted as passes. docs/PYTORCH.md records the last run.
 
 usage: test_upstream.py [--world-size N] [TEST_NAME ...]
@@ -14,7 +15,6 @@ usage: test_upstream.py [--world-size N] [TEST_NAME ...]
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -23,7 +23,6 @@ if len(sys.argv) > 2 and sys.argv[1] == "--world-size":
     del sys.argv[1:3]
 os.environ["BACKEND"] = "braid"
 os.environ.setdefault("WORLD_SIZE", "3")
-os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="braid-torch-upstream-"))
 
 import torch  # noqa: E402
 

@@ -491,7 +491,7 @@ int runDoctor(int argc, char** argv) {
     RingFigure rf = d.ring(order);
     rf.slowestHop = 1e30;
     for (std::size_t i = 0; i < order.size(); ++i)  // the hops measured
-      if (const PairFigure& f = data.pairs[order[i]][order[(i + 1) % order.size()]]; f.measured)
+      if (const PairFigure& f = data.pairs.at(order[i], order[(i + 1) % order.size()]); f.measured)
         rf.slowestHop = std::min(rf.slowestHop, f.gbps);
     if (rf.slowestHop > 1e29) rf.slowestHop = 0;
     data.rings.push_back(rf);

@@ -62,9 +62,9 @@ struct Watch {
 
 // Waits until `fd` is ready for `events`: Timeout (naming `what`) once the deadline passes.
 Status await(int fd, short events, const Deadline& d, Watch& w, const std::string& what) {
+  Status early = w.notice(0);  // also one read during an earlier request; later ones wake the poll
+  if (w.noticed) return early;
   for (;;) {
-    Status early = w.notice(0);  // also one read during an earlier request
-    if (w.noticed) return early;
     if (d.expired()) return Status::Timeout(what + ": nothing came within BRAID_TIMEOUT");
     pollfd p[2] = {{fd, events, 0}, {w.store.noticeFd(), POLLIN, 0}};
     int k = ::poll(p, 2, std::max(0, std::min(d.msLeft(), 1000)));
@@ -226,9 +226,9 @@ Result<std::vector<std::string>> gather(const RosterTree::Job& job, const std::s
   std::size_t joined = 0, strangers = 0;
   if (!children.empty()) net::setNonBlocking(listener, true);
   const Deadline childrenBy = extended(job.deadline, heightOf(me, n));  // and the parent, after
+  Status early = w.notice(0);  // also one read during an earlier request; later ones wake the poll
+  if (w.noticed) return early;
   while (joined < children.size()) {
-    Status early = w.notice(0);  // also one read during an earlier request
-    if (w.noticed) return early;
     if (childrenBy.expired()) {
       std::string missing;
       for (std::size_t i = 0; i < children.size(); ++i)

@@ -58,8 +58,8 @@ std::string encodeNotice(const Notice& n) {
   return w.data();
 }
 
-// What a request says of a notice that came while it waited: the failure it reports.
-Status failureDuringSetup(const Notice& n, bool inSetup = true) {
+// The failure a notice reports, as a rank that read it while it waited says it (during set-up, or after).
+Status failureOf(const Notice& n, bool inSetup = true) {
   if (n.kind == Notice::kPeerGone)
     return Status::RemoteError("rank " + std::to_string(n.rank) + " exited or closed its connection" +
                                (inSetup ? " during setup" : ""));
@@ -558,7 +558,7 @@ Result<std::string> StoreClient::request(std::uint8_t type, const std::string& p
     std::string p;
     Status s = nextFrame(&t, &p, waitUntil);
     if (!s.ok() && !early_.empty()) {  // unanswered, or the store went away: the notice is the cause
-      return failureDuringSetup(early_.front(), !watching_);
+      return failureOf(early_.front(), !watching_);
     }
     if (s.code() == Code::kTimeout) return Status::Timeout("no answer from the rendezvous store at " + endpoint_ + " before BRAID_TIMEOUT: some rank has not arrived");
     if (!s.ok()) return Status::RemoteError("the rendezvous store at " + endpoint_ + " went away (" + s.message() + "): rank 0 or the process that created the unique id exited");
@@ -681,7 +681,7 @@ void StoreClient::startWatching(std::function<void(const Notice&)> onNotice) {
 
 bool StoreClient::readNotice(const Deadline& d, Status* failure) {
   if (!early_.empty()) {
-    *failure = failureDuringSetup(early_.front());
+    *failure = failureOf(early_.front());
     return true;
   }
   if (d.expired()) return false;  // only asked about notices already read
@@ -696,7 +696,7 @@ bool StoreClient::readNotice(const Deadline& d, Status* failure) {
   else if (t != kNotice || !decodeNotice(p, &n))
     *failure = Status::Internal("unexpected frame from the store during set-up");
   else
-    early_.push_back(n), *failure = failureDuringSetup(n);
+    early_.push_back(n), *failure = failureOf(n);
   return true;
 }
 

@@ -2,6 +2,7 @@
 // entries, destroy, abort and shutdown. Creation is in comm/setup.cc, failure handling in
 // comm/failure.cc.
 #include "comm/communicator.h"
+#include "comm/failure.h"
 
 #include <unistd.h>
 
@@ -60,13 +61,7 @@ std::string Comm::peerName(int peer) const {
 }
 
 std::string Comm::rankList(const std::vector<int>& ranks) const {
-  std::string out;
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    out += (i ? ", rank " : "rank ") + std::to_string(ranks[i]);
-    const std::string h = remoteHostOf(ranks[i]);
-    if (!h.empty() && (i + 1 == ranks.size() || remoteHostOf(ranks[i + 1]) != h)) out += " (host " + h + ")";
-  }
-  return out;
+  return braid::rankList(ranks, [this](int r) { return remoteHostOf(r); });
 }
 
 std::byte* Comm::scratch(std::size_t bytes) {

@@ -410,6 +410,29 @@ Result<bool> Engine::pass(Plan& plan, EngineHost& host, bool* moved) {
   return done;
 }
 
+Status Engine::timedOut(Plan& plan, EngineHost& host, bool moving) {
+  PlanRunner runner{plan, host, plan.ops_, plan.fp_, 1};
+  const auto queues = std::span(plan.queues_.data(), plan.numQueues_);
+  // Name the first peer this rank is still waiting to hear from (else to send to).
+  const Plan::Queue* stuck = nullptr;
+  for (const Plan::Queue& q : queues)
+    if (q.head < q.ops.size() && (!stuck || (stuck->sending && !q.sending))) stuck = &q;
+  if (!stuck) return Status::Ok();  // nothing left to wait for
+  const Op& op = plan.ops_[static_cast<std::size_t>(stuck->ops[stuck->head])];
+  const Fingerprint& mine = plan.fingerprintOf(op);
+  std::size_t done = 0, bytes = 0;  // this rank's part of the call, all peers
+  for (const Op& o : plan.ops_) {
+    done += o.done;
+    bytes += o.bytes;
+  }
+  return host.explainTimeout(mine.describe() + " #" + std::to_string(mine.seq),
+                             "rank " + std::to_string(plan.rank_) + " waited " + (stuck->sending ? "to send to " : "to receive from ") +
+                                 runner.where(op) + " (" + std::to_string(op.done) + " of " + std::to_string(op.bytes) +
+                                 " bytes moved; " + std::to_string(done) + " of " + std::to_string(bytes) +
+                                 " bytes of its whole part of the call)",
+                             moving);
+}
+
 Status Engine::run(Plan& plan, EngineHost& host) {
   const Fingerprint& fp = plan.fp_;
   PlanRunner runner{plan, host, plan.ops_, fp, std::max<std::size_t>(dataTypeSize(fp.dtype), 1)};
@@ -442,24 +465,7 @@ Status Engine::run(Plan& plan, EngineHost& host) {
       // Still moving: data came or went in the second half of the limit (at least the last 100 ms;
       // a loaded host can pause a moving call for tens of milliseconds).
       const auto recent = std::chrono::duration<double>(std::max(0.1, host.timeoutSec() / 2));
-      const bool moving = lastMoved.time_since_epoch().count() != 0 && lastCheck - lastMoved < recent;
-      // Name the first peer this rank is still waiting to hear from (else to send to).
-      const Plan::Queue* stuck = nullptr;
-      for (const Plan::Queue& q : queues)
-        if (q.head < q.ops.size() && (!stuck || (stuck->sending && !q.sending))) stuck = &q;
-      const Op& op = plan.ops_[static_cast<std::size_t>(stuck->ops[stuck->head])];
-      const Fingerprint& mine = plan.fingerprintOf(op);
-      std::size_t done = 0, bytes = 0;  // this rank's part of the call, all peers
-      for (const Op& o : plan.ops_) {
-        done += o.done;
-        bytes += o.bytes;
-      }
-      return host.explainTimeout(mine.describe() + " #" + std::to_string(mine.seq), "rank " + std::to_string(plan.rank_) + " waited " +
-                                           (stuck->sending ? "to send to " : "to receive from ") + runner.where(op) +
-                                           " (" + std::to_string(op.done) + " of " + std::to_string(op.bytes) +
-                                           " bytes moved; " + std::to_string(done) + " of " + std::to_string(bytes) +
-                                           " bytes of its whole part of the call)",
-                                 moving);
+      return timedOut(plan, host, lastMoved.time_since_epoch().count() != 0 && lastCheck - lastMoved < recent);
     }
   }
 }

@@ -165,6 +165,11 @@ class Engine {
   // moved. For a driver that runs many ranks' plans in turn on one thread (tests/sim), which
   // decides itself when nothing can move any more; the host's waiter and clock are not used.
   static Result<bool> pass(Plan& plan, EngineHost& host, bool* moved = nullptr);
+  // BRAID_TIMEOUT passed while the plan waits: names the call, the peer, channel and transport
+  // this rank waits on and how far its part got, and asks the host who is silent
+  // (EngineHost::explainTimeout). What run does when its deadline expires; the simulator calls it
+  // when virtual time reaches the deadline. `moving`: data still moved in the limit's second half.
+  static Status timedOut(Plan& plan, EngineHost& host, bool moving);
 };
 
 }  // namespace braid

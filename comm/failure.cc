@@ -11,6 +11,7 @@
 #include "base/log.h"
 #include "base/process.h"
 #include "comm/communicator.h"
+#include "comm/failure.h"
 
 namespace braid {
 
@@ -72,47 +73,60 @@ std::string secondsText(double s) {
 }
 }  // namespace
 
+std::string rankList(const std::vector<int>& ranks, const std::function<std::string(int)>& remoteHostOf) {
+  std::string out;
+  std::string next = ranks.empty() ? "" : remoteHostOf(ranks[0]);
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    out += (i ? ", rank " : "rank ") + std::to_string(ranks[i]);
+    const std::string h = next;
+    next = i + 1 < ranks.size() ? remoteHostOf(ranks[i + 1]) : "";
+    if (!h.empty() && (i + 1 == ranks.size() || next != h)) out += " (host " + h + ")";
+  }
+  return out;
+}
+
+Status timeoutVerdict(const TimeoutView& me, const std::string& what, const std::string& detail, bool moving,
+                      const std::map<int, std::string>& timedOut) {
+  std::vector<int> silent;
+  int other = -1;
+  std::string otherWhat;
+  for (int r = 0; r < me.nranks; ++r) {
+    if (r == me.rank) continue;
+    auto it = timedOut.find(r);
+    if (it == timedOut.end()) { silent.push_back(r); continue; }
+    std::string theirs = it->second.substr(0, it->second.find('\n'));
+    if (other < 0 && theirs != what) { other = r; otherWhat = theirs; }
+  }
+  // Everyone waits, nobody is silent, and not all in the same call: the ranks called different
+  // collectives. (With a silent rank, others may legitimately be one call apart: name the silent one.)
+  if (other >= 0 && silent.empty()) {  // "desc #seq" -> "desc as #seq", as the header check words it
+    auto as = [](const std::string& w) { std::size_t h = w.rfind(" #"); return h == std::string::npos ? w : w.substr(0, h) + " as" + w.substr(h); };
+    return Status::InvalidUsage(what + " timed out after " + secondsText(me.timeoutSec) + ": " + mismatchText(me.rank, as(what), other, as(otherWhat)));
+  }
+  if (moving)
+    return Status::Timeout(what + " did not finish within " + secondsText(me.timeoutSec) +
+                           ", the time BRAID_TIMEOUT gives a whole call, though its data was still moving (" + detail +
+                           "): no rank is silent; the call is slower than the limit allows: raise BRAID_TIMEOUT, or "
+                           "look for a slow link (braid doctor)");
+  std::string msg = what + " timed out after " + secondsText(me.timeoutSec) + ": ";
+  if (!silent.empty() && silent.size() < static_cast<std::size_t>(me.nranks - 1))
+    msg += rankList(silent, me.remoteHostOf) + (silent.size() == 1 ? " is" : " are") +
+           " silent (stopped, hung, or busy outside Braid) while the other ranks wait; ";
+  msg += detail + ". BRAID_TIMEOUT bounds this wait: raise it if the silent rank is only slow, lower it to notice a " +
+         "lost rank or host sooner";
+  return Status::Timeout(msg);
+}
+
 // Every rank that gives up waiting says so through the store. A rank that is stopped, hung, or busy
 // outside Braid says nothing: after a short grace, the ranks missing from the chorus are named.
 Status Comm::explainTimeout(const std::string& what, const std::string& detail, bool moving) {
   // The notice carries the call ("allgather(count=4, float32) #3") on its first line, so that ranks
   // stuck in different calls (a mismatch in which nobody reads the other's header) are named.
   if (store_) store_->report({Notice::kTimedOut, rank_, Code::kTimeout, what + "\n" + detail});
-  std::vector<int> silent;
-  int other = -1;
-  std::string otherWhat;
-  {
-    std::unique_lock<std::mutex> g(timeoutMu_);
-    const double grace = std::min(2.0, std::max(0.2, config_.timeoutSec / 10));
-    timeoutCv_.wait_for(g, std::chrono::duration<double>(grace),
-                        [&] { return static_cast<int>(timedOut_.size()) >= nranks_ - 1; });
-    for (int r = 0; r < nranks_; ++r) {
-      if (r == rank_) continue;
-      auto it = timedOut_.find(r);
-      if (it == timedOut_.end()) { silent.push_back(r); continue; }
-      std::string theirs = it->second.substr(0, it->second.find('\n'));
-      if (other < 0 && theirs != what) { other = r; otherWhat = theirs; }
-    }
-  }
-  // Everyone waits, nobody is silent, and not all in the same call: the ranks called different
-  // collectives. (With a silent rank, others may legitimately be one call apart: name the silent one.)
-  if (other >= 0 && silent.empty()) {  // "desc #seq" -> "desc as #seq", as the header check words it
-    auto as = [](const std::string& w) { std::size_t h = w.rfind(" #"); return h == std::string::npos ? w : w.substr(0, h) + " as" + w.substr(h); };
-    return Status::InvalidUsage(what + " timed out after " + secondsText(config_.timeoutSec) + ": " + mismatchText(rank_, as(what), other, as(otherWhat)));
-  }
-  if (moving)
-    return Status::Timeout(what + " did not finish within " + secondsText(config_.timeoutSec) +
-                           ", the time BRAID_TIMEOUT gives a whole call, though its data was still moving (" + detail +
-                           "): no rank is silent; the call is slower than the limit allows: raise BRAID_TIMEOUT, or "
-                           "look for a slow link (braid doctor)");
-  const std::string who = rankList(silent);
-  std::string msg = what + " timed out after " + secondsText(config_.timeoutSec) + ": ";
-  if (!silent.empty() && silent.size() < static_cast<std::size_t>(nranks_ - 1))
-    msg += who + (silent.size() == 1 ? " is" : " are") + " silent (stopped, hung, or busy outside Braid) while the " +
-           "other ranks wait; ";
-  msg += detail + ". BRAID_TIMEOUT bounds this wait: raise it if the silent rank is only slow, lower it to notice a " +
-         "lost rank or host sooner";
-  return Status::Timeout(msg);
+  std::unique_lock<std::mutex> g(timeoutMu_);
+  const double grace = std::min(2.0, std::max(0.2, config_.timeoutSec / 10));
+  timeoutCv_.wait_for(g, std::chrono::duration<double>(grace), [&] { return static_cast<int>(timedOut_.size()) >= nranks_ - 1; });
+  return timeoutVerdict({rank_, nranks_, config_.timeoutSec, [this](int r) { return remoteHostOf(r); }}, what, detail, moving, timedOut_);
 }
 
 // A message that is still unread although its call is over here (its sequence number is one this

@@ -5,8 +5,10 @@
 #include <numeric>
 #include <random>
 #include <tuple>
+#include <utility>
 
 #include "comm/engine.h"
+#include "comm/failure.h"
 #include "comm/fingerprint.h"
 #include "comm/waiter.h"
 #include "transport/transport.h"
@@ -50,8 +52,10 @@ class World::Stream {
     size_ += n;
     return n;
   }
+  bool stalled = false;  // delivers nothing (Fault)
+  void clear() { head_ = size_ = 0; }
   std::span<const std::byte> peek() const {
-    if (size_ == 0) return {};
+    if (size_ == 0 || stalled) return {};
     return {buf_.data() + head_, std::min(size_, buf_.size() - head_)};
   }
   void consume(std::size_t n) {
@@ -60,7 +64,7 @@ class World::Stream {
   }
   std::size_t get(void* dst, std::size_t n) {
     std::size_t got = 0;
-    while (got < n && size_ > 0) {
+    while (got < n && size_ > 0 && !stalled) {
       auto s = peek();
       const std::size_t k = std::min(s.size(), n - got);
       std::memcpy(static_cast<std::byte*>(dst) + got, s.data(), k);
@@ -77,6 +81,7 @@ class World::Stream {
     std::vector<std::byte> bigger(std::min(capacity_, std::max({need, 2 * buf_.size(), std::size_t{256}})));
     const std::size_t n = size_;
     std::size_t off = 0;
+    const bool wasStalled = std::exchange(stalled, false);
     while (size_ > 0) {
       auto s = peek();
       std::memcpy(bigger.data() + off, s.data(), s.size());
@@ -86,6 +91,7 @@ class World::Stream {
     buf_ = std::move(bigger);
     head_ = 0;
     size_ = n;
+    stalled = wasStalled;
   }
   std::vector<std::byte> buf_;
   std::size_t capacity_, head_ = 0, size_ = 0;
@@ -154,18 +160,25 @@ class World::Rank : public Workspace, public EngineHost {
   Waiter& waiter() override { return sharedWaiter(); }
   Status failure() override { return Status::Ok(); }
   bool failedFast() const override { return false; }
-  double timeoutSec() const override { return 1; }
+  double timeoutSec() const override { return world_.timeoutSec_; }
   std::string remoteHostOf(int peer) const override {
     const int h = world_.layout_.hostOf[static_cast<std::size_t>(peer)];
     return h == world_.layout_.hostOf[static_cast<std::size_t>(rank_)] ? "" : "sim-h" + std::to_string(h);
   }
-  Status explainTimeout(const std::string& what, const std::string& detail, bool) override {
+  // What it waited for when its deadline passed; the verdict waits until every rank has said so
+  // (World::timeOutWaitingRanks), as a communicator's rank waits for the others' notices.
+  Status explainTimeout(const std::string& what, const std::string& detail, bool moving) override {
+    waitedFor = {what, detail};
+    this->moving = moving;
     return Status::Timeout(what + ": " + detail);
   }
+  std::pair<std::string, std::string> waitedFor;
+  bool moving = false;
 
   static constexpr int kMaxChannels = 16;
   Plan plan;
   bool done = false;
+  bool stopped = false;
   bool oneShot = false;
   std::uint64_t seq = 0;
 
@@ -286,7 +299,7 @@ Status World::run(const std::vector<CollArgs>& calls, Algo algo, int channels, s
     fp.seq = ++rank.seq;
     rank.plan.reset(fp, 0x5157, r, n, chunk);
     rank.oneShot = buildPlan(a, rank, algo, channels, channels, rank.plan);
-    rank.done = false;
+    rank.done = rank.stopped = false;
     rank.plan.forEachMessage([&](const Op& op, int, std::size_t) {
       if (op.kind != Op::kSend) return;
       LinkCount& l = links_[{r, op.peer}];
@@ -294,10 +307,30 @@ Status World::run(const std::vector<CollArgs>& calls, Algo algo, int channels, s
       l.bytes += op.bytes;
     });
   }
+  // Each run starts on empty streams (a failed run leaves messages behind, as a failed
+  // communicator does) and with only the fault's stream stalled.
+  for (auto& [key, stream] : streams_) {
+    stream->clear();
+    stream->stalled = std::get<0>(key) == fault_.stallFrom && std::get<1>(key) == fault_.stallTo && std::get<2>(key) == fault_.stallChannel;
+  }
+  if (fault_.stallFrom >= 0) stream(fault_.stallFrom, fault_.stallTo, fault_.stallChannel).stalled = true;
+  statuses_.assign(static_cast<std::size_t>(n), Status::Ok());
+  virtualSec_ = 0;
+  // The rank that stops: once its finished messages reach fault_.stopAfter.
+  auto finished = [](const Plan& plan) {
+    int k = 0;
+    plan.forEachMessage([&](const Op& op, int, std::size_t) { k += op.complete; });
+    return k;
+  };
+  int stopped = -1;
+  if (fault_.stopRank >= 0 && fault_.stopAfter == 0) {
+    stopped = fault_.stopRank;
+    ranks_[static_cast<std::size_t>(stopped)]->stopped = true;
+  }
   std::mt19937_64 rng(seed);
   std::vector<int> order(static_cast<std::size_t>(n));
   std::iota(order.begin(), order.end(), 0);
-  int left = n;
+  int left = n - (stopped >= 0);
   lastRounds_ = 0;
   while (left > 0) {
     ++lastRounds_;
@@ -305,11 +338,15 @@ Status World::run(const std::vector<CollArgs>& calls, Algo algo, int channels, s
     bool moved = false;
     for (int r : order) {
       Rank& rank = *ranks_[static_cast<std::size_t>(r)];
-      if (rank.done) continue;
+      if (rank.done || rank.stopped) continue;
       bool m = false;
       auto done = Engine::pass(rank.plan, rank, &m);
-      if (!done.ok()) return done.status();
+      if (!done.ok()) return statuses_[static_cast<std::size_t>(r)] = done.status();
       moved |= m;
+      if (r == fault_.stopRank && finished(rank.plan) >= fault_.stopAfter) {
+        rank.stopped = true, stopped = r, --left;
+        continue;
+      }
       if (*done) {
         rank.done = true;
         --left;
@@ -318,15 +355,38 @@ Status World::run(const std::vector<CollArgs>& calls, Algo algo, int channels, s
       }
     }
     if (!moved) {
-      std::string waiting;
-      int shown = 0;
-      for (int r = 0; r < n && shown < 8; ++r)
-        if (!ranks_[static_cast<std::size_t>(r)]->done) waiting += (shown++ ? ", " : "") + std::to_string(r);
-      return Status::Timeout("deadlock after " + std::to_string(lastRounds_) + " rounds: " + std::to_string(left) +
-                             " rank(s) wait and nothing moves (" + waiting + (left > shown ? ", ..." : "") + ")");
+      timeOutWaitingRanks(stopped);
+      for (const Status& st : statuses_)
+        if (!st.ok()) return st;
     }
   }
+  if (stopped >= 0) statuses_[static_cast<std::size_t>(stopped)] = Status::Timeout("rank " + std::to_string(stopped) + " was stopped");
   return Status::Ok();
+}
+
+// Every rank still in the call waits until its deadline (virtual time moves on by BRAID_TIMEOUT),
+// says what it waited for (Engine::timedOut, as Engine::run does), and then judges with what the
+// others said, as a communicator's rank does with the store's notices.
+void World::timeOutWaitingRanks(int stopped) {
+  virtualSec_ += timeoutSec_;
+  std::map<int, std::string> said;
+  std::vector<int> waiting;
+  for (int r = 0; r < nranks(); ++r) {
+    Rank& rank = *ranks_[static_cast<std::size_t>(r)];
+    if (rank.done || rank.stopped) continue;
+    rank.waitedFor = {};
+    statuses_[static_cast<std::size_t>(r)] = Engine::timedOut(rank.plan, rank, false);
+    said[r] = rank.waitedFor.first + "\n" + rank.waitedFor.second;
+    waiting.push_back(r);
+  }
+  for (int r : waiting) {
+    Rank& rank = *ranks_[static_cast<std::size_t>(r)];
+    const TimeoutView me{r, nranks(), timeoutSec_, [&](int p) { return rank.remoteHostOf(p); }};
+    statuses_[static_cast<std::size_t>(r)] = timeoutVerdict(me, rank.waitedFor.first, rank.waitedFor.second, rank.moving, said);
+    rank.done = true;  // failed
+  }
+  if (stopped >= 0)
+    statuses_[static_cast<std::size_t>(stopped)] = Status::Timeout("rank " + std::to_string(stopped) + " was stopped");
 }
 
 }  // namespace braid::sim

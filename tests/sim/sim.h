@@ -35,6 +35,19 @@ struct LinkCount {
   std::uint64_t messages = 0, bytes = 0;
 };
 
+// What goes wrong in the next run. Time is virtual: a round of passes in which nothing moves is
+// BRAID_TIMEOUT passing for every rank still waiting, and each then fails as a communicator's rank
+// would (Engine::timedOut, timeoutVerdict: the ranks that did not say they waited are named silent).
+struct Fault {
+  // This rank stops, as a process stopped with SIGSTOP, in the pass that finishes its
+  // `stopAfter`-th message (0: before its first pass). -1: none.
+  int stopRank = -1;
+  int stopAfter = 0;
+  // The stream from `stallFrom` to `stallTo` on `stallChannel` delivers nothing (the sender may
+  // still fill it). -1: none.
+  int stallFrom = -1, stallTo = -1, stallChannel = 0;
+};
+
 class World {
  public:
   // streamBytes: what each (sender, receiver, channel) stream holds before a send must wait, as a
@@ -47,14 +60,22 @@ class World {
   // One collective on every rank (calls[r] is rank r's), each rank's plan built by `algo` over
   // `channels` with pieces of `chunk` bytes, and run until every rank is done. The order of the
   // ranks' passes is a permutation drawn from `seed` each round. Counts each plan's messages
-  // (links()). Returns the first rank's failure, or, when a round moves nothing, a deadlock naming
-  // the ranks still waiting.
+  // (links()). Returns the first rank's failure: when a round moves nothing (a deadlock, or a
+  // Fault), BRAID_TIMEOUT passes in virtual time and every waiting rank times out as it would in
+  // a communicator, naming what it waited for and the silent ranks (lastStatuses()).
   Status run(const std::vector<CollArgs>& calls, Algo algo, int channels, std::size_t chunk, std::uint64_t seed);
   // The same with what the tuner chooses (comm/tuner.cc), as every rank of a communicator would:
   // from the call's kind and bytes, the ranks' layout over hosts, and the link classes within and
   // across hosts (by default shm's and tcp's, transport/). Returns the choice through *choice.
   Status runTuned(const std::vector<CollArgs>& calls, std::uint64_t seed, TunerChoice* choice = nullptr);
   void setLinks(const LinkClass& withinHosts, const LinkClass& acrossHosts);
+  // The fault the next runs meet (Fault{} for none), and the BRAID_TIMEOUT their ranks have.
+  void setFault(const Fault& f) { fault_ = f; }
+  void setTimeoutSec(double s) { timeoutSec_ = s; }
+  // Each rank's outcome of the last run (a stopped rank's says where it stopped), and the virtual
+  // seconds it took (BRAID_TIMEOUT for each time the world stood still).
+  const std::vector<Status>& lastStatuses() const { return statuses_; }
+  double lastVirtualSec() const { return virtualSec_; }
 
   // Per ordered pair (sender, receiver), over every run so far.
   const std::map<std::pair<int, int>, LinkCount>& links() const { return links_; }
@@ -75,6 +96,12 @@ class World {
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::map<std::pair<int, int>, LinkCount> links_;
   int lastRounds_ = 0;
+  Fault fault_;
+  double timeoutSec_ = 300;
+  std::vector<Status> statuses_;
+  double virtualSec_ = 0;
+  // Nothing moved in a whole round: every unfinished rank's deadline passes; fills statuses_.
+  void timeOutWaitingRanks(int stopped);
   Tuner tuner_;
   void makeTuner(const LinkClass& within, const LinkClass& across);
   friend class Rank;

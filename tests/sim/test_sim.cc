@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -276,6 +278,80 @@ TEST(Sim, CriticalPathsMatchTheTunersAlphaTerms) {
       EXPECT_EQ(rooted, log2floor(H) + log2floor(L)) << at;
       EXPECT_LE(rooted, log2ceil(n)) << at;
     }
+  }
+}
+
+// Faults, in virtual time (World::setFault): a rank that stops (as with SIGSTOP) partway into a
+// call is named silent by every other rank, through the communicator's own path (Engine::timedOut,
+// timeoutVerdict), for the ring, tree and hierarchical all-reduce, the ring all-gather and the
+// barrier, at 64 and 1,024 ranks. The simulated BRAID_TIMEOUT (300 s) passes without a real wait.
+TEST(Sim, AStoppedRankIsNamedSilentByEveryOtherRank) {
+  for (const Topology& t : {Topology::uniform(16, 4), Topology::uniform(128, 8)}) {
+    World w(t);
+    const int n = w.nranks(), stop = n / 2 + 5;
+    std::vector<Case> cases = {{CollKind::kAllReduce, Algo::kTree, 100},
+                               {CollKind::kAllReduce, Algo::kRing, 1000},
+                               {CollKind::kAllGather, Algo::kRing, 7},
+                               {CollKind::kBarrier, Algo::kTree, 0}};
+    if (n <= 64) cases.push_back({CollKind::kAllReduce, Algo::kHier, 1000});
+    const std::string stopHost = "sim-h" + std::to_string(w.layout().hostOf[static_cast<std::size_t>(stop)]);
+    // A tree's leaf that stops after its sends has given all the others need; the ring and the
+    // hierarchical plans forward through every rank.
+    for (int after : {0, 2})
+      for (const Case& c : cases) {
+        if (after > 0 && c.algo == Algo::kTree) continue;
+        w.setFault({stop, after});
+        const auto t0 = std::chrono::steady_clock::now();
+        const std::string err = runAndCheck(w, c, 11);
+        const double real = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const std::string at = describe(c, t) + ", rank " + std::to_string(stop) + " stopped after " + std::to_string(after) + " messages";
+        ASSERT_NE(err, "") << at;
+        EXPECT_EQ(w.lastVirtualSec(), 300) << at;
+        EXPECT_LT(real, 60) << at;
+        // Every rank still in the call names the stopped rank silent; the only others it may name
+        // are ranks that finished the call (they are outside it, as far as anyone can tell).
+        std::set<int> finished;
+        for (int r = 0; r < n; ++r)
+          if (r != stop && w.lastStatuses()[static_cast<std::size_t>(r)].ok()) finished.insert(r);
+        if (after == 0) { EXPECT_TRUE(finished.empty()) << at; }
+        for (int r = 0; r < n; ++r) {
+          const Status& st = w.lastStatuses()[static_cast<std::size_t>(r)];
+          if (r == stop || st.ok()) continue;
+          ASSERT_EQ(st.code(), Code::kTimeout) << at << ": rank " << r << ": " << st.toString();
+          const std::string& m = st.message();
+          const std::size_t from = m.find("timed out after 300 s: "), to = m.find(" silent (");
+          ASSERT_TRUE(from != std::string::npos && to != std::string::npos) << at << ": rank " << r << ": " << st.toString();
+          std::set<int> silent;
+          const std::string list = m.substr(from, to - from);
+          const std::regex rankNo("rank (\\d+)");
+          for (std::sregex_iterator i(list.begin(), list.end(), rankNo), e; i != e; ++i) silent.insert(std::stoi((*i)[1]));
+          ASSERT_TRUE(silent.count(stop)) << at << ": rank " << r << ": " << st.toString();
+          silent.erase(stop);
+          for (int q : silent) ASSERT_TRUE(finished.count(q)) << at << ": rank " << r << " names rank " << q << ": " << st.toString();
+          const bool sameHost = w.layout().hostOf[static_cast<std::size_t>(r)] == w.layout().hostOf[static_cast<std::size_t>(stop)];
+          if (!sameHost) { ASSERT_NE(list.find("rank " + std::to_string(stop) + " (host " + stopHost + ")"), std::string::npos) << st.toString(); }
+        }
+      }
+  }
+  World w(Topology::uniform(4, 4));  // and without the fault, the same world runs exact again
+  w.setFault({});
+  ASSERT_EQ(runAndCheck(w, {CollKind::kAllReduce, Algo::kRing, 1000}, 1), "");
+}
+
+// A channel that stalls (its stream delivers nothing): every rank times out and none is named
+// silent; the rank behind the stall names the peer and channel it waits on.
+TEST(Sim, AStalledChannelIsNamedByTheRankWaitingOnIt) {
+  World w(Topology::uniform(4, 4));
+  const std::vector<int>& ring = w.layout().ringOrder;
+  const int from = ring[5], to = ring[6];
+  w.setFault({-1, 0, from, to, 1});
+  ASSERT_NE(runAndCheck(w, {CollKind::kAllReduce, Algo::kRing, 1000}, 2), "");
+  const std::string named = "rank " + std::to_string(to) + " waited to receive from rank " + std::to_string(from) + " (sim, channel 1";
+  for (int r = 0; r < w.nranks(); ++r) {
+    const Status& st = w.lastStatuses()[static_cast<std::size_t>(r)];
+    EXPECT_EQ(st.code(), Code::kTimeout) << "rank " << r << ": " << st.toString();
+    EXPECT_EQ(st.message().find(" silent ("), std::string::npos) << "rank " << r << ": " << st.toString();
+    if (r == to) { EXPECT_NE(st.message().find(named), std::string::npos) << st.toString(); }
   }
 }
 

@@ -70,6 +70,11 @@ struct WorkState {
 // BRAID_CONNECT=auto connects every pair at set-up up to this many ranks, and beyond only the
 // ranks of each host and the peers the algorithms need (comm/connect.cc).
 inline constexpr int kConnectAllUpTo = 8;
+// Whether BRAID_CONNECT makes a communicator of `nranks` connect every pair at creation (the
+// tuner's one-shot needs every pair; Comm::setup counts a communicator on one host as such too).
+inline bool connectsEveryPair(const Config& c, int nranks) {
+  return c.connect == "all" || (c.connect == "auto" && nranks <= kConnectAllUpTo);
+}
 
 class Comm final : public EngineHost, public Workspace {
  public:

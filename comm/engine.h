@@ -81,7 +81,7 @@ class Plan {
   }
   // Calls f(op, index, position) for each message of the plan, queue by queue: its index among
   // the plan's ops (what Op::dep names) and its position in its (peer, channel, direction) queue,
-  // which is how a send meets its receive on the other rank (the simulator's counts, tests/sim).
+  // which is how a send meets its receive on the other rank (the simulator's counts, sim/).
   template <typename F>
   void forEachMessage(F f) const {
     for (std::size_t i = 0; i < numQueues_; ++i)
@@ -162,7 +162,7 @@ class Engine {
   static Status run(Plan& plan, EngineHost& host);
   // One pass of run without waiting: every message advanced as far as it goes now, or a piece
   // of local copying done when nothing moved. True once the plan is complete; *moved: something
-  // moved. For a driver that runs many ranks' plans in turn on one thread (tests/sim), which
+  // moved. For a driver that runs many ranks' plans in turn on one thread (sim/), which
   // decides itself when nothing can move any more; the host's waiter and clock are not used.
   static Result<bool> pass(Plan& plan, EngineHost& host, bool* moved = nullptr);
   // BRAID_TIMEOUT passed while the plan waits: names the call, the peer, channel and transport

@@ -218,7 +218,7 @@ Status Comm::setup(InitParams& p) {
   // algorithms reach (comm/connect.cc); a transport that cannot connect later connects all its peers.
   maxChannels_ = config_.nsocks;
   layOutHosts(infos);
-  const bool connectAll = config_.connect == "all" || (config_.connect == "auto" && nranks_ <= kConnectAllUpTo);
+  const bool connectAll = connectsEveryPair(config_, nranks_);
   std::vector<char> now(static_cast<std::size_t>(nranks_), 1);
   if (!connectAll) {
     now.assign(static_cast<std::size_t>(nranks_), 0);

@@ -36,6 +36,26 @@ HostShape hostShape(const std::vector<std::vector<int>>& hosts) {
   return shape;
 }
 
+namespace {
+constexpr double kGamma = 6000.0;  // the reduction's speed, bytes per microsecond
+
+// The model's time of the algorithm chosen, with its reduction work: what the choice was made on.
+double predictedUs(const TunerChoice& c, CollKind kind, double n, double S, double alpha, double beta) {
+  const double gamma = kGamma;
+  const bool reduces = kind == CollKind::kAllReduce || kind == CollKind::kBarrier;
+  switch (c.algo) {
+    case Algo::kRing:
+      if (kind == CollKind::kAllGather || kind == CollKind::kReduceScatter) return (n - 1) * alpha + (n - 1) / n * S / beta;
+      if (reduces || kind == CollKind::kBroadcast || kind == CollKind::kReduce) return c.ringUs + (reduces ? (n - 1) / n * S / gamma : 0);
+      return 0;  // all-to-all and send/recv: not modelled
+    case Algo::kTree: return c.treeUs + (reduces ? S / gamma : 0);
+    case Algo::kOneShot: return c.oneShotUs;
+    case Algo::kHier: return c.hierUs;
+  }
+  return 0;
+}
+}  // namespace
+
 TunerChoice tune(const TunerInput& in, const Config& config) {
   const double alpha = in.link.latencyUs;
   const double beta = in.link.bytesPerUs;
@@ -53,7 +73,7 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
   bool treeCapable = rooted || in.kind == CollKind::kAllReduce || in.kind == CollKind::kBarrier;
   c.algo = treeCapable && c.treeUs < c.ringUs ? Algo::kTree : Algo::kRing;
   if (in.kind == CollKind::kAllReduce || in.kind == CollKind::kBarrier) {
-    const double gamma = 6000.0;  // reduction, bytes per microsecond
+    const double gamma = kGamma;
     double best = std::min(c.ringUs + (n - 1) / n * S / gamma, c.treeUs + S / gamma);
     if (in.allPairs) {
       c.oneShotUs = alpha + (n - 1) * S / beta + (n - 1) * S / gamma;
@@ -110,6 +130,7 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
   }
   if (config.chunkSize) c.chunk = config.chunkSize;
   c.chunk = std::max<std::size_t>(c.chunk & ~std::size_t{63}, 64);  // whole elements of every type
+  c.predictedUs = predictedUs(c, in.kind, n, S, alpha, beta);
   return c;
 }
 

@@ -10,6 +10,7 @@ int runPerf(int argc, char** argv);      // braid perf
 int runInfo(int argc, char** argv);      // braid info
 int runTopo(int argc, char** argv);      // braid topo
 int runDoctor(int argc, char** argv);    // braid doctor
+int runTune(int argc, char** argv);      // braid tune
 
 // "auto (cost model)" or "ring (BRAID_ALGO)".
 std::string describeAlgoSetting();

@@ -65,7 +65,7 @@ class Workspace {
 // The hosts and the rings' order from each rank's host label (any numbers; ranks with the same
 // label share a host): hosts numbered in the order of their lowest rank, each host's ranks in rank
 // order, and the rings visiting each host's ranks consecutively. What a communicator keeps at
-// set-up for its Workspace (dispatch.cc), and what the simulator lays out (tests/sim).
+// set-up for its Workspace (dispatch.cc), and what the simulator lays out (sim/).
 struct RankLayout {
   std::vector<std::vector<int>> hosts;
   std::vector<int> hostOf, ringOrder, ringPos;

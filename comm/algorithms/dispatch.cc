@@ -1,4 +1,4 @@
-// What a communicator and the simulator (tests/sim) share so that both run the same plans: the
+// What a communicator and the simulator (sim/) share so that both run the same plans: the
 // ranks' layout over hosts, and the plan of one call from the algorithm the tuner chose.
 #include <map>
 

@@ -9,7 +9,8 @@
 // over ranks (root 0) and tree 1 is the same heap over mirrored ranks n-1-r (root n-1). Most ranks
 // that are inner nodes in one tree are leaves in the other, so the two halves of the data load
 // different links. Each tree keeps its own channel, so its up and down streams never queue behind
-// the other tree's.
+// the other tree's. Across hosts (some holding several ranks) both trees are built over hosts
+// first (hostTreeNode), as broadcast and reduce are.
 // Broadcast and reduce use one tree rooted at `root`, built over hosts first: a binary heap (kTree)
 // or a chain (kRing) of the hosts' leaders (the root for its host, each other host's first rank),
 // and under each leader the same shape over its host's ranks. So the data crosses into each host
@@ -85,6 +86,31 @@ Node rootedNode(const Workspace& ws, int root, Algo shape) {
   return node;
 }
 
+// This rank's node in one of the all-reduce's two trees across hosts: a heap over the hosts whose
+// nodes are the hosts' leaders, and under each leader a heap over its host's ranks. Tree 0 takes
+// the hosts and each host's ranks in order (leader: the first rank); tree 1 mirrored (the last
+// host first, leader: the last rank), so the hosts and ranks that are inner nodes in one tree are
+// mostly leaves in the other. Each tree's data then crosses a host's link at most three times
+// (up to its parent host, down to two child hosts), where a heap over all ranks crossed it on
+// most of its edges (the simulator counted about L times the data leaving each host of L ranks).
+Node hostTreeNode(const Workspace& ws, bool mirror) {
+  const auto& hosts = ws.hosts();
+  const int H = static_cast<int>(hosts.size()), hm = ws.hostIndex(ws.rank());
+  const std::vector<int>& mine = hosts[static_cast<std::size_t>(hm)];
+  const int L = static_cast<int>(mine.size());
+  const int j = static_cast<int>(std::find(mine.begin(), mine.end(), ws.rank()) - mine.begin());
+  const auto flip = [&](int v, int size) { return mirror ? size - 1 - v : v; };
+  Node local = treeNode(flip(j, L), L, Algo::kTree, [&](int v) { return mine[static_cast<std::size_t>(flip(v, L))]; });
+  if (flip(j, L) != 0) return local;
+  const auto leader = [&](int h) {
+    const std::vector<int>& theirs = hosts[static_cast<std::size_t>(h)];
+    return mirror ? theirs.back() : theirs.front();
+  };
+  Node node = treeNode(flip(hm, H), H, Algo::kTree, [&](int v) { return leader(flip(v, H)); });
+  for (int k = 0; k < local.nchildren; ++k) node.children[node.nchildren++] = local.children[k];
+  return node;
+}
+
 }  // namespace
 
 RootedLinks rootedLinks(const Workspace& ws, int root, Algo shape) {
@@ -102,7 +128,8 @@ void buildTreeAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
     const std::size_t off = part.off * es, bytes = part.len * es;
     const bool mirror = c % 2 == 1;
     auto toRank = [&](int v) { return mirror ? n - 1 - v : v; };
-    Node node = treeNode(mirror ? n - 1 - r : r, n, Algo::kTree, toRank);
+    const int H = static_cast<int>(ws.hosts().size());
+    Node node = H > 1 && H < n ? hostTreeNode(ws, mirror) : treeNode(mirror ? n - 1 - r : r, n, Algo::kTree, toRank);
     int reduced = reduceUp(plan, node, c, send + off, recv + off, bytes, a.op == ReduceOp::kAvg);
     broadcastDown(plan, node, c, recv + off, recv + off, bytes, reduced);
   }

@@ -1,4 +1,4 @@
-// Braid's algorithms at scale in one process (tests/sim/sim.h): the real plan builders and Engine
+// Braid's algorithms at scale in one process (sim/sim.h): the real plan builders and Engine
 // over in-memory channels, every result checked exactly on every virtual rank against the pattern
 // the other suites use (tools/pattern.h).
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/sim/sim.h"
+#include "sim/sim.h"
 #include "tools/pattern.h"
 
 namespace braid::sim {
@@ -216,6 +216,27 @@ TEST(Sim, HierarchicalAllReduceSendsTwoHMinusOneOverHOfTheDataPerHost) {
   }
 }
 
+// What the tree all-reduce sends between hosts: each of its two trees (each with half the data)
+// is built over the hosts' leaders, so a host sends its tree's part at most three times (up to
+// its parent host, down to two child hosts): at most 3 S per host in all, whatever the ranks per
+// host. (A heap over all ranks crossed a host's link on most edges: L times S for L ranks a host.)
+TEST(Sim, TreeAllReduceCrossesEachHostsLinkAtMostThreeTimesItsData) {
+  Topology uneven;
+  for (int h = 0; h < 9; ++h) uneven.hostSizes.push_back(7 + h % 3);
+  for (const Topology& t : {Topology::uniform(4, 8), Topology::uniform(16, 2), Topology::uniform(2, 8), uneven,
+                            Topology{{3, 2, 3, 2}, true}}) {
+    World w(t);
+    const std::size_t count = 6000, bytes = count * 4;
+    ASSERT_EQ(runAndCheck(w, {CollKind::kAllReduce, Algo::kTree, count, DataType::kFloat32, ReduceOp::kSum, 0, false, 2}, 3), "");
+    std::vector<std::uint64_t> across(w.layout().hosts.size(), 0);
+    for (const auto& [pair, l] : w.links()) {
+      const int ha = w.layout().hostOf[static_cast<std::size_t>(pair.first)], hb = w.layout().hostOf[static_cast<std::size_t>(pair.second)];
+      if (ha != hb) across[static_cast<std::size_t>(ha)] += l.bytes;
+    }
+    for (std::size_t h = 0; h < across.size(); ++h) EXPECT_LE(across[h], 3 * bytes) << t.describe() << ": host " << h;
+  }
+}
+
 // What the tuner chooses, for every collective over sizes from 0 to 1 MiB a rank, on one host,
 // across hosts of equal and unequal size, and one rank a host (shm within hosts, tcp across),
 // with barrier and all-to-all: exact on every rank.
@@ -244,13 +265,14 @@ TEST(Sim, TheTunersChoicesAreExact) {
 // 2(n-1), ring all-gather and reduce-scatter n-1, hierarchical all-reduce 2(L-1) + 2(H-1) and
 // all-gather and reduce-scatter (L-1) + (H-1), one-shot 1, and on one host the chain n-1. Where
 // they differ the model is the upper bound: the double binary tree is 2 floor(log2 n) deep, the
-// model says 2 ceil(log2 n); a broadcast or reduce crosses the hosts' leaders first and then each
+// model says 2 ceil(log2 n); across hosts both trees are built over hosts first, so 2 (floor(log2 H)
+// + floor(log2 L)); a broadcast or reduce crosses the hosts' leaders first and then each
 // host at once, so its chain is (H-1) + (L-1) and its tree floor(log2 H) + floor(log2 L) deep
 // where the model counts n-1 and ceil(log2 n) (docs/architecture/algorithms.md).
 TEST(Sim, CriticalPathsMatchTheTunersAlphaTerms) {
   auto log2floor = [](int x) { int k = 0; while ((2 << k) <= x) ++k; return k; };
   auto log2ceil = [](int x) { int k = 0; while ((1 << k) < x) ++k; return k; };
-  for (auto [H, L] : {std::pair{1, 8}, {1, 5}, {8, 1}, {4, 4}, {16, 4}, {3, 8}, {32, 2}, {5, 3}}) {
+  for (auto [H, L] : {std::pair{1, 8}, {1, 5}, {8, 1}, {4, 4}, {16, 4}, {3, 8}, {32, 2}, {5, 3}, {3, 3}, {6, 5}}) {
     const Topology t = Topology::uniform(H, L);
     World w(t);
     const int n = H * L;
@@ -264,7 +286,7 @@ TEST(Sim, CriticalPathsMatchTheTunersAlphaTerms) {
     EXPECT_EQ(path(CollKind::kReduceScatter, Algo::kRing), n - 1) << at;
     EXPECT_EQ(path(CollKind::kAllReduce, Algo::kOneShot), 1) << at;
     const int tree = path(CollKind::kAllReduce, Algo::kTree);
-    EXPECT_EQ(tree, 2 * log2floor(n)) << at;
+    EXPECT_EQ(tree, H > 1 && L > 1 ? 2 * (log2floor(H) + log2floor(L)) : 2 * log2floor(n)) << at;
     EXPECT_LE(tree, 2 * log2ceil(n)) << at;
     if (H > 1 && L > 1) {  // (else the hierarchical builders run the ring)
       EXPECT_EQ(path(CollKind::kAllReduce, Algo::kHier), 2 * (L - 1) + 2 * (H - 1)) << at;

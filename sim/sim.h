@@ -9,11 +9,14 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "braid/status.hpp"
 #include "comm/algorithms/algorithms.h"
+#include "base/config.h"
+#include "comm/engine.h"
 #include "comm/tuner.h"
 
 namespace braid::sim {
@@ -48,6 +51,10 @@ struct Fault {
   int stallFrom = -1, stallTo = -1, stallChannel = 0;
 };
 
+// What `transport` ("shm", "tcp", "ib") gives a pair of ranks on one host or on two: its own
+// Transport::linkClass, as a communicator asks it.
+LinkClass linkClassOf(std::string_view transport, bool sameHost, const Config& config = Config{});
+
 class World {
  public:
   // streamBytes: what each (sender, receiver, channel) stream holds before a send must wait, as a
@@ -68,7 +75,11 @@ class World {
   // from the call's kind and bytes, the ranks' layout over hosts, and the link classes within and
   // across hosts (by default shm's and tcp's, transport/). Returns the choice through *choice.
   Status runTuned(const std::vector<CollArgs>& calls, std::uint64_t seed, TunerChoice* choice = nullptr);
-  void setLinks(const LinkClass& withinHosts, const LinkClass& acrossHosts);
+  // The link classes the tuner sees within and across hosts, and the settings it tunes with
+  // (BRAID_ALGO, BRAID_CHUNKSIZE, BRAID_NSOCKS); by default shm's and tcp's (linkClassOf) and
+  // Config's defaults. choose(): what it picks for a call of `bytes` (callBytes).
+  void setLinks(const LinkClass& withinHosts, const LinkClass& acrossHosts, const Config& config = Config{});
+  const TunerChoice& choose(CollKind kind, std::size_t bytes) { return tuner_.choose(kind, bytes); }
   // The fault the next runs meet (Fault{} for none), and the BRAID_TIMEOUT their ranks have.
   void setFault(const Fault& f) { fault_ = f; }
   void setTimeoutSec(double s) { timeoutSec_ = s; }
@@ -77,11 +88,20 @@ class World {
   const std::vector<Status>& lastStatuses() const { return statuses_; }
   double lastVirtualSec() const { return virtualSec_; }
 
-  // Per ordered pair (sender, receiver), over every run so far.
+  // Builds every rank's plan of one call (every rank's CollArgs is `shape` with buffers of its
+  // own) and counts it (links(), criticalPath()) without running it: for worlds and sizes whose
+  // data would not fit in memory. Buffers and scratch are address space no page of which is
+  // touched: a builder only records pointers. Builds nothing more (and keeps nothing) once the
+  // plans would hold more than maxMessages messages: n times the most of 16 ranks' plans, or the
+  // plans built so far. Returns the messages of all plans (or that estimate, or the count when it
+  // stopped), or why the address space could not be reserved.
+  Result<std::uint64_t> planOnly(const CollArgs& shape, Algo algo, int channels, std::size_t chunk, std::uint64_t maxMessages);
+  // Per ordered pair (sender, receiver), over every run since the last resetCounts().
   const std::map<std::pair<int, int>, LinkCount>& links() const { return links_; }
+  void resetCounts();
   // Rounds of passes the last run took (one pass per unfinished rank a round).
   int lastRounds() const { return lastRounds_; }
-  // The last run's critical path in messages (the alpha steps of the cost model): the longest
+  // The last run's (or planOnly's) critical path in messages (the alpha steps of the cost model): the longest
   // chain in which each message is received before the next one is sent (a send that forwards
   // what a receive finished, Op::dep) or a receive waits for its sender. Messages queued one
   // after another on a link add no step (they go out back to back).
@@ -103,7 +123,19 @@ class World {
   // Nothing moved in a whole round: every unfinished rank's deadline passes; fills statuses_.
   void timeOutWaitingRanks(int stopped);
   Tuner tuner_;
-  void makeTuner(const LinkClass& within, const LinkClass& across);
+  void makeTuner(const LinkClass& within, const LinkClass& across, const Config& config);
+  // The last plans, compact: per rank its messages (by op index) and its sends per (peer,
+  // channel) in order, which is how a receive finds the send it waits for.
+  struct Msg {
+    bool send;
+    int peer, channel, dep;
+    std::size_t position;
+  };
+  std::vector<std::vector<Msg>> msgs_;
+  std::vector<std::map<std::pair<int, int>, std::vector<int>>> sendsTo_;
+  void record(int r, const Plan& plan);
+  std::byte* untouched_ = nullptr;         // planOnly's reserved buffers
+  std::byte* untouchedScratch_ = nullptr;
   friend class Rank;
   Stream& stream(int from, int to, int channel);
   std::map<std::tuple<int, int, int>, std::unique_ptr<Stream>> streams_;

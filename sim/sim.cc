@@ -1,4 +1,6 @@
-#include "tests/sim/sim.h"
+#include "sim/sim.h"
+
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
@@ -7,10 +9,12 @@
 #include <tuple>
 #include <utility>
 
+#include "comm/communicator.h"
 #include "comm/engine.h"
 #include "comm/failure.h"
 #include "comm/fingerprint.h"
 #include "comm/waiter.h"
+#include "transport/registry.h"
 #include "transport/transport.h"
 
 namespace braid::sim {
@@ -140,6 +144,7 @@ class World::Rank : public Workspace, public EngineHost {
   int rank() const override { return rank_; }
   int nranks() const override { return world_.nranks(); }
   std::byte* scratch(std::size_t bytes) override {
+    if (world_.untouchedScratch_) return world_.untouchedScratch_;  // World::planOnly
     if (scratch_.size() < bytes) scratch_.resize(bytes);
     return scratch_.data();
   }
@@ -189,28 +194,28 @@ class World::Rank : public Workspace, public EngineHost {
   std::map<int, std::unique_ptr<SimConnection>> conns_;
 };
 
+// Rank r's plan in the compact form the critical path needs, and its sends in the link counts.
+void World::record(int r, const Plan& plan) {
+  auto& msgs = msgs_[static_cast<std::size_t>(r)];
+  auto& sendsTo = sendsTo_[static_cast<std::size_t>(r)];
+  msgs.assign(static_cast<std::size_t>(plan.numOps()), Msg{false, -1, 0, -1, 0});
+  sendsTo.clear();
+  plan.forEachMessage([&](const Op& op, int index, std::size_t position) {
+    msgs[static_cast<std::size_t>(index)] = {op.kind == Op::kSend, op.peer, op.channel, op.dep, position};
+    if (op.kind != Op::kSend) return;
+    auto& q = sendsTo[{op.peer, op.channel}];
+    if (q.size() <= position) q.resize(position + 1, -1);
+    q[position] = index;
+    LinkCount& l = links_[{r, op.peer}];
+    ++l.messages;
+    l.bytes += op.bytes;
+  });
+}
+
 int World::criticalPath() const {
-  struct Msg {
-    bool send;
-    int peer, channel, dep;
-    std::size_t position;
-  };
   const std::size_t n = ranks_.size();
-  std::vector<std::vector<Msg>> msgs(n);
-  // Per rank, its sends to (peer, channel) in order: a receive's k-th message from that queue.
-  std::vector<std::map<std::pair<int, int>, std::vector<int>>> sendsTo(n);
-  for (std::size_t r = 0; r < n; ++r) {
-    const Plan& plan = ranks_[r]->plan;
-    msgs[r].resize(static_cast<std::size_t>(plan.numOps()), Msg{false, -1, 0, -1, 0});
-    plan.forEachMessage([&](const Op& op, int index, std::size_t position) {
-      msgs[r][static_cast<std::size_t>(index)] = {op.kind == Op::kSend, op.peer, op.channel, op.dep, position};
-      if (op.kind == Op::kSend) {
-        auto& q = sendsTo[r][{op.peer, op.channel}];
-        if (q.size() <= position) q.resize(position + 1, -1);
-        q[position] = index;
-      }
-    });
-  }
+  const auto& msgs = msgs_;
+  const auto& sendsTo = sendsTo_;
   // Depth of each message, memoized, by an explicit stack (chains are as long as 2n messages).
   std::vector<std::vector<int>> depth(n);
   for (std::size_t r = 0; r < n; ++r) depth[r].assign(msgs[r].size(), -1);
@@ -231,7 +236,7 @@ int World::criticalPath() const {
         std::pair<int, int> need[2] = {{-1, -1}, {-1, -1}};
         if (m.dep >= 0) need[0] = {r, m.dep};
         if (!m.send) {
-          const auto& q = sendsTo[static_cast<std::size_t>(m.peer)][{r, m.channel}];
+          const auto& q = sendsTo[static_cast<std::size_t>(m.peer)].at({r, m.channel});
           need[1] = {m.peer, q.at(m.position)};
         }
         bool ready = true;
@@ -255,22 +260,32 @@ int World::criticalPath() const {
   return longest;
 }
 
-World::World(const Topology& t, std::size_t streamBytes) : layout_(layOutRanks(t.hostLabels())), streamBytes_(streamBytes) {
+World::World(const Topology& t, std::size_t streamBytes)
+    : layout_(layOutRanks(t.hostLabels())), streamBytes_(streamBytes), msgs_(layout_.hostOf.size()), sendsTo_(layout_.hostOf.size()) {
   for (int r = 0; r < nranks(); ++r) ranks_.push_back(std::make_unique<Rank>(*this, r));
-  // shm's and tcp's classes (transport/shm, transport/tcp: linkClass)
-  LinkClass shm, tcp;
-  shm.latencyUs = 1, shm.bytesPerUs = 6000, shm.minPiece = 32u << 10, shm.sameHost = true, shm.sharedMemory = true;
-  tcp.latencyUs = 15, tcp.bytesPerUs = 2000, tcp.minPiece = 256u << 10, tcp.sameHost = false, tcp.sharedMemory = false;
-  makeTuner(shm, tcp);
+  makeTuner(linkClassOf("shm", true), linkClassOf("tcp", false), Config{});
 }
 
-void World::setLinks(const LinkClass& withinHosts, const LinkClass& acrossHosts) { makeTuner(withinHosts, acrossHosts); }
+LinkClass linkClassOf(std::string_view transport, bool sameHost, const Config& config) {
+  PeerInfo a, b;
+  a.host = b.host = "sim-h0";
+  a.bootId = b.bootId = "sim";
+  if (!sameHost) b.host = "sim-h1";
+  for (const auto& t : makeTransports(config))
+    if (t->name() == transport) return t->linkClass(a, b);
+  return LinkClass{};
+}
 
-void World::makeTuner(const LinkClass& within, const LinkClass& across) {
+void World::setLinks(const LinkClass& withinHosts, const LinkClass& acrossHosts, const Config& config) {
+  makeTuner(withinHosts, acrossHosts, config);
+}
+
+void World::makeTuner(const LinkClass& within, const LinkClass& across, const Config& config) {
   HostShape shape = hostShape(layout_.hosts);
   shape.local = within;
   const LinkClass slowest = layout_.hosts.size() > 1 ? LinkClass::slower(within, across) : within;
-  tuner_ = Tuner(Config{}, nranks(), Config{}.nsocks, slowest, shape, true);
+  // The one-shot is a candidate only where a communicator would connect every pair at creation.
+  tuner_ = Tuner(config, nranks(), config.nsocks, slowest, shape, connectsEveryPair(config, nranks()) || layout_.hosts.size() == 1);
 }
 
 Status World::runTuned(const std::vector<CollArgs>& calls, std::uint64_t seed, TunerChoice* choice) {
@@ -300,12 +315,7 @@ Status World::run(const std::vector<CollArgs>& calls, Algo algo, int channels, s
     rank.plan.reset(fp, 0x5157, r, n, chunk);
     rank.oneShot = buildPlan(a, rank, algo, channels, channels, rank.plan);
     rank.done = rank.stopped = false;
-    rank.plan.forEachMessage([&](const Op& op, int, std::size_t) {
-      if (op.kind != Op::kSend) return;
-      LinkCount& l = links_[{r, op.peer}];
-      ++l.messages;
-      l.bytes += op.bytes;
-    });
+    record(r, rank.plan);
   }
   // Each run starts on empty streams (a failed run leaves messages behind, as a failed
   // communicator does) and with only the fault's stream stalled.
@@ -362,6 +372,53 @@ Status World::run(const std::vector<CollArgs>& calls, Algo algo, int channels, s
   }
   if (stopped >= 0) statuses_[static_cast<std::size_t>(stopped)] = Status::Timeout("rank " + std::to_string(stopped) + " was stopped");
   return Status::Ok();
+}
+
+Result<std::uint64_t> World::planOnly(const CollArgs& shape, Algo algo, int channels, std::size_t chunk, std::uint64_t maxMessages) {
+  const int n = nranks();
+  const std::size_t bytes = std::max(callBytes(shape, n), std::size_t{1});
+  // Address space no page of which is ever touched: send and receive buffers, then room for any
+  // scratch a builder asks for (at most n times the call).
+  const std::size_t reserve = (static_cast<std::size_t>(n) + 4) * ((bytes + 4095) & ~std::size_t{4095});
+  void* base = mmap(nullptr, reserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED)
+    return Status::SystemError("could not reserve " + std::to_string(reserve >> 20) + " MiB of address space for the plans' buffers");
+  untouched_ = static_cast<std::byte*>(base);
+  untouchedScratch_ = untouched_ + 2 * ((bytes + 4095) & ~std::size_t{4095});
+  CollArgs a = shape;
+  a.send = untouched_;
+  a.recv = untouched_ + ((bytes + 4095) & ~std::size_t{4095});
+  std::uint64_t total = 0;
+  Plan plan;
+  // First a sample of 16 ranks spread over the world: when n times the most of them is over the
+  // limit, that estimate is the answer and nothing more is built.
+  std::uint64_t most = 0;
+  for (int k = 0; k < std::min(n, 16); ++k) {
+    const int r = static_cast<int>(static_cast<long long>(k) * (n - 1) / std::max(1, std::min(n, 16) - 1));
+    plan.reset(callFingerprint(a), 0x5157, r, n, chunk);
+    buildPlan(a, *ranks_[static_cast<std::size_t>(r)], algo, channels, channels, plan);
+    most = std::max(most, static_cast<std::uint64_t>(plan.numOps()));
+  }
+  if (most * static_cast<std::uint64_t>(n) > maxMessages) total = most * static_cast<std::uint64_t>(n);
+  for (int r = 0; r < n && total <= maxMessages; ++r) {
+    plan.reset(callFingerprint(a), 0x5157, r, n, chunk);
+    buildPlan(a, *ranks_[static_cast<std::size_t>(r)], algo, channels, channels, plan);
+    total += static_cast<std::uint64_t>(plan.numOps());
+    if (total <= maxMessages) record(r, plan);
+  }
+  munmap(base, reserve);
+  untouched_ = untouchedScratch_ = nullptr;
+  if (total > maxMessages) {  // unfinished: keep nothing of it
+    for (auto& m : msgs_) m.clear();
+    for (auto& q : sendsTo_) q.clear();
+  }
+  return total;
+}
+
+void World::resetCounts() {
+  links_.clear();
+  for (auto& m : msgs_) m.clear();
+  for (auto& q : sendsTo_) q.clear();
 }
 
 // Every rank still in the call waits until its deadline (virtual time moves on by BRAID_TIMEOUT),

@@ -34,7 +34,7 @@ const char* kTuneUsage =
     "  --collectives allreduce,allgather,reducescatter,broadcast,reduce,barrier  (default: all but barrier)\n"
     "  --sizes 8,1K,64K,1M,16M,256M         the call's bytes (all-gather: its output; reduce-scatter: its input)\n"
     "  --within shm --across tcp            the transports whose link classes the tuner sees\n"
-    "  --max-messages 20000000              plans with more messages in all are not built (\"-\"): about 24 bytes each\n"
+    "  --max-messages 20000000              plans posting more sends and receives in all are not built (\"-\")\n"
     "  --json                               one object, schema braid.tune/1\n";
 
 struct Options {
@@ -230,7 +230,7 @@ int runTune(int argc, char** argv) {
     std::printf("%-14s %10s %-8s %3d %8zu %12.1f ", r.collective.c_str(), sizeText(r.bytes).c_str(), algoName(r.choice.algo),
                 r.choice.channels, r.choice.chunk, r.choice.predictedUs);
     if (!r.built) {
-      std::printf("%7s %8s %14s %7s  (about %llu messages in all, over --max-messages)\n", "-", "-", "-", "-",
+      std::printf("%7s %8s %14s %7s  (about %llu sends and receives in all, over --max-messages)\n", "-", "-", "-", "-",
                   static_cast<unsigned long long>(r.messages));
       continue;
     }

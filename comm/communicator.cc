@@ -205,15 +205,9 @@ Status Comm::execute(const CollArgs& a, const DeviceCall* dev) {
 }
 
 Fingerprint Comm::numberCall(const CollArgs& a) {
+  if (a.kind == CollKind::kSendRecv) return sendRecvNumbers_.number(a, rank_);
   Fingerprint fp = callFingerprint(a);
-  if (a.kind == CollKind::kSendRecv) {
-    fp.root = a.isSend ? a.peer : rank_;
-    fp.sender = a.isSend ? rank_ : a.peer;
-    fp.tag = a.tag;
-    fp.seq = ++(a.isSend ? sendSeq_ : recvSeq_)[a.peer];
-  } else {
-    fp.seq = ++collSeq_;
-  }
+  fp.seq = ++collSeq_;
   return fp;
 }
 
@@ -362,9 +356,8 @@ Status Comm::executeGroup(const std::vector<CollArgs>& calls) {
   return Status::Ok();
 }
 
-// One plan for all of them: the engine moves every peer's send and receive queues together, so
-// the group finishes whatever order each rank posted its calls in. Each message is numbered and
-// checked as the call would be alone, so a peer may match a grouped send with a plain recv.
+// One plan for all of them (buildSendRecvGroup), each message numbered and checked as its call
+// would be alone.
 Status Comm::executeSendRecvs(const std::vector<const CollArgs*>& calls) {
   std::vector<Fingerprint> fps;
   std::size_t largest = 0;
@@ -378,11 +371,7 @@ Status Comm::executeSendRecvs(const std::vector<const CollArgs*>& calls) {
   trace_.begin(fps[0]);  // one entry for the group, under its first call
   const TunerChoice& t = tuner_.choose(CollKind::kSendRecv, largest);
   plan_.reset(fps[0], commTag_, rank_, nranks_, t.chunk);
-  for (std::size_t i = 0; i < calls.size(); ++i) {
-    const CollArgs& a = *calls[i];
-    const std::size_t bytes = a.count * dataTypeSize(a.dtype);
-    plan_.setFingerprint(a.isSend ? plan_.send(a.peer, 0, a.send, bytes) : plan_.recvCopy(a.peer, 0, a.recv, bytes), fps[i]);
-  }
+  buildSendRecvGroup(calls, fps, plan_);
   return runPlan();
 }
 

@@ -368,7 +368,7 @@ class Comm final : public EngineHost, public Workspace {
   std::atomic<std::uint64_t> zeroCopyCalls_{0};  // also written by the CUDA proxy (staged pieces), read by tests
   std::atomic<std::uint64_t> cudaIpcCalls_{0};  // written by the CUDA proxy, read by tests
   std::shared_ptr<CudaIpc> cudaIpc_;  // comm/cuda/cuda_ipc.cc: what the ranks agreed and the mapped buffers
-  std::map<int, std::uint64_t> sendSeq_, recvSeq_;
+  SendRecvNumbers sendRecvNumbers_;
   Plan plan_;
   FlightRecorder trace_;  // touched only under execMu_
   std::vector<std::byte> scratch_;

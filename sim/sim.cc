@@ -186,6 +186,7 @@ class World::Rank : public Workspace, public EngineHost {
   bool stopped = false;
   bool oneShot = false;
   std::uint64_t seq = 0;
+  SendRecvNumbers numbers;
 
  private:
   World& world_;
@@ -314,9 +315,35 @@ Status World::run(const std::vector<CollArgs>& calls, Algo algo, int channels, s
     fp.seq = ++rank.seq;
     rank.plan.reset(fp, 0x5157, r, n, chunk);
     rank.oneShot = buildPlan(a, rank, algo, channels, channels, rank.plan);
-    rank.done = rank.stopped = false;
     record(r, rank.plan);
   }
+  return drive(&calls, seed);
+}
+
+Status World::runGroup(const std::vector<std::vector<CollArgs>>& calls, std::uint64_t seed) {
+  const int n = nranks();
+  for (int r = 0; r < n; ++r) {
+    Rank& rank = *ranks_[static_cast<std::size_t>(r)];
+    const std::vector<CollArgs>& mine = calls[static_cast<std::size_t>(r)];
+    std::vector<const CollArgs*> group;
+    std::vector<Fingerprint> fps;
+    std::size_t largest = 0;
+    for (const CollArgs& a : mine) {
+      group.push_back(&a);
+      fps.push_back(rank.numbers.number(a, r));
+      largest = std::max(largest, a.count * dataTypeSize(a.dtype));
+    }
+    rank.plan.reset(fps.empty() ? Fingerprint{} : fps[0], 0x5157, r, n, tuner_.choose(CollKind::kSendRecv, largest).chunk);
+    buildSendRecvGroup(group, fps, rank.plan);
+    rank.oneShot = false;
+    record(r, rank.plan);
+  }
+  return drive(nullptr, seed);
+}
+
+Status World::drive(const std::vector<CollArgs>* calls, std::uint64_t seed) {
+  const int n = nranks();
+  for (auto& rank : ranks_) rank->done = rank->stopped = false;
   // Each run starts on empty streams (a failed run leaves messages behind, as a failed
   // communicator does) and with only the fault's stream stalled.
   for (auto& [key, stream] : streams_) {
@@ -361,7 +388,7 @@ Status World::run(const std::vector<CollArgs>& calls, Algo algo, int channels, s
         rank.done = true;
         --left;
         moved = true;
-        if (rank.oneShot) finishOneShotAllReduce(calls[static_cast<std::size_t>(r)], rank);
+        if (rank.oneShot) finishOneShotAllReduce((*calls)[static_cast<std::size_t>(r)], rank);
       }
     }
     if (!moved) {

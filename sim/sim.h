@@ -71,6 +71,11 @@ class World {
   // Fault), BRAID_TIMEOUT passes in virtual time and every waiting rank times out as it would in
   // a communicator, naming what it waited for and the silent ranks (lastStatuses()).
   Status run(const std::vector<CollArgs>& calls, Algo algo, int channels, std::size_t chunk, std::uint64_t seed);
+  // One group of sends and receives on every rank (calls[r]: rank r's, in the order it posts
+  // them; none: it takes no part), numbered and planned as a communicator does
+  // (SendRecvNumbers, buildSendRecvGroup) with the tuner's send/recv pieces, and run as run()
+  // runs a collective.
+  Status runGroup(const std::vector<std::vector<CollArgs>>& calls, std::uint64_t seed);
   // The same with what the tuner chooses (comm/tuner.cc), as every rank of a communicator would:
   // from the call's kind and bytes, the ranks' layout over hosts, and the link classes within and
   // across hosts (by default shm's and tcp's, transport/). Returns the choice through *choice.
@@ -120,6 +125,8 @@ class World {
   double timeoutSec_ = 300;
   std::vector<Status> statuses_;
   double virtualSec_ = 0;
+  // Runs the plans built until every rank is done or timed out (calls: for one-shot all-reduces).
+  Status drive(const std::vector<CollArgs>* calls, std::uint64_t seed);
   // Nothing moved in a whole round: every unfinished rank's deadline passes; fills statuses_.
   void timeOutWaitingRanks(int stopped);
   Tuner tuner_;

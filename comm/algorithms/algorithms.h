@@ -7,6 +7,8 @@
 // transport a peer uses.
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -131,6 +133,22 @@ void finishOneShotAllReduce(const CollArgs& a, Workspace& ws);
 // The fingerprint of a call from its arguments (dispatch.cc): kind, type, count, and the op and
 // root where they matter; the caller numbers it (seq) and, for send/recv, names the pair.
 Fingerprint callFingerprint(const CollArgs& a);
+
+// Sends and receives are numbered per peer and direction (dispatch.cc): a rank's k-th send to a
+// peer meets that peer's k-th receive from it, whatever collectives or other pairs came between.
+class SendRecvNumbers {
+ public:
+  // The call's fingerprint with the pair (root: the receiver, sender), its tag and its number.
+  Fingerprint number(const CollArgs& a, int rank);
+
+ private:
+  std::map<int, std::uint64_t> sends_, recvs_;  // peer -> calls so far
+};
+
+// A group of sends and receives as one plan (dispatch.cc): the engine moves every peer's queues
+// together, so the group finishes whatever order each rank posted its calls in. Each message
+// carries its own call's fingerprint (fps[i]), so a peer may match a grouped send with a plain recv.
+void buildSendRecvGroup(const std::vector<const CollArgs*>& calls, const std::vector<Fingerprint>& fps, Plan& plan);
 
 // The plan of one call by `algo` (dispatch.cc): ring, tree or hier (where hierApplies, else the
 // ring) for the all-reduce, all-gather and reduce-scatter, a tree or chain for broadcast and

@@ -1,5 +1,6 @@
 // What a communicator and the simulator (sim/) share so that both run the same plans: the
-// ranks' layout over hosts, and the plan of one call from the algorithm the tuner chose.
+// ranks' layout over hosts, the plan of one call from the algorithm the tuner chose, and the
+// numbering and plan of a group of sends and receives.
 #include <map>
 
 #include "comm/algorithms/algorithms.h"
@@ -30,6 +31,23 @@ Fingerprint callFingerprint(const CollArgs& a) {
   if (a.kind == CollKind::kAllReduce || a.kind == CollKind::kReduceScatter || a.kind == CollKind::kReduce) fp.op = a.op;
   if (a.kind == CollKind::kBroadcast || a.kind == CollKind::kReduce) fp.root = a.root;
   return fp;
+}
+
+Fingerprint SendRecvNumbers::number(const CollArgs& a, int rank) {
+  Fingerprint fp = callFingerprint(a);
+  fp.root = a.isSend ? a.peer : rank;
+  fp.sender = a.isSend ? rank : a.peer;
+  fp.tag = a.tag;
+  fp.seq = ++(a.isSend ? sends_ : recvs_)[a.peer];
+  return fp;
+}
+
+void buildSendRecvGroup(const std::vector<const CollArgs*>& calls, const std::vector<Fingerprint>& fps, Plan& plan) {
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    const CollArgs& a = *calls[i];
+    const std::size_t bytes = a.count * dataTypeSize(a.dtype);
+    plan.setFingerprint(a.isSend ? plan.send(a.peer, 0, a.send, bytes) : plan.recvCopy(a.peer, 0, a.recv, bytes), fps[i]);
+  }
 }
 
 bool buildPlan(const CollArgs& a, Workspace& ws, Algo algo, int channels, int allToAllChannels, Plan& plan) {

@@ -8,5 +8,7 @@ namespace braid {
 // kUnreadable: no such entry (no such process), or /proc hides it.
 enum class ProcState { kRuns, kEnded, kUnreadable };
 ProcState procState(int pid);
+// The process is stopped (SIGSTOP, SIGTSTP) or stopped by a debugger: it counts as running above.
+bool procStopped(int pid);
 
 }  // namespace braid

@@ -216,7 +216,7 @@ Status Comm::executeCall(const CollArgs& in, const DeviceCall* dev) {
   const Fingerprint fp = numberCall(a);
   // After the failure every call names itself and its number: the error says which call found out.
   if (failed_) return failure().withContext(fp.describe() + " #" + std::to_string(fp.seq) + " on a failed communicator");
-  trace_.begin(fp);
+  callBegins(fp);
   if (a.kind != CollKind::kSendRecv) {
     history_[fp.seq % kHistory] = fp;
     if (fp.seq % kHistory == 0) {  // now and then: a mismatch that no plan of this rank has read yet
@@ -344,13 +344,13 @@ Status Comm::executeGroup(const std::vector<CollArgs>& calls) {
                               std::to_string(p2p.size()) + " sends and receives");
       if (!failed_) fail(s, true);
     }
-    trace_.end(s);
+    callEnds(s);
     if (!s.ok()) return s;
   }
   for (const CollArgs& a : calls) {
     if (a.kind == CollKind::kSendRecv) continue;
     Status s = execute(a);
-    trace_.end(s);
+    callEnds(s);
     if (!s.ok()) return s;
   }
   return Status::Ok();
@@ -368,7 +368,7 @@ Status Comm::executeSendRecvs(const std::vector<const CollArgs*>& calls) {
   if (failed_)
     return failure().withContext("a group of " + std::to_string(calls.size()) + " sends and receives (the first " +
                                  fps[0].describe() + " #" + std::to_string(fps[0].seq) + ") on a failed communicator");
-  trace_.begin(fps[0]);  // one entry for the group, under its first call
+  callBegins(fps[0]);  // one entry for the group, under its first call
   const TunerChoice& t = tuner_.choose(CollKind::kSendRecv, largest);
   plan_.reset(fps[0], commTag_, rank_, nranks_, t.chunk);
   buildSendRecvGroup(calls, fps, plan_);
@@ -381,7 +381,7 @@ Status Comm::runInOrder(const CollArgs& a, const DeviceCall* dev) {
   {
     std::lock_guard<std::mutex> g(execMu_);
     s = closed_ ? Status::Aborted("the communicator was aborted") : execute(a, dev);
-    trace_.end(s);
+    callEnds(s);
   }
   return s;
 }

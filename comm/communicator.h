@@ -19,6 +19,7 @@
 #include "comm/bootstrap/init.h"
 #include "base/config.h"
 #include "comm/engine.h"
+#include "comm/live.h"
 #include "comm/memory.h"
 #include "comm/bootstrap/store.h"
 #include "comm/tuner.h"
@@ -371,6 +372,16 @@ class Comm final : public EngineHost, public Workspace {
   SendRecvNumbers sendRecvNumbers_;
   Plan plan_;
   FlightRecorder trace_;  // touched only under execMu_
+  LiveState live_;        // written by the executing thread, read by the watcher (braid status)
+  // The flight recorder and the live state at a call's start and end.
+  void callBegins(const Fingerprint& fp) {
+    trace_.begin(fp);
+    live_.begin(fp, FlightRecorder::nowNs());
+  }
+  void callEnds(const Status& s) {
+    trace_.end(s);
+    live_.end(s.ok());
+  }
   std::vector<std::byte> scratch_;
 
   std::mutex failMu_;

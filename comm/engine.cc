@@ -148,6 +148,10 @@ struct PlanRunner {
   const Fingerprint& fp;
   std::size_t esize;
 
+  void counted(std::size_t n) {
+    if (plan.live_) plan.live_->add(n);
+  }
+
   std::string where(const Op& op) {
     Connection* c = host.connection(op.peer);
     const std::string h = host.remoteHostOf(op.peer);
@@ -178,6 +182,7 @@ struct PlanRunner {
     op.done = std::min(*k - op.hdrDone, op.bytes);
     op.padDone = *k - op.hdrDone - op.done;
     op.complete = *k == total;
+    counted(op.done);
     return *k > 0;
   }
 
@@ -203,6 +208,7 @@ struct PlanRunner {
         const std::size_t toHeader = std::min(*k, kHeaderBytes - op.hdrDone);
         op.hdrDone += toHeader;
         op.done += *k - toHeader;
+        counted(*k - toHeader);
         moved |= *k > 0;
         if (op.hdrDone < kHeaderBytes) return moved;
         op.started = true;
@@ -215,6 +221,7 @@ struct PlanRunner {
       if (!k.ok()) return k.status();
       if (*k == 0) return moved;
       op.done += *k;
+      counted(*k);
       moved = true;
     }
     return finish(op, moved, [&](std::size_t n) { return ch.trySend(kZeros, n); });
@@ -301,6 +308,7 @@ struct PlanRunner {
     op.done = op.bytes;
     op.padDone = pad;
     op.complete = true;
+    counted(op.bytes);
     return true;
   }
 
@@ -335,6 +343,7 @@ struct PlanRunner {
         if (!k.ok()) return k.status();
         if (*k == 0) return moved;
         op.done += *k;
+        counted(*k);
         moved = true;
         continue;
       }
@@ -348,6 +357,7 @@ struct PlanRunner {
       if (op.finalDivide) kernels::divide(op.dst + op.done, elems, fp.dtype, plan.nranks_);
       ch.consume(n);
       op.done += n;
+      counted(n);
       moved = true;
     }
     std::byte sink[8];
@@ -410,13 +420,30 @@ Result<bool> Engine::pass(Plan& plan, EngineHost& host, bool* moved) {
   return done;
 }
 
+// The queue a waiting plan waits on: the first unfinished receive, else the first unfinished send.
+const Plan::Queue* Engine::stuckQueue(std::span<const Plan::Queue> queues) {
+  const Plan::Queue* stuck = nullptr;
+  for (const Plan::Queue& q : queues)
+    if (q.head < q.ops.size() && (!stuck || (stuck->sending && !q.sending))) stuck = &q;
+  return stuck;
+}
+
+void Engine::noteWait(const Plan& plan, std::span<const Plan::Queue> queues) {
+  const Plan::Queue* q = stuckQueue(queues);
+  if (!q) return;
+  const Op& op = plan.ops_[static_cast<std::size_t>(q->ops[q->head])];
+  LiveProgress& l = *plan.live_;
+  l.waitPeer.store(op.peer, std::memory_order_relaxed);
+  l.waitChannel.store(op.channel, std::memory_order_relaxed);
+  l.waitStep.store(op.step, std::memory_order_relaxed);
+  l.waitSending.store(q->sending, std::memory_order_relaxed);
+}
+
 Status Engine::timedOut(Plan& plan, EngineHost& host, bool moving) {
   PlanRunner runner{plan, host, plan.ops_, plan.fp_, 1};
   const auto queues = std::span(plan.queues_.data(), plan.numQueues_);
   // Name the first peer this rank is still waiting to hear from (else to send to).
-  const Plan::Queue* stuck = nullptr;
-  for (const Plan::Queue& q : queues)
-    if (q.head < q.ops.size() && (!stuck || (stuck->sending && !q.sending))) stuck = &q;
+  const Plan::Queue* stuck = stuckQueue(queues);
   if (!stuck) return Status::Ok();  // nothing left to wait for
   const Op& op = plan.ops_[static_cast<std::size_t>(stuck->ops[stuck->head])];
   const Fingerprint& mine = plan.fingerprintOf(op);
@@ -443,6 +470,7 @@ Status Engine::run(Plan& plan, EngineHost& host) {
   std::optional<Deadline> deadline;
   Clock::time_point lastCheck{}, lastMoved{};
   bool movedSinceCheck = false;  // data moved since the last idle pass read the clock (no clock read for it)
+  bool waitNoted = false;        // the peer it waits on is noted for observers (LiveProgress) since it last moved
   const auto queues = std::span(plan.queues_.data(), plan.numQueues_);
   for (;;) {
     bool moved = false;
@@ -453,9 +481,11 @@ Status Engine::run(Plan& plan, EngineHost& host) {
     if (moved) {
       waiter.progressed();
       movedSinceCheck = true;
+      waitNoted = false;
       continue;
     }
     if (plan.copyPiece()) continue;  // nothing arrived: do local work instead of waiting
+    if (!waitNoted && plan.live_) noteWait(plan, queues), waitNoted = true;  // once each time it goes idle
     waiter.idle();
     if (!deadline) deadline = Deadline::after(host.timeoutSec());
     const bool expired = deadline->expiredWhileRunning(&lastCheck);

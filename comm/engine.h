@@ -5,8 +5,10 @@
 // The calling thread drives the plan to completion itself (no hand-off), spinning then sleeping
 // through the Waiter when nothing moves.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,17 @@ class Waiter;
 // block was copied faster past the cache from 1 MiB up (docs/PERFORMANCE.md).
 std::size_t largeCopyBytes();
 void copyLocal(void* dst, const void* src, std::size_t bytes);
+
+// What a running plan shows an observer (comm/live.h, braid status): the executing thread writes
+// it with relaxed stores (no read-modify-write: it is the only writer), any thread reads it.
+struct LiveProgress {
+  std::atomic<std::uint64_t> bytes{0};     // payload bytes sent and received, every call so far
+  std::atomic<std::int32_t> waitPeer{-1};  // the peer the plan waited on when it last went idle (-1: none)
+  std::atomic<std::int32_t> waitChannel{0};
+  std::atomic<std::uint32_t> waitStep{0};
+  std::atomic<bool> waitSending{false};
+  void add(std::size_t n) { bytes.store(bytes.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+};
 
 struct Op {
   enum Kind : std::uint8_t { kSend, kRecvCopy, kRecvReduce };
@@ -66,6 +79,8 @@ class Plan {
   // collective whose output is at least largeCopyBytes(), though each message may be smaller (the
   // all-gather's blocks): copy them past the cache too.
   void streamCopies() { streamCopies_ = true; }
+  // Where the engine counts this plan's bytes and notes the peer it waits on (kept across reset).
+  void setLive(LiveProgress* live) { live_ = live; }
   // Gives op `index` (a send or receive) a fingerprint of its own, and makes it message 0 of that
   // call: a group's sends and receives run as one plan, each numbered and checked as the call it
   // would be alone. The others carry the plan's.
@@ -115,6 +130,7 @@ class Plan {
   int nranks_ = 1;
   std::size_t chunk_ = 1 << 18;
   bool streamCopies_ = false;
+  LiveProgress* live_ = nullptr;
   // Whether a copy of `bytes` of this plan goes past the cache (streamCopies, largeCopyBytes).
   bool streams(std::size_t bytes) const { return streamCopies_ || bytes >= largeCopyBytes(); }
   struct LocalCopy {
@@ -170,6 +186,11 @@ class Engine {
   // (EngineHost::explainTimeout). What run does when its deadline expires; the simulator calls it
   // when virtual time reaches the deadline. `moving`: data still moved in the limit's second half.
   static Status timedOut(Plan& plan, EngineHost& host, bool moving);
+
+ private:
+  // Notes on plan.live_ the peer the plan waits on now (it went idle after moving).
+  static void noteWait(const Plan& plan, std::span<const Plan::Queue> queues);
+  static const Plan::Queue* stuckQueue(std::span<const Plan::Queue> queues);
 };
 
 }  // namespace braid

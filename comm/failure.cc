@@ -2,6 +2,8 @@
 // a timeout names the silent ranks (or says the data was still moving); destroy's farewell and the
 // check for messages that no call read find mismatches that no plan saw.
 // docs/architecture/bootstrap.md, "Failure handling".
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,6 +35,13 @@ void Comm::fail(const Status& s, bool tellOthers, bool peerGone) {
 }
 
 void Comm::onNotice(const Notice& n) {
+  if (n.kind == Notice::kStatusQuery) {  // braid status asks (through the store): answer from here, the watcher
+    const std::string host = rank_ < static_cast<int>(hostNames_.size()) ? hostNames_[static_cast<std::size_t>(rank_)] : "";
+    store_->report({Notice::kStatusAnswer, rank_, Code::kRemoteError,
+                    n.message + "\n" + live_.record(rank_, nranks_, host, static_cast<long>(getpid()), FlightRecorder::nowNs())});
+    return;
+  }
+  if (n.kind == Notice::kStatusAnswer) return;
   if (n.kind == Notice::kTimedOut) {
     std::lock_guard<std::mutex> g(timeoutMu_);
     timedOut_[n.rank] = n.message;

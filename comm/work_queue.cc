@@ -133,7 +133,7 @@ void Comm::runQueued(Queued& item, std::shared_ptr<Comm>* keepThroughCallbacks) 
       s = executeGroup(item.calls);
     } else {
       s = execute(item.calls[0]);
-      trace_.end(s);
+      callEnds(s);
     }
   }
   setLastError(s);

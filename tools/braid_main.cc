@@ -1,5 +1,5 @@
 // The `braid` command: run (launcher), perf (benchmark), info (build, host, configuration), topo
-// (this host's hardware), doctor (diagnose the interconnect), tune (the tuner's choices and their
+// (this host's hardware), doctor (diagnose the interconnect), status (a running job, live), tune (the tuner's choices and their
 // plans for a world of any size), trace (flight recorder files).
 #include <cstdio>
 #include <cstring>
@@ -18,6 +18,7 @@ const char* kUsage =
     "  topo [--json]                 this host's packages, NUMA nodes, caches, NICs, GPUs and where this rank is bound\n"
     "  doctor [options]              every rank takes part; rank 0 reports transports, local checks, slow links\n"
     "                                and what to change (run it under `braid run`, torchrun or mpirun)\n"
+    "  status [--addr HOST:PORT]     what every rank of a running job is doing, and who holds the others up\n"
     "  tune [options]                what the tuner chooses for a world of H hosts, and what those plans send\n"
     "  trace DIR                     merge the ranks' flight recorder files (BRAID_TRACE_DIR) into a verdict\n";
 }
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   if (!std::strcmp(cmd, "info")) return braid::tools::runInfo(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "topo")) return braid::tools::runTopo(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "doctor")) return braid::tools::runDoctor(argc - 1, argv + 1);
+  if (!std::strcmp(cmd, "status")) return braid::tools::runStatus(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "tune")) return braid::tools::runTune(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "trace")) return braid::tools::runTrace(argc - 1, argv + 1);
   if (!std::strcmp(cmd, "--version")) {

@@ -160,6 +160,10 @@ Result<InitParams> paramsFromUniqueId(const braidUniqueId& id, int nranks, int r
   return paramsWith(std::move(p), nranks, rank, options);
 }
 
+std::string storeSecret(const std::string& braidSecret, const std::string& ip, int port) {
+  return braidSecret.empty() ? "store:" + ip + ":" + std::to_string(port) : braidSecret;
+}
+
 Result<InitParams> paramsFromStore(const std::string& host, int port, bool isHost, int nranks, int rank,
                                             const CommOptions& options) {
   auto ip = net::resolve(host);
@@ -169,15 +173,14 @@ Result<InitParams> paramsFromStore(const std::string& host, int port, bool isHos
   InitParams p;
   p.storeIp = *ip;
   p.storePort = port;
-  p.storeNonce = cfg->secret;
-  if (p.storeNonce.empty()) {
+  p.storeNonce = storeSecret(cfg->secret, *ip, port);
+  if (cfg->secret.empty()) {
     // Without a secret anyone who can reach the port can join: say so, once per process.
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true))
       std::fprintf(stderr, "braid: WARN BRAID_SECRET is not set: the rendezvous at %s:%d accepts any process that can "
                            "reach it (braid run sets a secret; with torchrun, mpirun or srun export one to every rank)\n",
                    ip->c_str(), port);
-    p.storeNonce = "store:" + *ip + ":" + std::to_string(port);
   }
   p.hostStore = isHost;
   return paramsWith(std::move(p), nranks, rank, options);

@@ -35,6 +35,10 @@ Result<braidUniqueId> uniqueIdFromString(const std::string& text);
 // `options` (braid.hpp's CommOptions) adjust the environment's Config for this communicator only.
 Result<InitParams> paramsFromUniqueId(const braidUniqueId& id, int nranks, int rank, const CommOptions& options = {});
 Result<InitParams> paramsFromEnv(const CommOptions& options = {});
+// The secret that admits ranks (and braid status) to the store at ip:port in environment and
+// store mode: BRAID_SECRET, or, where none is set, one made of the address (anyone who can reach
+// the port may then join).
+std::string storeSecret(const std::string& braidSecret, const std::string& ip, int port);
 Result<InitParams> paramsFromStore(const std::string& host, int port, bool isHost, int nranks, int rank,
                                    const CommOptions& options = {});
 

@@ -25,7 +25,11 @@ enum : std::uint8_t {
   kOk = 'O', kValue = 'V', kErr = 'E', kNotice = 'N',
   kRetry = 'T',  // to a hello: this store serves a communicator that is closing; connect again
   kMultiGet = 'M',  // several keys, answered together once every one of them is set
+  kStatusQuery = 'Q',  // an observer asks every rank for its status record
 };
+
+// The rank an observer's hello claims (with 0 ranks): braid status, which is no rank.
+constexpr std::int32_t kObserverRank = -2;
 
 // Keys a multi-get asks for at most (its answer must fit a frame: PeerInfos are ~200 bytes).
 constexpr std::uint32_t kMultiGetKeys = 1024;
@@ -70,7 +74,11 @@ bool decodeNotice(const std::string& p, Notice* n) {
   Reader r(p);
   std::int32_t kind, code;
   if (!r.i32(&kind) || !r.i32(&n->rank) || !r.i32(&code) || !r.str(&n->message)) return false;
-  n->kind = kind == Notice::kPeerGone ? Notice::kPeerGone : kind == Notice::kTimedOut ? Notice::kTimedOut : Notice::kError;
+  n->kind = kind == Notice::kPeerGone       ? Notice::kPeerGone
+            : kind == Notice::kTimedOut     ? Notice::kTimedOut
+            : kind == Notice::kStatusQuery  ? Notice::kStatusQuery
+            : kind == Notice::kStatusAnswer ? Notice::kStatusAnswer
+                                            : Notice::kError;
   // Codes come from the network: only failures are accepted, anything else is a remote error.
   n->code = code >= static_cast<int>(Code::kCudaError) && code <= static_cast<int>(Code::kAborted) &&
                     code != static_cast<int>(Code::kInProgress)
@@ -99,7 +107,9 @@ struct ServerClient {
   Deadline helloBy = Deadline::after(10);
   std::string in;
   int rank = -1;
-  bool left = false;  // said goodbye or closed
+  bool observer = false;  // braid status: proved the secret, is no rank
+  bool left = false;      // said goodbye or closed
+  bool saidBye = false;
 };
 
 struct PendingWait {
@@ -251,12 +261,14 @@ void StoreServer::serve(int listenFd) {
     Reader r(payload);
     requests_.fetch_add(1, std::memory_order_relaxed);
     bytes_.fetch_add(static_cast<std::int64_t>(payload.size() + 5), std::memory_order_relaxed);
-    if (c.rank < 0 && type != kHello) return false;  // nothing before a valid hello
+    if (c.rank < 0 && !c.observer && type != kHello) return false;  // nothing before a valid hello
+    // An observer reads keys and asks for status; nothing else (it never joins or reports).
+    if (c.observer && type != kGet && type != kMultiGet && type != kStatusQuery && type != kBye) return false;
     switch (type) {
       case kHello: {
         std::string theirChallenge, mac;
         std::int32_t rank, n;
-        if (c.rank >= 0 || !r.str(&theirChallenge) || !r.i32(&rank) || !r.i32(&n) || !r.str(&mac) ||
+        if (c.rank >= 0 || c.observer || !r.str(&theirChallenge) || !r.i32(&rank) || !r.i32(&n) || !r.str(&mac) ||
             theirChallenge.size() != 16 || mac.size() != 32)
           return false;
         auth::Digest want = helloMac(nonce_, c.challenge, theirChallenge, rank, n);
@@ -268,6 +280,15 @@ void StoreServer::serve(int listenFd) {
                 "as braid run sets it)");
           send(c, kErr, w.data());
           return false;
+        }
+        if (rank == kObserverRank && n == 0) {
+          if (c.observer) return false;
+          c.observer = true;
+          auth::Digest proof = auth::hmacSha256(nonce_, "braid-store-ok" + theirChallenge + c.challenge);
+          Writer w;
+          w.str(std::string(reinterpret_cast<const char*>(proof.data()), proof.size()));
+          send(c, kValue, w.data());
+          return true;
         }
         // The rank already joined this store and left it: it is creating its next communicator
         // while this one (same address, same secret) still waits for slower ranks to leave.
@@ -340,10 +361,34 @@ void StoreServer::serve(int listenFd) {
       case kReport: {
         Notice n;
         if (!decodeNotice(payload, &n)) return false;
+        if (n.kind == Notice::kStatusQuery) return true;  // only observers ask
+        if (n.kind == Notice::kStatusAnswer) {  // to the observers, kept by nobody
+          n.rank = c.rank;
+          for (ServerClient& o : clients)
+            if (o.observer) send(o, kNotice, encodeNotice(n));
+          return true;
+        }
         broadcast(n, i);
         return true;
       }
+      case kStatusQuery: {
+        // The ranks' connections as the store sees them, then the question to every connected one.
+        std::string id;
+        if (!c.observer || !r.str(&id) || id.size() > 64) return false;
+        std::vector<std::uint8_t> state(static_cast<std::size_t>(std::max(nranks, 0)), StatusReply::kNeverJoined);
+        for (const ServerClient& o : clients)
+          if (o.rank >= 0 && o.rank < nranks)
+            state[static_cast<std::size_t>(o.rank)] = !o.left ? StatusReply::kConnected : o.saidBye ? StatusReply::kLeft : StatusReply::kGone;
+        Writer v;
+        v.str(std::string(state.begin(), state.end()));
+        send(c, kValue, v.data());
+        const std::string ask = encodeNotice({Notice::kStatusQuery, -1, Code::kRemoteError, id});
+        for (ServerClient& o : clients)
+          if (o.rank >= 0 && !o.left) send(o, kNotice, ask);
+        return true;
+      }
       case kBye:
+        c.saidBye = true;
         drop(i, false);
         return true;
       default:
@@ -418,7 +463,7 @@ void StoreServer::serve(int listenFd) {
     for (std::size_t i = 0; i < clients.size(); ++i) {
       ServerClient& c = clients[i];
       if (c.left) continue;
-      if (!c.fd.valid() || (c.rank < 0 && c.helloBy.expired())) drop(i, c.rank >= 0);
+      if (!c.fd.valid() || (c.rank < 0 && !c.observer && c.helloBy.expired())) drop(i, c.rank >= 0);
     }
     // Waits of clients that are gone can never be served.
     for (std::size_t w = 0; w < waits.size();)
@@ -441,10 +486,11 @@ namespace {
 Result<net::Fd> joinOnce(const std::string& ip, int port, const std::string& secret, int rank, int nranks,
                          const Deadline& d, bool* retry) {
   const std::string where = ip + ":" + std::to_string(port);
+  const std::string who = rank == kObserverRank ? "braid status" : "rank " + std::to_string(rank);
   *retry = false;
   auto fd = net::connectWithRetry(ip, port, d);
   if (!fd.ok())
-    return Status::SystemError("rank " + std::to_string(rank) + " could not reach the rendezvous store at " + where + " (" +
+    return Status::SystemError(who + " could not reach the rendezvous store at " + where + " (" +
                                fd.status().message() + "). Likely causes: MASTER_ADDR/MASTER_PORT (or the unique id) point "
                                "to the wrong place, a firewall blocks the port, or rank 0 has not started; raise BRAID_TIMEOUT "
                                "if rank 0 starts late");
@@ -457,7 +503,7 @@ Result<net::Fd> joinOnce(const std::string& ip, int port, const std::string& sec
   if (s.ok() && t == kErr) {  // refused before the challenge (the store is out of descriptors)
     std::string text;
     Reader(p).str(&text);
-    return Status::SystemError("rank " + std::to_string(rank) + " could not join the rendezvous at " + where + ": " + text);
+    return Status::SystemError(who + " could not join the rendezvous at " + where + ": " + text);
   }
   if (!s.ok() || t != kChallenge || !Reader(p).str(&challenge) || challenge.size() != 16)
     return Status::RemoteError("the rendezvous at " + where + " did not open with a challenge: is it a Braid store?");
@@ -510,6 +556,49 @@ Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& ip,
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoffMs, d.msLeft())));
     backoffMs = std::min(backoffMs * 2, 100);
   }
+}
+
+Result<std::unique_ptr<StoreClient>> StoreClient::observe(const std::string& ip, int port, const std::string& secret,
+                                                          const Deadline& d) {
+  bool retry = false;
+  auto fd = joinOnce(ip, port, secret, kObserverRank, 0, d, &retry);
+  if (!fd.ok()) return fd.status();
+  std::unique_ptr<StoreClient> c(new StoreClient());
+  c->fd_ = std::move(fd.value());
+  c->endpoint_ = ip + ":" + std::to_string(port);
+  return c;
+}
+
+Result<StatusReply> StoreClient::queryStatus(const Deadline& d) {
+  const std::string raw = auth::randomBytes(8), id = auth::toHex(raw.data(), raw.size());
+  Writer w;
+  w.str(id);
+  auto states = request(kStatusQuery, w.data(), d);
+  if (!states.ok()) return states.status();
+  StatusReply reply;
+  int waiting = 0;
+  for (char c : *states) {
+    reply.ranks.push_back(static_cast<StatusReply::RankState>(std::min<std::uint8_t>(static_cast<std::uint8_t>(c), 3)));
+    waiting += reply.ranks.back() == StatusReply::kConnected;
+  }
+  reply.answers.assign(reply.ranks.size(), "");
+  // Answers carry the query's id on their first line (a late answer to an earlier query is skipped).
+  while (waiting > 0) {
+    std::uint8_t t;
+    std::string p;
+    Notice n;
+    Status s = readFrame(fd_.get(), &t, &p, d);
+    if (s.code() == Code::kTimeout) break;
+    if (!s.ok()) return Status::RemoteError("the rendezvous store at " + endpoint_ + " went away during the status query (" + s.message() + ")");
+    if (t != kNotice || !decodeNotice(p, &n) || n.kind != Notice::kStatusAnswer) continue;
+    const std::size_t nl = n.message.find('\n');
+    if (nl == std::string::npos || n.message.compare(0, nl, id) != 0 || n.rank < 0 ||
+        n.rank >= static_cast<int>(reply.answers.size()) || !reply.answers[static_cast<std::size_t>(n.rank)].empty())
+      continue;
+    reply.answers[static_cast<std::size_t>(n.rank)] = n.message.substr(nl + 1);
+    --waiting;
+  }
+  return reply;
 }
 
 StoreClient::~StoreClient() { close(); }
@@ -565,6 +654,7 @@ Result<std::string> StoreClient::request(std::uint8_t type, const std::string& p
     if (t == kNotice) {
       Notice n;
       if (!decodeNotice(p, &n)) return Status::RemoteError("malformed notice from the store");
+      if (n.kind == Notice::kStatusQuery || n.kind == Notice::kStatusAnswer) continue;  // no failure; unanswered in set-up
       early_.push_back(n);
       if (type == kGet || type == kWaitGe || type == kMultiGet) {
         Deadline grace = Deadline::after(1.0);
@@ -666,6 +756,10 @@ void StoreClient::startWatching(std::function<void(const Notice&)> onNotice) {
       }
       Notice n;
       const bool notice = t == kNotice && decodeNotice(p, &n);
+      if (notice && n.kind == Notice::kStatusQuery) {  // answered here, and no request's business
+        onNotice(n);
+        continue;
+      }
       {
         // A request's answer, or a notice it should hear of (it then stops waiting soon).
         std::lock_guard<std::mutex> g(replyMu_);
@@ -687,9 +781,12 @@ bool StoreClient::readNotice(const Deadline& d, Status* failure) {
   if (d.expired()) return false;  // only asked about notices already read
   std::uint8_t t;
   std::string p;
+  Notice n;
   Status s = readFrame(fd_.get(), &t, &p, d);
   if (!s.ok() && s.code() == Code::kTimeout) return false;
-  Notice n;
+  // A status query in set-up is left unanswered (braid status reports the rank as not answering):
+  // it is no failure, and nothing else came with it.
+  if (s.ok() && t == kNotice && decodeNotice(p, &n) && n.kind == Notice::kStatusQuery) return false;
   if (!s.ok())
     *failure = Status::RemoteError("the rendezvous store at " + endpoint_ + " went away (" + s.message() +
                                    "): rank 0 or the process that created the unique id exited");

@@ -27,7 +27,10 @@ inline constexpr std::uint32_t kMaxFrame = 1 << 20;
 // A failure notice pushed by the store to every rank.
 struct Notice {
   // kTimedOut: the rank gave up waiting (not a failure of its own; see Comm::explainTimeout).
-  enum Kind : int { kPeerGone = 1, kError = 2, kTimedOut = 3 } kind = kError;
+  // kStatusQuery: an observer (braid status) asks every rank what it is doing; the message is the
+  // query's id. kStatusAnswer: a rank's answer (the message is its record), which the store
+  // passes to the observers only. Neither is a failure, and the store keeps neither.
+  enum Kind : int { kPeerGone = 1, kError = 2, kTimedOut = 3, kStatusQuery = 4, kStatusAnswer = 5 } kind = kError;
   int rank = -1;       // the rank that is gone, or that reported the error
   Code code = Code::kRemoteError;
   std::string message;
@@ -75,8 +78,22 @@ class StoreServer {
   std::thread thread_;
 };
 
+// What an observer's status query found (StoreClient::queryStatus).
+struct StatusReply {
+  enum RankState : std::uint8_t { kNeverJoined = 0, kConnected = 1, kLeft = 2, kGone = 3 };
+  std::vector<RankState> ranks;         // per rank, as the store sees its connection
+  std::vector<std::string> answers;     // per rank, its record ("" if it did not answer in time)
+};
+
 class StoreClient final : public Exchange {
  public:
+  // An observer (braid status): proves the job's secret like a rank but is no rank. It may read
+  // keys and query the ranks' status; the store announces nothing of it.
+  static Result<std::unique_ptr<StoreClient>> observe(const std::string& ip, int port, const std::string& secret, const Deadline& d);
+  // Observer only: asks every connected rank for its record and collects the answers that come
+  // before the deadline (a rank answers from its watcher thread; one that is stopped, hung in a
+  // system call, or still in set-up does not).
+  Result<StatusReply> queryStatus(const Deadline& d);
   // Connects (retrying until the deadline) and introduces itself as `rank` of `nranks`.
   static Result<std::unique_ptr<StoreClient>> connect(const std::string& ip, int port, const std::string& secret,
                                                       int rank, int nranks, const Deadline& d);

@@ -1,0 +1,39 @@
+// What a rank is doing right now, for `braid status`: the call it is in (or its last one), since
+// when, the bytes it has moved, and the peer it last waited on. The executing thread writes it
+// with relaxed stores (a version counter around the call's fields, as a seqlock); the watcher
+// thread reads it when the store relays an observer's query, and answers with one JSON record.
+// Cost on the call path: about ten plain stores at the start and end of a call, and one plain
+// add per piece of data moved (Plan::live, comm/engine.cc).
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "comm/engine.h"
+#include "comm/fingerprint.h"
+
+namespace braid {
+
+class LiveState {
+ public:
+  // The executing thread (one call at a time, under the communicator's execution mutex).
+  void begin(const Fingerprint& fp, std::int64_t nowNs);
+  void end(bool ok);
+  LiveProgress& progress() { return progress_; }
+
+  // Any thread: this rank's record as JSON (one line), schema braid.status/1's rank object.
+  std::string record(int rank, int nranks, const std::string& host, long pid, std::int64_t nowNs) const;
+
+ private:
+  std::atomic<std::uint32_t> version_{0};  // odd while begin/end write
+  std::atomic<bool> inCall_{false};
+  std::atomic<std::uint8_t> kind_{0}, dtype_{0}, op_{0};
+  std::atomic<std::uint64_t> count_{0}, seq_{0};
+  std::atomic<std::int32_t> root_{-1}, sender_{-1};
+  std::atomic<std::int64_t> startNs_{0};
+  std::atomic<std::uint64_t> collectivesDone_{0};  // the last collective finished (its sequence number)
+  std::atomic<std::uint64_t> calls_{0}, failed_{0};
+  LiveProgress progress_;
+};
+
+}  // namespace braid

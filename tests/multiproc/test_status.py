@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""braid status against running jobs of 8 ranks on this host (braid run + braid-status-job).
+
+Usage: test_status.py BRAID STATUS_JOB. Checks, each on a live job:
+- a healthy job: every rank answers, "all progressing", exit status 0;
+- a query with a wrong secret: refused (exit 2, "authentication failed"), and the job unaffected;
+- one rank stopped with SIGSTOP: named "stopped" within 2 s, every other rank waiting, exit 1;
+  after SIGCONT: all progressing again;
+- one rank busy outside any call (compute) while the others wait: named as not entered, exit 1.
+Every job is killed at the end, also when a check fails.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+BRAID, JOB = sys.argv[1], sys.argv[2]
+SECRET = "braid-status-test-secret"
+failures = []
+jobs = []
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start(extra=()):
+    port = free_port()
+    env = dict(os.environ, BRAID_SECRET=SECRET)
+    p = subprocess.Popen([BRAID, "run", "-n", "8", "--master-port", str(port), "--", JOB, "--count", "262144",
+                          "--calls", "1000000", *extra], env=env, start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    jobs.append({"proc": p, "pids": []})
+    return port
+
+
+def status(port, secret=SECRET):
+    env = dict(os.environ, BRAID_SECRET=secret)
+    t0 = time.monotonic()
+    r = subprocess.run([BRAID, "status", "--addr", f"127.0.0.1:{port}", "--json"], env=env, capture_output=True,
+                       text=True, timeout=30)
+    took = time.monotonic() - t0
+    doc = json.loads(r.stdout) if r.returncode in (0, 1) and r.stdout else None
+    if doc:
+        assert doc["schema"] == "braid.status/1", doc["schema"]
+        jobs[-1]["pids"] = [x["pid"] for x in doc["ranks"] if x["pid"] > 0] or jobs[-1]["pids"]
+    return r.returncode, doc, took, r.stderr
+
+
+def until(port, want, seconds=30):
+    """Asks until want(rc, doc) holds; returns the last (rc, doc, took)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        rc, doc, took, err = status(port)
+        if doc and want(rc, doc):
+            return rc, doc, took
+        if time.monotonic() > deadline:
+            return rc, doc, took
+        time.sleep(0.2)
+
+
+def check(what, ok, detail=""):
+    if not ok:
+        failures.append(f"{what}: {detail}")
+
+
+def stop_jobs():
+    for j in jobs:
+        for pid in j["pids"]:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        try:
+            os.killpg(j["proc"].pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        j["proc"].wait(timeout=30)
+
+
+def progressing(rc, doc):
+    return rc == 0 and doc["verdict"].startswith("all progressing")
+
+
+try:
+    port = start()
+    rc, doc, _ = until(port, progressing)
+    check("healthy job", progressing(rc, doc), f"exit {rc}: {doc and doc['verdict']}")
+    check("healthy job: every rank answers", doc and all(r["state"] == "progressing" for r in doc["ranks"]),
+          doc and [r["state"] for r in doc["ranks"]])
+
+    rc, _, _, err = status(port, secret="not-the-job-secret-at-all")
+    check("wrong secret refused", rc == 2 and "authentication failed" in err, f"exit {rc}: {err!r}")
+    rc, doc, _ = until(port, progressing, seconds=10)
+    check("job unaffected by the refused query", progressing(rc, doc), f"exit {rc}: {doc and doc['verdict']}")
+
+    victim = doc["ranks"][3]["pid"]
+    os.kill(victim, signal.SIGSTOP)
+    time.sleep(0.5)
+    rc, doc, took, err = status(port)
+    check("stopped rank: exit 1", rc == 1, f"exit {rc}: {err!r}")
+    check("stopped rank: answered within 2 s", took < 2.0, f"{took:.2f} s")
+    if doc:
+        check("stopped rank named", doc["ranks"][3]["state"] == "stopped" and "rank 3" in doc["verdict"]
+              and "stopped" in doc["verdict"], doc["verdict"])
+        others = [r["state"] for r in doc["ranks"] if r["rank"] != 3]
+        check("the others wait", all(s == "waiting" for s in others), others)
+    os.kill(victim, signal.SIGCONT)
+    rc, doc, _ = until(port, progressing, seconds=10)
+    check("after SIGCONT: progressing", progressing(rc, doc), f"exit {rc}: {doc and doc['verdict']}")
+    stop_jobs()
+
+    port = start(["--busy-rank", "5", "--busy-after", "200", "--busy-seconds", "6"])
+    rc, doc, _ = until(port, lambda rc, doc: "has not entered" in doc["verdict"])
+    check("busy rank named as not entered", rc == 1 and doc and doc["verdict"].startswith("rank 5 ")
+          and "has not entered" in doc["verdict"] and doc["ranks"][5]["state"] == "idle",
+          f"exit {rc}: {doc and doc['verdict']}")
+finally:
+    stop_jobs()
+
+for f in failures:
+    print("FAIL:", f)
+print(f"braid status: {'all checks hold' if not failures else str(len(failures)) + ' failed'}")
+sys.exit(1 if failures else 0)

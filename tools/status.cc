@@ -1,0 +1,282 @@
+// braid status: asks a running job what every rank is doing, through its rendezvous store (as an
+// observer that proves the job's secret, StoreClient::observe), twice a short interval apart, and
+// says who holds the others up: a rank that does not answer (stopped, hung, gone), one that has
+// not entered the call the others wait in, a call in which nothing moves, or all progressing.
+// Each rank answers from its store watcher thread out of relaxed counters (comm/live.h).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/config.h"
+#include "base/process.h"
+#include "base/socket.h"
+#include "comm/bootstrap/init.h"
+#include "comm/bootstrap/store.h"
+#include "tools/json.h"
+#include "tools/tools.h"
+#include "transport/transport.h"
+
+namespace braid::tools {
+namespace {
+
+const char* kStatusUsage =
+    "usage: braid status [--addr HOST:PORT] [--interval SECONDS] [--watch SECONDS] [--json]\n"
+    "  Asks every rank of a running job what it is doing and says who holds the others up.\n"
+    "  --addr      the job's rendezvous store (default: MASTER_ADDR:MASTER_PORT, as the job's launcher set them)\n"
+    "  --interval  seconds between the two samples that tell moving from waiting (default 0.5)\n"
+    "  --watch S   ask again every S seconds until interrupted\n"
+    "  --json      one object per report, schema braid.status/1\n"
+    "  The job's secret comes from BRAID_SECRET, as for its ranks. Exit status: 0 all progressing or idle,\n"
+    "  1 stalled (a rank that does not answer, has not entered the call the others wait in, or a call in\n"
+    "  which nothing moves), 2 the store could not be reached or refused the query.\n";
+
+struct RankView {
+  int rank = 0;
+  std::string state;  // progressing, waiting, idle, stopped, silent, gone, left, never joined
+  std::string host, call, kind;
+  long pid = 0;
+  bool answered = false, inCall = false;
+  std::uint64_t seq = 0, lastCollective = 0, bytes = 0;
+  double forMs = 0, bytesPerSec = 0;
+  int waitPeer = -1;
+  bool waitSending = false;
+};
+
+std::string oneLine(const RankView& v) {
+  std::string s = "rank " + std::to_string(v.rank) + " (" + (v.host.empty() ? "?" : v.host) + ", pid " + std::to_string(v.pid) + "): " + v.state;
+  if (v.inCall) {
+    char b[96];
+    std::snprintf(b, sizeof(b), " in %s #%llu for %.1f s", v.call.c_str(), static_cast<unsigned long long>(v.seq), v.forMs / 1000);
+    s += b;
+    if (v.state == "waiting" && v.waitPeer >= 0)
+      s += std::string(", ") + (v.waitSending ? "to send to" : "to receive from") + " rank " + std::to_string(v.waitPeer);
+    if (v.bytesPerSec > 0) {
+      std::snprintf(b, sizeof(b), ", %.1f MB/s", v.bytesPerSec / 1e6);
+      s += b;
+    }
+  } else if (v.answered) {
+    s += " (outside any call; last collective #" + std::to_string(v.lastCollective) + ")";
+  }
+  return s;
+}
+
+// Reads each answer; fills what the record says.
+void readRecord(const std::string& text, RankView* v) {
+  auto doc = parseJson(text);
+  if (!doc.ok()) return;
+  v->answered = true;
+  v->host = strOf(doc->get("host"));
+  v->pid = static_cast<long>(intOf(doc->get("pid")));
+  v->inCall = boolOf(doc->get("in_call"));
+  v->call = strOf(doc->get("call"));
+  v->kind = strOf(doc->get("kind"));
+  v->seq = uintOf(doc->get("seq"));
+  v->forMs = doubleOf(doc->get("for_ms"));
+  v->bytes = uintOf(doc->get("bytes"));
+  v->waitPeer = static_cast<int>(intOf(doc->get("wait_peer"), -1));
+  v->waitSending = boolOf(doc->get("wait_sending"));
+  v->lastCollective = uintOf(doc->get("last_collective"));
+}
+
+struct Report {
+  std::vector<RankView> ranks;
+  std::string verdict;
+  bool stalled = false;
+};
+
+// The ranks' states from two samples `interval` seconds apart, and the verdict.
+Report judge(const StatusReply& first, const StatusReply& second, double interval, StoreClient& store, const Deadline& d) {
+  Report rep;
+  const std::size_t n = second.ranks.size();
+  char here[256] = {};
+  gethostname(here, sizeof(here) - 1);
+  std::vector<std::string> missing;  // info keys of ranks that did not answer (their host and pid)
+  for (std::size_t r = 0; r < n; ++r) {
+    RankView v;
+    v.rank = static_cast<int>(r);
+    RankView before;
+    if (r < first.answers.size() && !first.answers[r].empty()) readRecord(first.answers[r], &before);
+    if (!second.answers[r].empty()) readRecord(second.answers[r], &v);
+    if (v.answered) {
+      const bool sameCall = before.answered && before.inCall && v.inCall && before.seq == v.seq && before.kind == v.kind;
+      const std::uint64_t moved = before.answered && v.bytes > before.bytes ? v.bytes - before.bytes : 0;
+      v.bytesPerSec = static_cast<double>(moved) / interval;
+      v.state = !v.inCall ? "idle" : moved > 0 || !sameCall ? "progressing" : "waiting";
+    } else {
+      switch (second.ranks[r]) {
+        case StatusReply::kNeverJoined: v.state = "never joined"; break;
+        case StatusReply::kLeft: v.state = "left"; break;
+        case StatusReply::kGone: v.state = "gone"; break;
+        default: v.state = "silent"; missing.push_back("info/" + std::to_string(r)); break;
+      }
+    }
+    rep.ranks.push_back(v);
+  }
+  // Where the silent ranks are: their published PeerInfo; on this host, whether the process is stopped.
+  if (!missing.empty()) {
+    auto infos = store.getMany(missing, d);
+    std::size_t k = 0;
+    for (RankView& v : rep.ranks) {
+      if (v.state != "silent" || !infos.ok() || k >= infos->size()) continue;
+      auto info = PeerInfo::parse((*infos)[k++]);
+      if (!info.ok()) continue;
+      v.host = info->host;
+      v.pid = info->pid;
+      if (v.host == here && v.pid > 0) {
+        if (procStopped(static_cast<int>(v.pid))) v.state = "stopped";
+        else if (procState(static_cast<int>(v.pid)) != ProcState::kRuns) v.state = "gone";
+      }
+    }
+  }
+  // The verdict, in braid trace's words: the rank the others wait for first.
+  std::map<std::string, int> waitingIn;  // "allreduce(...) #812" -> ranks in it
+  std::string busiest;
+  double longestMs = 0, totalRate = 0;
+  for (const RankView& v : rep.ranks) {
+    if (v.inCall && v.answered) {
+      const std::string key = v.call + " #" + std::to_string(v.seq);
+      if (++waitingIn[key] > (busiest.empty() ? 0 : waitingIn[busiest])) busiest = key;
+      longestMs = std::max(longestMs, v.forMs);
+    }
+    totalRate += v.bytesPerSec;
+  }
+  auto describeRank = [](const RankView& v) {
+    return "rank " + std::to_string(v.rank) + " (host " + (v.host.empty() ? "?" : v.host) + ", pid " + std::to_string(v.pid) + ")";
+  };
+  const int waiting = busiest.empty() ? 0 : waitingIn[busiest];
+  char secs[32];
+  std::snprintf(secs, sizeof(secs), "%.1f s", longestMs / 1000);
+  for (const RankView& v : rep.ranks) {
+    std::string why;
+    if (v.state == "stopped") why = " is stopped (SIGSTOP or a debugger)";
+    else if (v.state == "silent") why = " does not answer (stopped, hung, or its process is busy outside Braid with its threads blocked)";
+    else if (v.state == "gone") why = " is gone (its process exited or its connection closed)";
+    else if (v.state == "never joined") why = " never joined the job";
+    if (why.empty()) continue;
+    rep.verdict = describeRank(v) + why + (waiting ? "; " + std::to_string(waiting) + " ranks wait in " + busiest + " for it" : "");
+    rep.stalled = true;
+    return rep;
+  }
+  if (waiting) {
+    const std::uint64_t busiestSeq = std::stoull(busiest.substr(busiest.rfind('#') + 1));
+    for (const RankView& v : rep.ranks) {
+      if (v.state != "idle" || v.lastCollective >= busiestSeq) continue;
+      rep.verdict = describeRank(v) + " has not entered " + busiest + " (its last collective is #" + std::to_string(v.lastCollective) +
+                    "); " + std::to_string(waiting) + " ranks wait in it for up to " + secs;
+      rep.stalled = true;
+      return rep;
+    }
+  }
+  int inCall = 0, moving = 0;
+  for (const RankView& v : rep.ranks) inCall += v.inCall, moving += v.state == "progressing";
+  char rate[64];
+  std::snprintf(rate, sizeof(rate), "%.1f MB/s sent and received by all ranks", totalRate / 1e6);
+  if (inCall == 0) {
+    rep.verdict = "all idle (outside any call)";
+  } else if (moving == 0) {
+    rep.verdict = "no rank moved a byte in " + std::to_string(interval).substr(0, 4) + " s while " + std::to_string(inCall) +
+                  " ranks wait (the longest for " + secs + ", in " + busiest + "): a stalled link or transport (braid doctor)";
+    rep.stalled = true;
+  } else {
+    rep.verdict = "all progressing (" + busiest + ", " + rate + ")";
+  }
+  return rep;
+}
+
+std::string toJson(const Report& rep, const std::string& addr, double interval) {
+  std::string out = "{\"schema\": \"braid.status/1\", \"addr\": " + jsonString(addr) + ", \"interval_s\": " + std::to_string(interval) +
+                    ", \"nranks\": " + std::to_string(rep.ranks.size()) + ", \"stalled\": " + (rep.stalled ? "true" : "false") +
+                    ", \"verdict\": " + jsonString(rep.verdict) + ", \"ranks\": [";
+  for (std::size_t i = 0; i < rep.ranks.size(); ++i) {
+    const RankView& v = rep.ranks[i];
+    char b[256];
+    std::snprintf(b, sizeof(b), "\"rank\": %d, \"pid\": %ld, \"in_call\": %s, \"seq\": %llu, \"for_ms\": %.1f, \"bytes_per_s\": %.0f, "
+                                "\"wait_peer\": %d, \"last_collective\": %llu",
+                  v.rank, v.pid, v.inCall ? "true" : "false", static_cast<unsigned long long>(v.seq), v.forMs, v.bytesPerSec,
+                  v.waitPeer, static_cast<unsigned long long>(v.lastCollective));
+    out += std::string(i ? ",\n  {" : "\n  {") + "\"state\": " + jsonString(v.state) + ", \"host\": " + jsonString(v.host) +
+           ", \"call\": " + jsonString(v.call) + ", " + b + "}";
+  }
+  return out + "\n]}\n";
+}
+
+}  // namespace
+
+int runStatus(int argc, char** argv) {
+  std::string addr;
+  double interval = 0.5, watch = 0;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (a == "-h" || a == "--help") { std::fputs(kStatusUsage, stdout); return 0; }
+    if (a == "--json") { json = true; continue; }
+    if ((a == "--addr" || a == "--interval" || a == "--watch") && v) {
+      ++i;
+      if (a == "--addr") addr = v;
+      else if (a == "--interval") interval = std::atof(v);
+      else watch = std::atof(v);
+      continue;
+    }
+    std::fprintf(stderr, "braid status: unknown or incomplete argument '%s'\n%s", a.c_str(), kStatusUsage);
+    return 2;
+  }
+  if (!(interval > 0 && interval <= 60) || watch < 0) {
+    std::fprintf(stderr, "braid status: --interval takes 0 to 60 seconds, --watch a positive number\n");
+    return 2;
+  }
+  auto cfg = Config::fromEnvironment();
+  if (!cfg.ok()) { std::fprintf(stderr, "braid status: %s\n", cfg.status().toString().c_str()); return 2; }
+  std::string host;
+  int port = -1;
+  if (addr.empty()) {
+    auto le = readLaunchEnv();
+    if (le.ok()) host = le->masterAddr, port = le->masterPort;
+  } else if (addr.rfind(':') != std::string::npos) {
+    host = addr.substr(0, addr.rfind(':'));
+    port = std::atoi(addr.substr(addr.rfind(':') + 1).c_str());
+  }
+  if (host.empty() || port <= 0 || port > 65535) {
+    std::fprintf(stderr, "braid status: say where the job's rendezvous store is: --addr HOST:PORT, or MASTER_ADDR and MASTER_PORT\n");
+    return 2;
+  }
+  auto ip = net::resolve(host);
+  if (!ip.ok()) { std::fprintf(stderr, "braid status: %s\n", ip.status().toString().c_str()); return 2; }
+  const std::string where = *ip + ":" + std::to_string(port);
+  for (;;) {
+    const Deadline d = Deadline::after(std::min(10.0, cfg->timeoutSec));
+    auto store = StoreClient::observe(*ip, port, storeSecret(cfg->secret, *ip, port), d);
+    if (!store.ok()) { std::fprintf(stderr, "braid status: %s\n", store.status().toString().c_str()); return 2; }
+    // Answers come from each rank's watcher thread within milliseconds; a rank that has not
+    // answered within the interval is not going to. The second sample is taken an interval after
+    // the first: a rank in the same call with no more bytes moved is waiting.
+    const auto start = std::chrono::steady_clock::now();
+    auto first = (*store)->queryStatus(Deadline::after(interval));
+    const auto firstAt = std::chrono::steady_clock::now();
+    std::this_thread::sleep_until(start + std::chrono::duration<double>(interval));
+    auto second = first.ok() ? (*store)->queryStatus(Deadline::after(interval)) : first;
+    if (!second.ok()) { std::fprintf(stderr, "braid status: %s\n", second.status().toString().c_str()); return 2; }
+    // Between the two samples: from the first's last answer to the second's (about the interval).
+    const double between = std::max(1e-3, std::chrono::duration<double>(std::chrono::steady_clock::now() - firstAt).count());
+    const Report rep = judge(*first, *second, between, **store, Deadline::after(interval));
+    if (json) {
+      std::fputs(toJson(rep, where, between).c_str(), stdout);
+    } else {
+      std::printf("# braid status: %zu ranks, store %s\n", rep.ranks.size(), where.c_str());
+      for (const RankView& v : rep.ranks) std::printf("%s\n", oneLine(v).c_str());
+      std::printf("verdict: %s\n", rep.verdict.c_str());
+    }
+    std::fflush(stdout);
+    if (watch <= 0) return rep.stalled ? 1 : 0;
+    std::this_thread::sleep_for(std::chrono::duration<double>(watch));
+  }
+}
+
+}  // namespace braid::tools

@@ -382,6 +382,11 @@ class Comm final : public EngineHost, public Workspace {
     trace_.end(s);
     live_.end(s.ok());
   }
+  // Bytes a path without a plan (mailbox, cross-memory attach) moved with `peer`.
+  void peerBytes(int peer, std::uint64_t sent, std::uint64_t recv) {
+    trace_.peerBytes(peer, sent, recv);
+    live_.progress().add(sent + recv);
+  }
   std::vector<std::byte> scratch_;
 
   std::mutex failMu_;

@@ -10,7 +10,8 @@ packages=(meson ninja-build g++ pkg-config python3 libhwloc-dev libibverbs-dev g
           clang libclang-rt-14-dev  # clang: the libFuzzer targets (tools/fuzz)
           python3-torch libtorch-dev pybind11-dev  # the PyTorch backend (python/braid_torch)
           python3-mesonpy python3-venv python3-pip patchelf  # pip install . (pyproject.toml; the install suite)
-          ibverbs-utils perftest)  # real verbs programs run over the emulation (tests/fakeibv/conformance.sh)
+          ibverbs-utils perftest  # real verbs programs run over the emulation (tests/fakeibv/conformance.sh)
+          python3-prometheus-client python3-jsonschema)  # the tests: Prometheus text parsed strictly, tool JSON against docs/schemas/
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -27,12 +27,13 @@ namespace braid::tools {
 namespace {
 
 const char* kStatusUsage =
-    "usage: braid status [--addr HOST:PORT] [--interval SECONDS] [--watch SECONDS] [--json]\n"
+    "usage: braid status [--addr HOST:PORT] [--interval SECONDS] [--watch SECONDS] [--json | --prom]\n"
     "  Asks every rank of a running job what it is doing and says who holds the others up.\n"
     "  --addr      the job's rendezvous store (default: MASTER_ADDR:MASTER_PORT, as the job's launcher set them)\n"
     "  --interval  seconds between the two samples that tell moving from waiting (default 0.5)\n"
     "  --watch S   ask again every S seconds until interrupted\n"
     "  --json      one object per report, schema braid.status/1\n"
+    "  --prom      Prometheus text exposition (version 0.0.4): per rank bytes, calls, failures, call time\n"
     "  The job's secret comes from BRAID_SECRET, as for its ranks. Exit status: 0 all progressing or idle,\n"
     "  1 stalled (a rank that does not answer, has not entered the call the others wait in, or a call in\n"
     "  which nothing moves), 2 the store could not be reached or refused the query.\n";
@@ -43,7 +44,7 @@ struct RankView {
   std::string host, call, kind;
   long pid = 0;
   bool answered = false, inCall = false;
-  std::uint64_t seq = 0, lastCollective = 0, bytes = 0;
+  std::uint64_t seq = 0, lastCollective = 0, bytes = 0, calls = 0, failed = 0;
   double forMs = 0, bytesPerSec = 0;
   int waitPeer = -1;
   bool waitSending = false;
@@ -83,6 +84,8 @@ void readRecord(const std::string& text, RankView* v) {
   v->waitPeer = static_cast<int>(intOf(doc->get("wait_peer"), -1));
   v->waitSending = boolOf(doc->get("wait_sending"));
   v->lastCollective = uintOf(doc->get("last_collective"));
+  v->calls = uintOf(doc->get("calls"));
+  v->failed = uintOf(doc->get("failed"));
 }
 
 struct Report {
@@ -151,6 +154,13 @@ Report judge(const StatusReply& first, const StatusReply& second, double interva
     return "rank " + std::to_string(v.rank) + " (host " + (v.host.empty() ? "?" : v.host) + ", pid " + std::to_string(v.pid) + ")";
   };
   const int waiting = busiest.empty() ? 0 : waitingIn[busiest];
+  // Every rank inside a call, and the calls' numbers: ranks one call apart wait for the same rank.
+  int inAnyCall = 0;
+  std::uint64_t lo = ~std::uint64_t{0}, hi = 0;
+  for (const RankView& v : rep.ranks)
+    if (v.answered && v.inCall && v.kind != "send/recv") ++inAnyCall, lo = std::min(lo, v.seq), hi = std::max(hi, v.seq);
+  const std::string inCalls = busiest.empty() ? "" : busiest.substr(0, busiest.rfind(" #")) + " #" + std::to_string(lo) +
+                                                        (hi != lo ? "-#" + std::to_string(hi) : "");
   char secs[32];
   std::snprintf(secs, sizeof(secs), "%.1f s", longestMs / 1000);
   for (const RankView& v : rep.ranks) {
@@ -160,7 +170,7 @@ Report judge(const StatusReply& first, const StatusReply& second, double interva
     else if (v.state == "gone") why = " is gone (its process exited or its connection closed)";
     else if (v.state == "never joined") why = " never joined the job";
     if (why.empty()) continue;
-    rep.verdict = describeRank(v) + why + (waiting ? "; " + std::to_string(waiting) + " ranks wait in " + busiest + " for it" : "");
+    rep.verdict = describeRank(v) + why + (inAnyCall ? "; " + std::to_string(inAnyCall) + " ranks wait in " + inCalls + " for it" : "");
     rep.stalled = true;
     return rep;
   }
@@ -207,17 +217,61 @@ std::string toJson(const Report& rep, const std::string& addr, double interval) 
   return out + "\n]}\n";
 }
 
+// A label value as the exposition format quotes it.
+std::string promLabel(const std::string& v) {
+  std::string out;
+  for (char c : v) out += c == '\\' ? "\\\\" : c == '"' ? "\\\"" : c == '\n' ? "\\n" : std::string(1, c);
+  return out;
+}
+
+std::string toProm(const Report& rep) {
+  struct Metric {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*value)(const RankView&);
+  };
+  const Metric metrics[] = {
+      {"braid_rank_up", "gauge", "1 if the rank answered the status query", [](const RankView& v) { return v.answered ? 1.0 : 0.0; }},
+      {"braid_rank_in_call", "gauge", "1 while the rank is inside a call", [](const RankView& v) { return v.inCall ? 1.0 : 0.0; }},
+      {"braid_rank_call_seconds", "gauge", "seconds the rank has been in its current call",
+       [](const RankView& v) { return v.inCall ? v.forMs / 1000 : 0.0; }},
+      {"braid_rank_bytes_total", "counter", "payload bytes the rank sent and received on this communicator",
+       [](const RankView& v) { return static_cast<double>(v.bytes); }},
+      {"braid_rank_bytes_per_second", "gauge", "payload bytes per second between the two samples",
+       [](const RankView& v) { return v.bytesPerSec; }},
+      {"braid_rank_calls_total", "counter", "calls the rank finished", [](const RankView& v) { return static_cast<double>(v.calls); }},
+      {"braid_rank_failed_calls_total", "counter", "calls that failed", [](const RankView& v) { return static_cast<double>(v.failed); }},
+      {"braid_rank_last_collective", "gauge", "sequence number of the last collective the rank finished",
+       [](const RankView& v) { return static_cast<double>(v.lastCollective); }},
+  };
+  std::string out;
+  char num[64];
+  for (const Metric& m : metrics) {
+    out += std::string("# HELP ") + m.name + " " + m.help + "\n# TYPE " + m.name + " " + m.type + "\n";
+    for (const RankView& v : rep.ranks) {
+      std::snprintf(num, sizeof(num), "%.17g", m.value(v));
+      out += std::string(m.name) + "{rank=\"" + std::to_string(v.rank) + "\",host=\"" + promLabel(v.host) + "\",state=\"" +
+             promLabel(v.state) + "\"} " + num + "\n";
+    }
+  }
+  out += "# HELP braid_job_stalled 1 if braid status judged the job stalled\n# TYPE braid_job_stalled gauge\n";
+  out += std::string("braid_job_stalled ") + (rep.stalled ? "1" : "0") + "\n";
+  return out;
+}
+
 }  // namespace
 
 int runStatus(int argc, char** argv) {
   std::string addr;
   double interval = 0.5, watch = 0;
-  bool json = false;
+  bool json = false, prom = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (a == "-h" || a == "--help") { std::fputs(kStatusUsage, stdout); return 0; }
     if (a == "--json") { json = true; continue; }
+    if (a == "--prom") { prom = true; continue; }
     if ((a == "--addr" || a == "--interval" || a == "--watch") && v) {
       ++i;
       if (a == "--addr") addr = v;
@@ -266,7 +320,9 @@ int runStatus(int argc, char** argv) {
     // Between the two samples: from the first's last answer to the second's (about the interval).
     const double between = std::max(1e-3, std::chrono::duration<double>(std::chrono::steady_clock::now() - firstAt).count());
     const Report rep = judge(*first, *second, between, **store, Deadline::after(interval));
-    if (json) {
+    if (prom) {
+      std::fputs(toProm(rep).c_str(), stdout);
+    } else if (json) {
       std::fputs(toJson(rep, where, between).c_str(), stdout);
     } else {
       std::printf("# braid status: %zu ranks, store %s\n", rep.ranks.size(), where.c_str());

@@ -130,7 +130,7 @@ Status Comm::cmaAllGather(const CollArgs& a, const Fingerprint& fp) {
     const std::size_t q = (me + i) % n;
     s = cmaCopy(pids_[q], addr[q], recv + q * block, block, CmaDirection::kRead);
     if (!s.ok()) return cmaCopyFailed(fp, static_cast<int>(q), s);
-    trace_.peerBytes(static_cast<int>(q), block, block);
+    peerBytes(static_cast<int>(q), block, block);
   }
   if (recv + me * block != a.send) copyLocal(recv + me * block, a.send, block);
   return barrier(fp);
@@ -175,14 +175,14 @@ Status Comm::cmaBroadcast(const CollArgs& a, const Fingerprint& fp) {
     }
     if (recv != send) copyLocal(recv, send, bytes);
     for (int p = 0; p < nranks_; ++p)
-      if (p != rank_) trace_.peerBytes(p, bytes, 0);
+      if (p != rank_) peerBytes(p, bytes, 0);
   } else {
     const std::size_t from = pieceStart(me), to = pieceStart(me + 1);
     const int rootPid = pids_[rootIdx];
     s = cmaCopy(rootPid, msg[2 * rootIdx] + to, recv + to, bytes - to, CmaDirection::kRead);
     if (s.ok()) s = cmaCopy(rootPid, msg[2 * rootIdx], recv, from, CmaDirection::kRead);
     if (!s.ok()) return cmaCopyFailed(fp, root, s);
-    trace_.peerBytes(root, 0, bytes);
+    peerBytes(root, 0, bytes);
   }
   // Every rank tells the root it has read what it needs, and the root tells each rank it has written.
   return exchange(nullptr, 0);

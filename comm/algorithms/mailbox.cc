@@ -141,7 +141,7 @@ Status Comm::mailboxAllReduce(const CollArgs& a, const Fingerprint& fp) {
   if (s.ok()) {
     if (trace_.enabled())
       for (int q = 0; q < nranks_; ++q)
-        if (q != rank_) trace_.peerBytes(q, bytes, bytes);
+        if (q != rank_) peerBytes(q, bytes, bytes);
     return s;
   }
   fail(s, !failed_.load());  // a failure that came as a notice is not reported back

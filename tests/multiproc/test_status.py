@@ -6,16 +6,20 @@ Usage: test_status.py BRAID STATUS_JOB. Checks, each on a live job:
 - a query with a wrong secret: refused (exit 2, "authentication failed"), and the job unaffected;
 - one rank stopped with SIGSTOP: named "stopped" within 2 s, every other rank waiting, exit 1;
   after SIGCONT: all progressing again;
-- one rank busy outside any call (compute) while the others wait: named as not entered, exit 1.
+- one rank busy outside any call (compute) while the others wait: named as not entered, exit 1;
+- --prom: read by prometheus_client's parser, and every line held to the exposition format's grammar.
 Every job is killed at the end, also when a check fails.
 """
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+
+from prometheus_client.parser import text_string_to_metric_families
 
 BRAID, JOB = sys.argv[1], sys.argv[2]
 SECRET = "braid-status-test-secret"
@@ -96,6 +100,20 @@ try:
     check("healthy job", progressing(rc, doc), f"exit {rc}: {doc and doc['verdict']}")
     check("healthy job: every rank answers", doc and all(r["state"] == "progressing" for r in doc["ranks"]),
           doc and [r["state"] for r in doc["ranks"]])
+
+    prom = subprocess.run([BRAID, "status", "--addr", f"127.0.0.1:{port}", "--prom"], capture_output=True, text=True,
+                          env=dict(os.environ, BRAID_SECRET=SECRET), timeout=30)
+    check("--prom: exit 0", prom.returncode == 0, f"{prom.returncode}: {prom.stderr!r}")
+    families = {f.name: f for f in text_string_to_metric_families(prom.stdout)}
+    up = [s for s in families["braid_rank_up"].samples] if "braid_rank_up" in families else []
+    check("--prom: every rank up", len(up) == 8 and all(s.value == 1 for s in up), up)
+    check("--prom: not stalled", "braid_job_stalled" in families and families["braid_job_stalled"].samples[0].value == 0)
+    check("--prom: bytes counted", "braid_rank_bytes" in families and all(s.value > 0 for s in families["braid_rank_bytes"].samples
+                                                                            if s.name == "braid_rank_bytes_total"))
+    sample = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\[\\"n])*",?)*\})? [-+0-9.eEinfaN]+$')
+    for line in prom.stdout.splitlines():
+        ok = line.startswith("# HELP ") or re.match(r"^# TYPE [a-zA-Z_:][a-zA-Z0-9_:]* (counter|gauge)$", line) or sample.match(line)
+        check("--prom: a line the exposition format allows", ok, line)
 
     rc, _, _, err = status(port, secret="not-the-job-secret-at-all")
     check("wrong secret refused", rc == 2 and "authentication failed" in err, f"exit {rc}: {err!r}")

@@ -196,7 +196,7 @@ std::string FlightRecorder::toJson(const Status& error) const {
   std::snprintf(tag, sizeof(tag), "%016llx", static_cast<unsigned long long>(id_.commTag));
   const auto unixNs = std::chrono::duration_cast<std::chrono::nanoseconds>(
                           std::chrono::system_clock::now().time_since_epoch()).count();
-  o += "{\n  \"format\": \"braid-trace-1\",\n";
+  o += "{\n  \"schema\": \"braid.trace/1\",\n  \"format\": \"braid-trace-1\",\n";
   o += "  \"rank\": " + num(id_.rank) + ",\n  \"nranks\": " + num(id_.nranks) + ",\n  \"pid\": " + num(id_.pid) + ",\n";
   o += "  \"host\": ";
   appendEscaped(o, id_.host);

@@ -249,7 +249,7 @@ std::string jsonReport(const Data& d, const std::vector<Finding>& findings) {
   const int n = static_cast<int>(d.ranks.size());
   auto q = [](const std::string& s) { return jsonString(s); };
   auto num = [](double v) { return std::isfinite(v) ? fmt("%.6g", v) : std::string("null"); };
-  o << "{\"tool\": \"braid doctor\", \"version\": " << q(d.version) << ", \"started_at\": " << q(d.startedAt)
+  o << "{\"schema\": \"braid.doctor/1\", \"tool\": \"braid doctor\", \"version\": " << q(d.version) << ", \"started_at\": " << q(d.startedAt)
     << ", \"nranks\": " << n << ", \"bytes\": " << d.bytes << ", \"iters\": " << d.iters << ", \"slow_ratio\": " << num(d.slowRatio)
     << ",\n \"verdict\": " << q(findings.empty() ? "healthy" : "findings") << ",\n \"hosts\": [";
   for (std::size_t k = 0; k < h.names.size(); ++k) {

@@ -116,7 +116,7 @@ bool PerfReport::writeJson(const std::string& path, std::uint64_t wrong) const {
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return false;
   const PerfOptions& o = h_.options;
-  std::fprintf(f, "{\n  \"tool\": \"braid perf\",\n  \"collective\": %s,\n  \"nranks\": %d,\n  \"hosts\": %d,\n",
+  std::fprintf(f, "{\n  \"schema\": \"braid.perf/1\",\n  \"tool\": \"braid perf\",\n  \"collective\": %s,\n  \"nranks\": %d,\n  \"hosts\": %d,\n",
                jsonString(o.coll).c_str(), h_.nranks, h_.hosts);
   std::fprintf(f, "  \"host\": %s,\n  \"commit\": %s,\n  \"started_at\": %s,\n  \"algorithm\": %s,\n  \"reduce_isa\": %s,\n  \"copies\": %s,\n",
                jsonString(h_.host).c_str(), jsonString(h_.commit).c_str(), jsonString(h_.startedAt).c_str(),

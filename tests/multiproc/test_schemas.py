@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Every tool's JSON against its schema in docs/schemas/ (JSON Schema 2020-12, python3-jsonschema).
+
+Usage: test_schemas.py BRAID STATUS_JOB. Produces, on this host: braid perf --json (checked and
+-c 0), braid doctor --json, braid tune --json, braid status --json on a live job, and the flight
+recorder files that job's ranks write when one of them is stopped and BRAID_TIMEOUT passes. Each
+must validate; and each document with a required member removed must not (the schema is live).
+"""
+import copy
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import jsonschema
+
+BRAID, JOB = sys.argv[1], sys.argv[2]
+SCHEMAS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "schemas")
+ENV = dict(os.environ, BRAID_SECRET="braid-schema-test-secret")
+failures = []
+
+
+def validate(tool, doc, what):
+    with open(os.path.join(SCHEMAS, f"braid.{tool}-1.json")) as f:
+        schema = json.load(f)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    v = jsonschema.Draft202012Validator(schema)
+    errors = [f"{'/'.join(map(str, e.path))}: {e.message[:160]}" for e in v.iter_errors(doc)]
+    if errors:
+        failures.append(f"{what}: {len(errors)} error(s): {errors[:3]}")
+    if doc.get("schema") != f"braid.{tool}/1":
+        failures.append(f"{what}: schema member {doc.get('schema')!r}")
+    broken = copy.deepcopy(doc)
+    broken.pop(schema["required"][-1])
+    if v.is_valid(broken):
+        failures.append(f"{what}: still valid without {schema['required'][-1]!r}: the schema checks nothing")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+with tempfile.TemporaryDirectory(prefix="braid-schemas-") as tmp:
+    for check in ("1", "0"):
+        out = os.path.join(tmp, f"perf{check}.json")
+        r = subprocess.run([BRAID, "run", "-n", "2", "--", BRAID, "perf", "allreduce", "-b", "8", "-e", "4K", "-c", check,
+                            "--json", out], env=ENV, capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            failures.append(f"braid perf -c {check}: exit {r.returncode}: {r.stderr[-300:]}")
+        else:
+            with open(out) as f:
+                validate("perf", json.load(f), f"braid perf -c {check}")
+
+    out = os.path.join(tmp, "doctor.json")
+    r = subprocess.run([BRAID, "run", "-n", "2", "--", BRAID, "doctor", "--json", out], env=ENV, capture_output=True,
+                       text=True, timeout=180)
+    if not os.path.exists(out):
+        failures.append(f"braid doctor: no JSON (exit {r.returncode}): {r.stderr[-300:]}")
+    else:
+        with open(out) as f:
+            validate("doctor", json.load(f), "braid doctor")
+
+    r = subprocess.run([BRAID, "tune", "--hosts", "4", "--per-host", "7-9", "--json"], capture_output=True, text=True, timeout=120)
+    validate("tune", json.loads(r.stdout), "braid tune")
+
+    traces = os.path.join(tmp, "traces")
+    port = free_port()
+    job = subprocess.Popen([BRAID, "run", "-n", "3", "--master-port", str(port), "--", JOB, "--count", "1000", "--calls",
+                            "100000000"], env=dict(ENV, BRAID_TRACE_DIR=traces, BRAID_TIMEOUT="3"), start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids = []
+    try:
+        status = None
+        for _ in range(100):
+            r = subprocess.run([BRAID, "status", "--addr", f"127.0.0.1:{port}", "--json"], env=ENV, capture_output=True,
+                               text=True, timeout=30)
+            if r.returncode == 0:
+                status = json.loads(r.stdout)
+                break
+            time.sleep(0.2)
+        if status is None:
+            failures.append("braid status: the job never answered")
+        else:
+            validate("status", status, "braid status")
+            pids = [x["pid"] for x in status["ranks"]]
+            os.kill(pids[1], signal.SIGSTOP)  # the others time out after 3 s and write their files
+            deadline = time.monotonic() + 30
+            while len(glob.glob(os.path.join(traces, "*.json"))) < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            files = sorted(glob.glob(os.path.join(traces, "*.json")))
+            if len(files) < 2:
+                failures.append(f"flight recorder: {len(files)} file(s) written")
+            for path in files:
+                with open(path) as f:
+                    validate("trace", json.load(f), os.path.basename(path))
+    finally:
+        for pid in pids:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        job.wait(timeout=30)
+
+for f in failures:
+    print("FAIL:", f)
+print(f"schemas: {'every tool validates' if not failures else str(len(failures)) + ' failed'}")
+sys.exit(1 if failures else 0)

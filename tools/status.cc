@@ -308,14 +308,16 @@ int runStatus(int argc, char** argv) {
     const Deadline d = Deadline::after(std::min(10.0, cfg->timeoutSec));
     auto store = StoreClient::observe(*ip, port, storeSecret(cfg->secret, *ip, port), d);
     if (!store.ok()) { std::fprintf(stderr, "braid status: %s\n", store.status().toString().c_str()); return 2; }
-    // Answers come from each rank's watcher thread within milliseconds; a rank that has not
-    // answered within the interval is not going to. The second sample is taken an interval after
-    // the first: a rank in the same call with no more bytes moved is waiting.
+    // Answers come from each rank's watcher thread within milliseconds. The second sample is
+    // taken an interval after the first: a rank in the same call with no more bytes moved is waiting.
+    // (on a loaded host a watcher thread may take a moment to be scheduled: answers are waited
+    // for 0.75 s, or the interval if that is longer)
+    const double answerWithin = std::max(interval, 0.75);
     const auto start = std::chrono::steady_clock::now();
-    auto first = (*store)->queryStatus(Deadline::after(interval));
+    auto first = (*store)->queryStatus(Deadline::after(answerWithin));
     const auto firstAt = std::chrono::steady_clock::now();
     std::this_thread::sleep_until(start + std::chrono::duration<double>(interval));
-    auto second = first.ok() ? (*store)->queryStatus(Deadline::after(interval)) : first;
+    auto second = first.ok() ? (*store)->queryStatus(Deadline::after(answerWithin)) : first;
     if (!second.ok()) { std::fprintf(stderr, "braid status: %s\n", second.status().toString().c_str()); return 2; }
     // Between the two samples: from the first's last answer to the second's (about the interval).
     const double between = std::max(1e-3, std::chrono::duration<double>(std::chrono::steady_clock::now() - firstAt).count());

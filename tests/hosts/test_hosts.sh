@@ -39,6 +39,7 @@ braid=$1
 testhosts=$2
 fakeibv=${3:-}
 scale_check=${4:-}  # tests/hosts/scale_check.c: the collectives, peers reached on first use, a split, checked
+status_job=${5:-}   # tests/multiproc/status_job.cc: all-reduces in a loop, for braid status
 port=29611
 export BRAID_SECRET=braid-testhosts-$$-secret  # the same on every host
 # The cases below are about tcp across hosts, except the ib one, which turns ib back on: meson
@@ -332,6 +333,40 @@ doctor_link() {
   return "$st"
 }
 check "doctor, one link capped (tbf between h1 and h2 only): names that link" doctor_link
+
+# Asks braid status (from h1) about the job started last on the hosts, at ADDR, until every rank
+# answers (up to 60 s), then SAMPLES times more; prints the last report; returns non-zero unless
+# every one of those exited 0 with "all progressing" within LIMIT_MS each.
+status_samples() {
+  local addr=$1 samples=$2 limit_ms=$3 out i t0 took rc
+  for i in $(seq 1 200); do
+    out=$("$testhosts" exec h1 "$braid" status --addr "$addr" 2>&1)
+    rc=$?
+    [ "$rc" != 2 ] && ! echo "$out" | grep -q "does not answer\|never joined" && break
+    sleep 0.3
+  done
+  for i in $(seq 1 "$samples"); do
+    t0=$(date +%s%N)
+    out=$("$testhosts" exec h1 "$braid" status --addr "$addr" 2>&1)
+    rc=$? took=$((($(date +%s%N) - t0) / 1000000))
+    echo "$out" | grep -q "^verdict: all progressing" && [ "$rc" = 0 ] && [ "$took" -lt "$limit_ms" ] ||
+      { echo "  sample $i (exit $rc, $took ms):"; echo "$out" | tail -n 4 | cut -c1-200 | sed 's/^/    /'; return 1; }
+  done
+  echo "  $(echo "$out" | tail -n 1 | cut -c1-200) ($took ms)"
+}
+# braid status across test hosts: 2 hosts x 2, the link between them capped at 100 Mbit/s, the
+# job's 1 MiB all-reduces crawling across it: reported progressing (three samples), not stalled.
+status_capped() {
+  [ -n "$status_job" ] || { echo "  no braid-status-job given"; return 1; }
+  "$testhosts" link h1 rate 100mbit to h2
+  start_on_hosts 2 2 120 "$status_job" --count 262144 --calls 100000000
+  status_samples "$("$testhosts" addr h1):$((port - 1))" 3 5000
+  local st=$?
+  "$testhosts" link h1 clear; "$testhosts" link h2 clear
+  kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null
+  return "$st"
+}
+check "braid status, 2 hosts x 2 with the link between them capped: progressing, not stalled" status_capped
 doctor_host() {
   "$testhosts" link h3 rate 200mbit && doctor 3 1 1 "host braid-h3"
   local st=$?
@@ -463,6 +498,18 @@ scale_32x4() {
   fi
 }
 check "128 ranks on 32 hosts x 4: every collective exact, peers beyond the algorithms' connected on first use, a split 8 ways exact, all-to-all refused under ulimit -n 64" scale_32x4
+
+# braid status on 128 ranks (32 hosts x 4) running 1 MiB all-reduces: every rank answers, each of
+# three reports within 2 s.
+status_32x4() {
+  [ -n "$status_job" ] || { echo "  no braid-status-job given"; return 1; }
+  start_on_hosts 32 4 180 "$status_job" --count 262144 --calls 100000000
+  status_samples "$("$testhosts" addr h1):$((port - 1))" 3 2000
+  local st=$?
+  kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null
+  return "$st"
+}
+check "braid status on 128 ranks (32 hosts x 4): every rank answers, within 2 s" status_32x4
 
 # braid doctor on the 32 hosts x 4 with host 17's link capped: one rank pair per two hosts (and
 # each host's first two ranks), one pair at a time as the hosts share this machine's cores; the

@@ -18,6 +18,7 @@
 #include "comm/alarm.h"
 #include "comm/bootstrap/init.h"
 #include "base/config.h"
+#include "comm/algorithms/cma.h"
 #include "comm/engine.h"
 #include "comm/live.h"
 #include "comm/memory.h"
@@ -35,15 +36,6 @@ class CudaProxy;
 struct CudaIpc;
 struct MailboxSlot;
 
-// comm/algorithms/cma.cc: the address peers use to probe cross-memory attach, the probe of a
-// peer's (ok: this process can read and write that one), and one copy from or to a peer.
-enum class CmaDirection { kRead, kWrite };
-std::uint64_t cmaProbeAddress();
-Status cmaProbe(int pid, std::uint64_t probeAddress);
-Status cmaCopy(int pid, std::uint64_t remote, void* local, std::size_t n, CmaDirection direction);
-// The smallest all-gather or broadcast (bytes of the whole buffer) that takes cross-memory attach
-// among `nranks` ranks whose host tunes with an L3 of `l3Bytes`; SIZE_MAX: never (Comm::cmaFits).
-std::size_t cmaMinBytes(CollKind kind, int nranks, std::size_t l3Bytes);
 
 
 // Shared state of one asynchronous operation.
@@ -181,6 +173,8 @@ class Comm final : public EngineHost, public Workspace {
   // Whether this rank holds a connection to `peer` now (BRAID_CONNECT: a peer left for first use
   // is not connected until a call reaches it); false for itself.
   bool connectedTo(int peer) const;
+  // What this rank is doing now, as it answers braid status (LiveState::record).
+  std::string statusRecord() const;
   bool hasIncoming(int peer);  // Communicator::hasIncoming
 
   // EngineHost / Workspace

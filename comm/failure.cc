@@ -34,11 +34,14 @@ void Comm::fail(const Status& s, bool tellOthers, bool peerGone) {
   store_->report({Notice::kError, rank_, s.code(), named ? m : who + ": " + m});
 }
 
+std::string Comm::statusRecord() const {
+  const std::string host = rank_ < static_cast<int>(hostNames_.size()) ? hostNames_[static_cast<std::size_t>(rank_)] : "";
+  return live_.record(rank_, nranks_, host, static_cast<long>(getpid()), FlightRecorder::nowNs());
+}
+
 void Comm::onNotice(const Notice& n) {
   if (n.kind == Notice::kStatusQuery) {  // braid status asks (through the store): answer from here, the watcher
-    const std::string host = rank_ < static_cast<int>(hostNames_.size()) ? hostNames_[static_cast<std::size_t>(rank_)] : "";
-    store_->report({Notice::kStatusAnswer, rank_, Code::kRemoteError,
-                    n.message + "\n" + live_.record(rank_, nranks_, host, static_cast<long>(getpid()), FlightRecorder::nowNs())});
+    store_->report({Notice::kStatusAnswer, rank_, Code::kRemoteError, n.message + "\n" + statusRecord()});
     return;
   }
   if (n.kind == Notice::kStatusAnswer) return;

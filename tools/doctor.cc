@@ -23,10 +23,11 @@
 #include "braid_version.h"
 #include "base/config.h"
 #include "base/socket.h"
+#include "comm/algorithms/cma.h"
 #include "comm/bootstrap/init.h"
-#include "comm/c_handle.h"
-#include "comm/communicator.h"
+#include "comm/introspect.h"
 #include "tools/doctor.h"
+#include "topology/topology.h"
 #include "tools/tools.h"
 
 namespace braid::tools {
@@ -374,7 +375,7 @@ int runDoctor(int argc, char** argv) {
     params->config.shmDisable = true;
     mine.shmOffByDoctor = true;
   }
-  auto created = Comm::create(*params);
+  auto created = createComm(*params);
   if (!created.ok()) {
     std::fprintf(stderr, "braid doctor: rank %d could not join the job: %s\n", params->rank,
                  created.status().message().c_str());
@@ -382,16 +383,17 @@ int runDoctor(int argc, char** argv) {
   }
   Doctor d;
   d.o = o;
-  d.comm = new braidComm{*created};
+  d.comm = *created;
   d.rank = params->rank;
   d.n = params->nranks;
   const int n = d.n;
-  for (int p = 0; p < n; ++p) mine.connectedTo.push_back(p == d.rank || d.comm->impl->connectedTo(p));
+  const CommView view(d.comm);
+  for (int p = 0; p < n; ++p) mine.connectedTo.push_back(p == d.rank || view.connectedAtCreation(p));
   mine.cmaAddr = cmaProbeAddress();  // what same-host peers read to test cross-memory attach
   Data data;
-  data.choiceOf = [comm = d.comm](int a, int b) {
-    const Selection s = comm->impl->choiceBetween(a, b);
-    return PairChoice{s.transport, s.skipped};
+  data.choiceOf = [view](int a, int b) {
+    const braid::PeerChoice c = view.choiceBetween(a, b);
+    return PairChoice{c.transport, c.skipped};
   };
   data.bytes = o.bytes;
   data.iters = o.iters;

@@ -6,7 +6,7 @@
 
 #include "braid/braid.h"
 #include "braid_build_config.h"
-#include "comm/communicator.h"
+#include "comm/algorithms/cma.h"
 #include "base/config.h"
 #include "comm/engine.h"
 #include "kernels/copy.h"

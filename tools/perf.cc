@@ -20,8 +20,7 @@
 
 #include "braid/braid.h"
 #include "braid_version.h"
-#include "comm/c_handle.h"
-#include "comm/communicator.h"
+#include "comm/introspect.h"
 #include "base/config.h"
 #include "kernels/copy.h"
 #include "kernels/reduce.h"
@@ -394,9 +393,9 @@ int runPerf(int argc, char** argv) {
     report.printFooter(run.totalWrong);
     if (o.device == "cuda") {
       // Which path the device calls took: the figures mean different things for the two.
-      const auto ipc = static_cast<unsigned long long>(run.comm->impl->cudaIpcCalls());
+      const auto ipc = static_cast<unsigned long long>(CommView(run.comm).cudaIpcCalls());
       std::printf("# Device path: %llu call(s) on rank 0 through CUDA IPC, the rest staged through pinned host memory%s\n",
-                  ipc, run.comm->impl->config().cudaIpc ? "" : " (BRAID_CUDA_IPC=0)");
+                  ipc, CommView(run.comm).config().cudaIpc ? "" : " (BRAID_CUDA_IPC=0)");
     }
     if (!o.json.empty() && !report.writeJson(o.json, run.totalWrong))
       std::fprintf(stderr, "braid perf: cannot write %s\n", o.json.c_str());

@@ -5,6 +5,7 @@
 #   comm/bootstrap/  (store, unique ids, launchers)  braid/, base/, comm/bootstrap/
 #   transport/       braid/, base/, kernels/, topology/, transport/, the build config (never the communicator, bootstrap or CUDA path)
 #   kernels/, topology/  nothing of comm/ or transport/
+#   tools/           everything above, but a communicator only through comm/introspect.h
 #   sim/             (the simulator, above comm/: tools and tests use it)  braid/, base/, comm/, transport/, sim/
 #   ddp/             (a client of the public API)  braid/ and ddp/, plus the two kernel headers whose GPU
 #                    conversions it shares with the engine (kernels/half.h, kernels/reduce_cuda.h) and
@@ -27,5 +28,10 @@ rule kernels 'braid/|kernels/|braid_build_config.h'
 rule topology 'braid/|topology/|base/|braid_build_config.h'
 rule ddp 'braid/|ddp/|braid_build_config.h|kernels/half\.h"|kernels/reduce_cuda\.h"|comm/cuda/cuda_util\.h"'
 rule sim 'braid/|base/|comm/|transport/|sim/'
+# The tools read a communicator through comm/introspect.h, never its internals.
+while IFS= read -r line; do
+  echo "layer rule broken: $line (tools/ reads a communicator through comm/introspect.h)"
+  bad=1
+done < <(grep -rn --include='*.h' --include='*.cc' -E '^#include "comm/(communicator|c_handle)\.h"' tools)
 [ "$bad" = 0 ] && echo "every include follows the rooms' rules"
 exit "$bad"

@@ -171,6 +171,18 @@ const Row kRows[] = {
      }},
     {"BRAID_TRACE_DIR", "", "directory where each rank writes braid-trace-rank<N>.json on timeout, error or abort (read: braid trace DIR)",
      [](Config& c, const std::string& s) -> Status { c.traceDir = s; return Status::Ok(); }},
+    {"BRAID_METRICS_PORT", "0", "each rank serves its metrics as Prometheus text (GET /metrics) on this port plus its index among its host's ranks (0: off)",
+     [](Config& c, const std::string& s) -> Status {
+       auto v = parseInt(s);
+       if (!v.ok()) return v.status();
+       if (*v < 0 || *v > 65535) return Status::InvalidArgument("expected a port, 1 to 65535 (0: off)");
+       c.metricsPort = static_cast<int>(*v);
+       return Status::Ok();
+     }},
+    {"BRAID_METRICS_ADDR", "127.0.0.1", "the address BRAID_METRICS_PORT listens on (0.0.0.0: every interface)",
+     [](Config& c, const std::string& s) -> Status { c.metricsAddr = s; return Status::Ok(); }},
+    {"BRAID_INSPECT_DIR", "", "directory where each rank appends one JSON line per call (braid-inspect-rank<N>.jsonl: the call, path or algorithm, transports, bytes per peer, time)",
+     [](Config& c, const std::string& s) -> Status { c.inspectDir = s; return Status::Ok(); }},
     {"BRAID_CUDA_WAIT", "auto", "how a call on device buffers holds the caller's stream: value (cuStreamWaitValue32), hostfn (a blocking host function), auto (value if the driver has it)",
      [](Config& c, const std::string& s) -> Status {
        if (s != "auto" && s != "value" && s != "hostfn") return Status::InvalidArgument("expected auto, value or hostfn");

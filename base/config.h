@@ -40,6 +40,9 @@ struct Config {
   std::string secret;                // BRAID_SECRET
   std::size_t traceBuffer = 1000;    // BRAID_TRACE_BUFFER (0: no flight recorder)
   std::string traceDir;              // BRAID_TRACE_DIR ("": the recorder is never written)
+  int metricsPort = 0;               // BRAID_METRICS_PORT (0: off; a rank serves on it + its index on its host)
+  std::string metricsAddr = "127.0.0.1";  // BRAID_METRICS_ADDR
+  std::string inspectDir;            // BRAID_INSPECT_DIR ("": no per-call records)
   std::string cudaWait = "auto";     // BRAID_CUDA_WAIT
   bool cudaIpc = true;               // BRAID_CUDA_IPC
   std::string hostId;                // BRAID_HOSTID ("": host name and kernel boot id)

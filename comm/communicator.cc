@@ -282,17 +282,23 @@ Status Comm::executeHost(const CollArgs& in, const Fingerprint& fp, std::size_t 
     }
     if (*done) {
       ++zeroCopyCalls_;
+      lastPath_ = "zero copy";
       BRAID_LOG(kInfo, kTune, "%s #%llu: zero-copy (every rank's buffers are braidMemAlloc memory%s)",
                 fp.describe().c_str(), static_cast<unsigned long long>(fp.seq), userMemory ? "" : ": the CUDA proxy's staging");
       return Status::Ok();
     }
   }
-  if (userMemory && cmaFits(a, total)) return cmaCollective(a, fp);
+  if (userMemory && cmaFits(a, total)) {
+    lastPath_ = "cross-memory attach";
+    return cmaCollective(a, fp);
+  }
   const TunerChoice& t = tuner_.choose(a.kind, total);
   const bool viaMailbox = (a.kind == CollKind::kAllReduce || a.kind == CollKind::kBarrier) && mailboxFits(t, total);
   BRAID_LOG(kInfo, kTune, "%s #%llu: %s%s, %d channel(s), chunk %zu (model: ring %.1f us, tree %.1f us, oneshot %.1f us, "
             "hier %.1f us)", fp.describe().c_str(), static_cast<unsigned long long>(fp.seq), algoName(t.algo),
             viaMailbox ? " (shm mailbox)" : "", t.channels, t.chunk, t.ringUs, t.treeUs, t.oneShotUs, t.hierUs);
+  lastPath_ = viaMailbox ? "shm mailbox" : algoName(t.algo);
+  lastChannels_ = viaMailbox ? 0 : t.channels;
   if (viaMailbox) return mailboxAllReduce(a, fp);
   plan_.reset(fp, commTag_, rank_, nranks_, t.chunk);
   const Algo algo = t.algo;
@@ -311,6 +317,10 @@ Status Comm::runPlan() {
   Status s = connectPlanPeers(plan_);
   if (s.ok()) s = Engine::run(plan_, *this);
   trace_.tally(plan_);
+  if (inspect_)
+    plan_.forEachMessage([&](const Op& op, int, std::size_t) {
+      op.kind == Op::kSend ? notePeerBytes(op.peer, op.done, 0) : notePeerBytes(op.peer, 0, op.done);
+    });
   if (!s.ok()) fail(s, !failed_.load());  // a failure that came as a notice is not reported back
   return s;
 }
@@ -372,6 +382,7 @@ Status Comm::executeSendRecvs(const std::vector<const CollArgs*>& calls) {
   const TunerChoice& t = tuner_.choose(CollKind::kSendRecv, largest);
   plan_.reset(fps[0], commTag_, rank_, nranks_, t.chunk);
   buildSendRecvGroup(calls, fps, plan_);
+  lastPath_ = "send/recv", lastChannels_ = 1;
   return runPlan();
 }
 
@@ -441,6 +452,7 @@ void Comm::shutdown(bool abortive) {
   workerAlarm_.close();
   std::lock_guard<std::mutex> g(execMu_);  // waits for a blocking call on another thread to leave
   if (store_) store_->close();               // also joins the watcher: nothing else touches us now
+  closeObservers();
   if (storeServer_) storeServer_->waitUntilAllLeft(Deadline::after(abortive ? 0 : config_.timeoutSec));
   if (!abortive) StoreServer::waitForDetached(storeNonce_, Deadline::after(config_.timeoutSec));
   // Release everything now: the C handle outlives this (later calls get invalid usage), so the

@@ -4,6 +4,7 @@
 // collective runs at a time on a communicator, as NCCL requires of one stream.
 #pragma once
 #include <atomic>
+#include <cstdio>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -18,6 +19,7 @@
 #include "comm/alarm.h"
 #include "comm/bootstrap/init.h"
 #include "base/config.h"
+#include "base/socket.h"
 #include "comm/algorithms/cma.h"
 #include "comm/engine.h"
 #include "comm/live.h"
@@ -370,17 +372,36 @@ class Comm final : public EngineHost, public Workspace {
   // The flight recorder and the live state at a call's start and end.
   void callBegins(const Fingerprint& fp) {
     trace_.begin(fp);
-    live_.begin(fp, FlightRecorder::nowNs());
+    callStartNs_ = FlightRecorder::nowNs();
+    live_.begin(fp, callStartNs_);
+    if (inspect_) lastCall_ = fp, callPeers_.clear(), lastPath_ = "", lastChannels_ = 0;
   }
   void callEnds(const Status& s) {
     trace_.end(s);
-    live_.end(s.ok());
+    const std::int64_t now = FlightRecorder::nowNs();
+    live_.end(s.ok(), now);
+    if (inspect_) inspectCall(s, now);
   }
   // Bytes a path without a plan (mailbox, cross-memory attach) moved with `peer`.
   void peerBytes(int peer, std::uint64_t sent, std::uint64_t recv) {
     trace_.peerBytes(peer, sent, recv);
     live_.progress().add(sent + recv);
+    if (inspect_) notePeerBytes(peer, sent, recv);
   }
+  // What observers see besides braid status's answers (comm/observe.cc): the metrics port
+  // (BRAID_METRICS_PORT) and one JSON line per call (BRAID_INSPECT_DIR).
+  void openObservers();
+  void serveMetrics();
+  void notePeerBytes(int peer, std::uint64_t sent, std::uint64_t recv);
+  void inspectCall(const Status& s, std::int64_t nowNs);
+  void closeObservers();
+  net::Fd metricsListen_;
+  std::FILE* inspect_ = nullptr;
+  std::int64_t inspectFlushedNs_ = 0, callStartNs_ = 0;
+  Fingerprint lastCall_;
+  const char* lastPath_ = "";  // the path the call took: "zero copy", "shm mailbox", an algorithm, ...
+  int lastChannels_ = 0;
+  std::vector<TracePeerBytes> callPeers_;  // this call's bytes per peer (BRAID_INSPECT_DIR only)
   std::vector<std::byte> scratch_;
 
   std::mutex failMu_;

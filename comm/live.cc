@@ -1,5 +1,6 @@
 #include "comm/live.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace braid {
@@ -17,19 +18,32 @@ void LiveState::begin(const Fingerprint& fp, std::int64_t nowNs) {
   sender_.store(fp.sender, std::memory_order_relaxed);
   startNs_.store(nowNs, std::memory_order_relaxed);
   progress_.waitPeer.store(-1, std::memory_order_relaxed);
+  bytesAtBegin_ = progress_.bytes.load(std::memory_order_relaxed);
   inCall_.store(true, std::memory_order_relaxed);
   version_.store(v + 2, std::memory_order_release);
 }
 
-void LiveState::end(bool ok) {
+namespace {
+// A plain add by the only writer, readable by any thread.
+void bump(std::atomic<std::uint64_t>& a, std::uint64_t by) { a.store(a.load(std::memory_order_relaxed) + by, std::memory_order_relaxed); }
+}  // namespace
+
+void LiveState::end(bool ok, std::int64_t nowNs) {
+  if (!inCall_.load(std::memory_order_relaxed)) return;  // (a call refused before it began)
+  const std::size_t k = std::min<std::size_t>(kind_.load(std::memory_order_relaxed), kKinds - 1);
+  Totals& t = totals_[k];
+  bump(t.calls, 1);
+  if (!ok) bump(t.failed, 1);
+  bump(t.bytes, progress_.bytes.load(std::memory_order_relaxed) - bytesAtBegin_);
+  bump(t.ns, static_cast<std::uint64_t>(std::max<std::int64_t>(0, nowNs - startNs_.load(std::memory_order_relaxed))));
   const std::uint32_t v = version_.load(std::memory_order_relaxed);
   version_.store(v + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   inCall_.store(false, std::memory_order_relaxed);
   if (static_cast<CollKind>(kind_.load(std::memory_order_relaxed)) != CollKind::kSendRecv && ok)
     collectivesDone_.store(seq_.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  calls_.store(calls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  if (!ok) failed_.store(failed_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  bump(calls_, 1);
+  if (!ok) bump(failed_, 1);
   version_.store(v + 2, std::memory_order_release);
 }
 
@@ -62,7 +76,19 @@ std::string LiveState::record(int rank, int nranks, const std::string& host, lon
   for (char c : call) quoted += c == '"' || c == '\\' ? '_' : c;
   std::string h;
   for (char c : host) h += c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20 ? '_' : c;
-  char buf[768];
+  std::string byKind;
+  for (std::size_t k = 1; k < kKinds; ++k) {
+    const std::uint64_t calls = totals_[k].calls.load(std::memory_order_relaxed);
+    if (!calls) continue;
+    char b[192];
+    std::snprintf(b, sizeof(b), "%s\"%s\": {\"calls\": %llu, \"failed\": %llu, \"bytes\": %llu, \"seconds\": %.6f}",
+                  byKind.empty() ? "" : ", ", collName(static_cast<CollKind>(k)), static_cast<unsigned long long>(calls),
+                  static_cast<unsigned long long>(totals_[k].failed.load(std::memory_order_relaxed)),
+                  static_cast<unsigned long long>(totals_[k].bytes.load(std::memory_order_relaxed)),
+                  static_cast<double>(totals_[k].ns.load(std::memory_order_relaxed)) / 1e9);
+    byKind += b;
+  }
+  char buf[1024];
   std::snprintf(buf, sizeof(buf),
                 "{\"rank\": %d, \"nranks\": %d, \"host\": \"%s\", \"pid\": %ld, \"in_call\": %s, \"call\": \"%s\", "
                 "\"kind\": \"%s\", \"seq\": %llu, \"for_ms\": %.1f, \"bytes\": %llu, \"wait_peer\": %d, \"wait_channel\": %d, "
@@ -73,7 +99,100 @@ std::string LiveState::record(int rank, int nranks, const std::string& host, lon
                 in ? progress_.waitPeer.load(std::memory_order_relaxed) : -1, progress_.waitChannel.load(std::memory_order_relaxed),
                 progress_.waitStep.load(std::memory_order_relaxed), progress_.waitSending.load(std::memory_order_relaxed) ? "true" : "false",
                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(calls), static_cast<unsigned long long>(failed));
-  return buf;
+  std::string out = buf;
+  out.pop_back();  // the closing brace: the totals by collective follow
+  return out + ", \"by_collective\": {" + byKind + "}}";
+}
+
+RankMetrics LiveState::metrics(int rank, const std::string& host, std::int64_t nowNs) const {
+  RankMetrics m;
+  m.rank = rank;
+  m.host = host;
+  m.inCall = inCall_.load(std::memory_order_relaxed);
+  m.state = m.inCall ? "in call" : "idle";
+  m.callSeconds = m.inCall ? static_cast<double>(nowNs - startNs_.load(std::memory_order_relaxed)) / 1e9 : 0;
+  m.bytes = progress_.bytes.load(std::memory_order_relaxed);
+  m.calls = calls_.load(std::memory_order_relaxed);
+  m.failed = failed_.load(std::memory_order_relaxed);
+  m.lastCollective = collectivesDone_.load(std::memory_order_relaxed);
+  for (std::size_t k = 1; k < kKinds; ++k)
+    if (const std::uint64_t calls = totals_[k].calls.load(std::memory_order_relaxed))
+      m.byKind.push_back({collName(static_cast<CollKind>(k)), calls, totals_[k].failed.load(std::memory_order_relaxed),
+                          totals_[k].bytes.load(std::memory_order_relaxed),
+                          static_cast<double>(totals_[k].ns.load(std::memory_order_relaxed)) / 1e9});
+  return m;
+}
+
+namespace {
+// A label value as the exposition format quotes it.
+std::string promLabel(const std::string& v) {
+  std::string out;
+  for (char c : v) out += c == '\\' ? "\\\\" : c == '"' ? "\\\"" : c == '\n' ? "\\n" : std::string(1, c);
+  return out;
+}
+std::string promNumber(double v) {
+  char b[64];
+  if (v == static_cast<double>(static_cast<long long>(v)) && v < 9.0e15 && v > -9.0e15)
+    std::snprintf(b, sizeof(b), "%lld", static_cast<long long>(v));
+  else
+    std::snprintf(b, sizeof(b), "%.9g", v);
+  return b;
+}
+}  // namespace
+
+std::string prometheusText(const std::vector<RankMetrics>& ranks, int stalled) {
+  struct Metric {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*value)(const RankMetrics&);
+  };
+  static const Metric perRank[] = {
+      {"braid_rank_up", "gauge", "1 if the rank answered", [](const RankMetrics& m) { return m.answered ? 1.0 : 0.0; }},
+      {"braid_rank_in_call", "gauge", "1 while the rank is inside a call", [](const RankMetrics& m) { return m.inCall ? 1.0 : 0.0; }},
+      {"braid_rank_call_seconds", "gauge", "seconds the rank has been in its current call", [](const RankMetrics& m) { return m.callSeconds; }},
+      {"braid_rank_bytes_total", "counter", "payload bytes the rank sent and received on this communicator",
+       [](const RankMetrics& m) { return static_cast<double>(m.bytes); }},
+      {"braid_rank_bytes_per_second", "gauge", "payload bytes per second between braid status's two samples",
+       [](const RankMetrics& m) { return m.bytesPerSec; }},
+      {"braid_rank_calls_total", "counter", "calls the rank finished", [](const RankMetrics& m) { return static_cast<double>(m.calls); }},
+      {"braid_rank_failed_calls_total", "counter", "calls that failed", [](const RankMetrics& m) { return static_cast<double>(m.failed); }},
+      {"braid_rank_last_collective", "gauge", "sequence number of the last collective the rank finished",
+       [](const RankMetrics& m) { return static_cast<double>(m.lastCollective); }},
+  };
+  std::string out;
+  auto labels = [](const RankMetrics& m) { return "rank=\"" + std::to_string(m.rank) + "\",host=\"" + promLabel(m.host) + "\""; };
+  for (const Metric& x : perRank) {
+    out += std::string("# HELP ") + x.name + " " + x.help + "\n# TYPE " + x.name + " " + x.type + "\n";
+    for (const RankMetrics& m : ranks) out += std::string(x.name) + "{" + labels(m) + "} " + promNumber(x.value(m)) + "\n";
+  }
+  // The state as a label of its own series (one per rank), so the others keep theirs.
+  out += "# HELP braid_rank_state the rank's state (progressing, waiting, idle, in call, stopped, silent, gone, ...)\n"
+         "# TYPE braid_rank_state gauge\n";
+  for (const RankMetrics& m : ranks) out += "braid_rank_state{" + labels(m) + ",state=\"" + promLabel(m.state) + "\"} 1\n";
+  struct KindMetric {
+    const char* name;
+    const char* help;
+    double (*value)(const RankMetrics::PerKind&);
+  };
+  static const KindMetric perKind[] = {
+      {"braid_collective_calls_total", "calls of this collective", [](const RankMetrics::PerKind& k) { return static_cast<double>(k.calls); }},
+      {"braid_collective_failed_calls_total", "failed calls of this collective",
+       [](const RankMetrics::PerKind& k) { return static_cast<double>(k.failed); }},
+      {"braid_collective_bytes_total", "payload bytes sent and received in this collective",
+       [](const RankMetrics::PerKind& k) { return static_cast<double>(k.bytes); }},
+      {"braid_collective_seconds_total", "seconds spent in this collective", [](const RankMetrics::PerKind& k) { return k.seconds; }},
+  };
+  for (const KindMetric& x : perKind) {
+    out += std::string("# HELP ") + x.name + " " + x.help + "\n# TYPE " + x.name + " counter\n";
+    for (const RankMetrics& m : ranks)
+      for (const RankMetrics::PerKind& k : m.byKind)
+        out += std::string(x.name) + "{" + labels(m) + ",collective=\"" + promLabel(k.collective) + "\"} " + promNumber(x.value(k)) + "\n";
+  }
+  if (stalled >= 0)
+    out += "# HELP braid_job_stalled 1 if braid status judged the job stalled\n# TYPE braid_job_stalled gauge\nbraid_job_stalled " +
+           std::to_string(stalled) + "\n";
+  return out;
 }
 
 }  // namespace braid

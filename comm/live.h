@@ -5,21 +5,43 @@
 // Cost on the call path: about ten plain stores at the start and end of a call, and one plain
 // add per piece of data moved (Plan::live, comm/engine.cc).
 #pragma once
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm/engine.h"
 #include "comm/fingerprint.h"
 
 namespace braid {
 
+// One rank's metrics, as its metrics port serves them and braid status --prom prints them (from
+// the rank's record): one formatter for both, prometheusText.
+struct RankMetrics {
+  struct PerKind {
+    std::string collective;
+    std::uint64_t calls = 0, failed = 0, bytes = 0;
+    double seconds = 0;
+  };
+  int rank = 0;
+  std::string host, state;
+  bool answered = true, inCall = false;
+  double callSeconds = 0, bytesPerSec = 0;
+  std::uint64_t bytes = 0, calls = 0, failed = 0, lastCollective = 0;
+  std::vector<PerKind> byKind;  // the collectives this rank has called
+};
+// Prometheus text exposition (0.0.4); `stalled` >= 0 adds braid_job_stalled (braid status's verdict).
+std::string prometheusText(const std::vector<RankMetrics>& ranks, int stalled = -1);
+
 class LiveState {
  public:
   // The executing thread (one call at a time, under the communicator's execution mutex).
   void begin(const Fingerprint& fp, std::int64_t nowNs);
-  void end(bool ok);
+  void end(bool ok, std::int64_t nowNs);
   LiveProgress& progress() { return progress_; }
+  // Any thread: the totals by collective, and this rank's metrics now.
+  RankMetrics metrics(int rank, const std::string& host, std::int64_t nowNs) const;
 
   // Any thread: this rank's record as JSON (one line), schema braid.status/1's rank object.
   std::string record(int rank, int nranks, const std::string& host, long pid, std::int64_t nowNs) const;
@@ -33,6 +55,13 @@ class LiveState {
   std::atomic<std::int64_t> startNs_{0};
   std::atomic<std::uint64_t> collectivesDone_{0};  // the last collective finished (its sequence number)
   std::atomic<std::uint64_t> calls_{0}, failed_{0};
+  std::uint64_t bytesAtBegin_ = 0;  // (the executing thread's own)
+  // Per CollKind (by its value): calls, failed calls, payload bytes and nanoseconds in calls.
+  struct Totals {
+    std::atomic<std::uint64_t> calls{0}, failed{0}, bytes{0}, ns{0};
+  };
+  static constexpr std::size_t kKinds = 10;
+  std::array<Totals, kKinds> totals_;
   LiveProgress progress_;
 };
 

@@ -352,6 +352,7 @@ Status Comm::setup(InitParams& p) {
   // left for later (which differs between ranks).
   tuner_ = Tuner(config_, nranks_, maxChannels_, link_, shape, /*allPairs=*/connectAll || oneHost_);
   for (auto& t : transports_) t->setupDone();  // everyone has mapped everything: nothing stays in /dev/shm
+  openObservers();  // (before the watcher starts: it serves the metrics port)
   store_->startWatching([this](const Notice& n) { onNotice(n); });
   if (const std::int64_t served = storeRequests(); served >= 0)
     BRAID_LOG(kInfo, kBoot, "store: %lld requests so far for the set-up of %d ranks (%.1f a rank), %lld bytes (%.0f a rank)",

@@ -19,6 +19,7 @@
 #include "base/socket.h"
 #include "comm/bootstrap/init.h"
 #include "comm/bootstrap/store.h"
+#include "comm/live.h"
 #include "tools/json.h"
 #include "tools/tools.h"
 #include "transport/transport.h"
@@ -46,6 +47,7 @@ struct RankView {
   bool answered = false, inCall = false;
   std::uint64_t seq = 0, lastCollective = 0, bytes = 0, calls = 0, failed = 0;
   double forMs = 0, bytesPerSec = 0;
+  std::vector<RankMetrics::PerKind> byKind;
   int waitPeer = -1;
   bool waitSending = false;
 };
@@ -86,6 +88,11 @@ void readRecord(const std::string& text, RankView* v) {
   v->lastCollective = uintOf(doc->get("last_collective"));
   v->calls = uintOf(doc->get("calls"));
   v->failed = uintOf(doc->get("failed"));
+  if (const Json* by = doc->get("by_collective"); by && by->type == Json::kObject)
+    for (std::size_t i = 0; i < by->keys.size(); ++i) {
+      const Json& k = by->values[i];
+      v->byKind.push_back({by->keys[i], uintOf(k.get("calls")), uintOf(k.get("failed")), uintOf(k.get("bytes")), doubleOf(k.get("seconds"))});
+    }
 }
 
 struct Report {
@@ -217,47 +224,26 @@ std::string toJson(const Report& rep, const std::string& addr, double interval) 
   return out + "\n]}\n";
 }
 
-// A label value as the exposition format quotes it.
-std::string promLabel(const std::string& v) {
-  std::string out;
-  for (char c : v) out += c == '\\' ? "\\\\" : c == '"' ? "\\\"" : c == '\n' ? "\\n" : std::string(1, c);
-  return out;
-}
-
+// The ranks as their metrics: the same text a rank's BRAID_METRICS_PORT serves (comm/live.h).
 std::string toProm(const Report& rep) {
-  struct Metric {
-    const char* name;
-    const char* type;
-    const char* help;
-    double (*value)(const RankView&);
-  };
-  const Metric metrics[] = {
-      {"braid_rank_up", "gauge", "1 if the rank answered the status query", [](const RankView& v) { return v.answered ? 1.0 : 0.0; }},
-      {"braid_rank_in_call", "gauge", "1 while the rank is inside a call", [](const RankView& v) { return v.inCall ? 1.0 : 0.0; }},
-      {"braid_rank_call_seconds", "gauge", "seconds the rank has been in its current call",
-       [](const RankView& v) { return v.inCall ? v.forMs / 1000 : 0.0; }},
-      {"braid_rank_bytes_total", "counter", "payload bytes the rank sent and received on this communicator",
-       [](const RankView& v) { return static_cast<double>(v.bytes); }},
-      {"braid_rank_bytes_per_second", "gauge", "payload bytes per second between the two samples",
-       [](const RankView& v) { return v.bytesPerSec; }},
-      {"braid_rank_calls_total", "counter", "calls the rank finished", [](const RankView& v) { return static_cast<double>(v.calls); }},
-      {"braid_rank_failed_calls_total", "counter", "calls that failed", [](const RankView& v) { return static_cast<double>(v.failed); }},
-      {"braid_rank_last_collective", "gauge", "sequence number of the last collective the rank finished",
-       [](const RankView& v) { return static_cast<double>(v.lastCollective); }},
-  };
-  std::string out;
-  char num[64];
-  for (const Metric& m : metrics) {
-    out += std::string("# HELP ") + m.name + " " + m.help + "\n# TYPE " + m.name + " " + m.type + "\n";
-    for (const RankView& v : rep.ranks) {
-      std::snprintf(num, sizeof(num), "%.17g", m.value(v));
-      out += std::string(m.name) + "{rank=\"" + std::to_string(v.rank) + "\",host=\"" + promLabel(v.host) + "\",state=\"" +
-             promLabel(v.state) + "\"} " + num + "\n";
-    }
+  std::vector<RankMetrics> ranks;
+  for (const RankView& v : rep.ranks) {
+    RankMetrics m;
+    m.rank = v.rank;
+    m.host = v.host;
+    m.state = v.state;
+    m.answered = v.answered;
+    m.inCall = v.inCall;
+    m.callSeconds = v.inCall ? v.forMs / 1000 : 0;
+    m.bytes = v.bytes;
+    m.bytesPerSec = v.bytesPerSec;
+    m.calls = v.calls;
+    m.failed = v.failed;
+    m.lastCollective = v.lastCollective;
+    m.byKind = v.byKind;
+    ranks.push_back(std::move(m));
   }
-  out += "# HELP braid_job_stalled 1 if braid status judged the job stalled\n# TYPE braid_job_stalled gauge\n";
-  out += std::string("braid_job_stalled ") + (rep.stalled ? "1" : "0") + "\n";
-  return out;
+  return prometheusText(ranks, rep.stalled ? 1 : 0);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <thread>
@@ -743,6 +744,12 @@ void StoreClient::startWatching(std::function<void(const Notice&)> onNotice) {
       replyCv_.notify_all();
     };
     for (;;) {
+      if (extraFd_ >= 0) {  // the store's connection, and the other descriptor this thread serves
+        pollfd p[2] = {{fd_.get(), POLLIN, 0}, {extraFd_, POLLIN, 0}};
+        if (::poll(p, 2, -1) < 0 && errno != EINTR) extraFd_ = -1;
+        if (p[1].revents & POLLIN) onExtra_();
+        if (!p[0].revents && !closing_) continue;
+      }
       std::uint8_t t;
       std::string p;
       Status s = readFrame(fd_.get(), &t, &p, Deadline::after(1e9));

@@ -113,6 +113,12 @@ class StoreClient final : public Exchange {
   // Requests still work (a transport connecting peers on first use trades names through the
   // store): the thread hands their answers over, one request at a time.
   void startWatching(std::function<void(const Notice&)> onNotice);
+  // Before startWatching: the watcher also waits on `fd` and calls `onReadable` when it turns
+  // readable (a rank's metrics listener: served from this thread, which is otherwise idle).
+  void serveAlso(int fd, std::function<void()> onReadable) {
+    extraFd_ = fd;
+    onExtra_ = std::move(onReadable);
+  }
   // During set-up, between requests: the descriptor that turns readable when the store sends a
   // notice (another rank failed or left), and reading it. A wait elsewhere (the set-up tree) polls
   // it so that it ends with the cause at once. True, with the failure the notice names (kept for
@@ -141,6 +147,8 @@ class StoreClient final : public Exchange {
   std::vector<Notice> early_;  // notices that arrived while a set/add waited for its reply
   std::mutex writeMu_;
   std::thread watcher_;
+  int extraFd_ = -1;
+  std::function<void()> onExtra_;
   std::atomic<bool> closing_{false};
   std::string endpoint_;
 };

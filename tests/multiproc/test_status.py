@@ -7,7 +7,10 @@ Usage: test_status.py BRAID STATUS_JOB. Checks, each on a live job:
 - one rank stopped with SIGSTOP: named "stopped" within 2 s, every other rank waiting, exit 1;
   after SIGCONT: all progressing again;
 - one rank busy outside any call (compute) while the others wait: named as not entered, exit 1;
-- --prom: read by prometheus_client's parser, and every line held to the exposition format's grammar.
+- --prom: read by prometheus_client's parser, and every line held to the exposition format's grammar;
+- BRAID_METRICS_PORT: each rank serves its metrics on the port plus its index on the host (parsed
+  the same way; the all-reduces counted), 404 elsewhere; BRAID_INSPECT_DIR: one JSON line per call
+  per rank, its peers' bytes adding up to its bytes.
 Every job is killed at the end, also when a check fails.
 """
 import json
@@ -17,7 +20,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
+import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -35,9 +41,9 @@ def free_port():
     return port
 
 
-def start(extra=()):
+def start(extra=(), env_extra=None):
     port = free_port()
-    env = dict(os.environ, BRAID_SECRET=SECRET)
+    env = dict(os.environ, BRAID_SECRET=SECRET, **(env_extra or {}))
     p = subprocess.Popen([BRAID, "run", "-n", "8", "--master-port", str(port), "--", JOB, "--count", "262144",
                           "--calls", "1000000", *extra], env=env, start_new_session=True,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -94,8 +100,39 @@ def progressing(rc, doc):
     return rc == 0 and doc["verdict"].startswith("all progressing")
 
 
+def free_ports(n):
+    """A base port with n free ports after it (each bound once to see)."""
+    for _ in range(50):
+        base = free_port()
+        if base + n > 65535:
+            continue
+        socks = []
+        try:
+            for k in range(n):
+                t = socket.socket()
+                t.bind(("127.0.0.1", base + k))
+                socks.append(t)
+            return base
+        except OSError:
+            pass
+        finally:
+            for t in socks:
+                t.close()
+    raise SystemExit("no 8 free ports in a row")
+
+
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+
+
+inspect_dir = tempfile.mkdtemp(prefix="braid-inspect-")
 try:
-    port = start()
+    metrics_base = free_ports(8)
+    port = start(env_extra={"BRAID_METRICS_PORT": str(metrics_base), "BRAID_INSPECT_DIR": inspect_dir})
     rc, doc, _ = until(port, progressing)
     check("healthy job", progressing(rc, doc), f"exit {rc}: {doc and doc['verdict']}")
     check("healthy job: every rank answers", doc and all(r["state"] == "progressing" for r in doc["ranks"]),
@@ -114,6 +151,29 @@ try:
     for line in prom.stdout.splitlines():
         ok = line.startswith("# HELP ") or re.match(r"^# TYPE [a-zA-Z_:][a-zA-Z0-9_:]* (counter|gauge)$", line) or sample.match(line)
         check("--prom: a line the exposition format allows", ok, line)
+
+    for k in range(8):
+        code, text = get(f"http://127.0.0.1:{metrics_base + k}/metrics")
+        fams = {f.name: f for f in text_string_to_metric_families(text)} if code == 200 else {}
+        calls = [x for x in fams["braid_collective_calls"].samples if x.labels.get("collective") == "allreduce"] \
+            if "braid_collective_calls" in fams else []
+        check(f"metrics port {metrics_base + k}: rank {k}'s all-reduces counted",
+              code == 200 and len(calls) == 1 and calls[0].value > 0 and calls[0].labels["rank"] == str(k), f"{code}: {text[:200]!r}")
+    code, _ = get(f"http://127.0.0.1:{metrics_base}/other")
+    check("metrics port: 404 off /metrics", code == 404, code)
+    time.sleep(1.2)  # (records are flushed at least once a second)
+    files = sorted(os.listdir(inspect_dir))
+    check("BRAID_INSPECT_DIR: a file per rank", files == [f"braid-inspect-rank{k}.jsonl" for k in range(8)], files)
+    for name in files:
+        with open(os.path.join(inspect_dir, name)) as f:
+            lines = f.read().splitlines()
+        good = 0
+        for line in lines[:-1][:200]:  # (the last line may be cut by the buffer)
+            r = json.loads(line)
+            good += (r["collective"] == "allreduce" and r["ok"] and r["path"] in ("ring", "tree", "hier", "oneshot", "shm mailbox",
+                                                                                  "zero copy", "cross-memory attach")
+                     and r["bytes"] == sum(p["sent"] + p["recv"] for p in r["peers"]) and r["bytes"] > 0)
+        check(f"{name}: every record whole", len(lines) > 1 and good == min(len(lines) - 1, 200), f"{good} of {len(lines)}")
 
     rc, _, _, err = status(port, secret="not-the-job-secret-at-all")
     check("wrong secret refused", rc == 2 and "authentication failed" in err, f"exit {rc}: {err!r}")
@@ -143,6 +203,9 @@ try:
           f"exit {rc}: {doc and doc['verdict']}")
 finally:
     stop_jobs()
+    for name in os.listdir(inspect_dir):
+        os.remove(os.path.join(inspect_dir, name))
+    os.rmdir(inspect_dir)
 
 for f in failures:
     print("FAIL:", f)

@@ -1,0 +1,115 @@
+// What a rank shows besides braid status's answers: its metrics on a port (BRAID_METRICS_PORT,
+// Prometheus text served from the store watcher thread) and one JSON line per call
+// (BRAID_INSPECT_DIR). Both off by default; the call path pays for the records only when they are on.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "base/log.h"
+#include "comm/communicator.h"
+
+namespace braid {
+
+void Comm::openObservers() {
+  const std::string host = hostNames_[static_cast<std::size_t>(rank_)];
+  if (config_.metricsPort > 0) {
+    const auto& mine = hosts_[static_cast<std::size_t>(hostOf_[static_cast<std::size_t>(rank_)])];
+    const int index = static_cast<int>(std::find(mine.begin(), mine.end(), rank_) - mine.begin());
+    const int port = config_.metricsPort + index;
+    auto fd = port <= 65535 ? net::listenOn(config_.metricsAddr, port, 16) : Status::InvalidArgument("past 65535");
+    if (!fd.ok()) {
+      BRAID_LOG(kWarn, kInit, "rank %d: no metrics on %s:%d (BRAID_METRICS_PORT %d + its index %d on its host): %s", rank_,
+                config_.metricsAddr.c_str(), port, config_.metricsPort, index, fd.status().message().c_str());
+    } else {
+      metricsListen_ = std::move(fd.value());
+      store_->serveAlso(metricsListen_.get(), [this] { serveMetrics(); });
+    }
+  }
+  if (!config_.inspectDir.empty()) {
+    if (::mkdir(config_.inspectDir.c_str(), 0777) != 0 && errno != EEXIST)
+      BRAID_LOG(kWarn, kInit, "BRAID_INSPECT_DIR=%s: cannot create it: %s", config_.inspectDir.c_str(), std::strerror(errno));
+    const std::string file = config_.inspectDir + "/braid-inspect-rank" + std::to_string(rank_) + ".jsonl";
+    inspect_ = std::fopen(file.c_str(), "a");
+    if (!inspect_) BRAID_LOG(kWarn, kInit, "BRAID_INSPECT_DIR: cannot open %s: %s", file.c_str(), std::strerror(errno));
+  }
+}
+
+// One request, answered and closed (bounded: a client that says nothing is dropped after 200 ms).
+void Comm::serveMetrics() {
+  net::Fd c(::accept4(metricsListen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+  if (!c.valid()) return;
+  std::string request;
+  const Deadline d = Deadline::after(0.2);
+  while (request.find("\r\n\r\n") == std::string::npos && request.find("\n\n") == std::string::npos && request.size() < 8192) {
+    pollfd p{c.get(), POLLIN, 0};
+    if (::poll(&p, 1, d.msLeft(200)) <= 0) return;
+    char buf[1024];
+    const ssize_t k = ::recv(c.get(), buf, sizeof(buf), 0);
+    if (k <= 0) return;
+    request.append(buf, static_cast<std::size_t>(k));
+  }
+  const bool metrics = request.rfind("GET /metrics", 0) == 0 || request.rfind("GET / ", 0) == 0;
+  const std::string body = metrics ? prometheusText({live_.metrics(rank_, hostNames_[static_cast<std::size_t>(rank_)],
+                                                                   FlightRecorder::nowNs())})
+                                   : "braid: GET /metrics\n";
+  const std::string reply = std::string(metrics ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n") +
+                            "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: " +
+                            std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  (void)net::sendAll(c.get(), reply.data(), reply.size(), Deadline::after(0.2));
+}
+
+void Comm::notePeerBytes(int peer, std::uint64_t sent, std::uint64_t recv) {
+  for (TracePeerBytes& p : callPeers_)
+    if (p.peer == peer) {
+      p.sent += sent, p.recv += recv;
+      return;
+    }
+  callPeers_.push_back({peer, sent, recv});
+}
+
+void Comm::inspectCall(const Status& s, std::int64_t nowNs) {
+  std::string transports, peers;
+  std::uint64_t bytes = 0;
+  std::map<std::string, int> byTransport;
+  std::sort(callPeers_.begin(), callPeers_.end(), [](const TracePeerBytes& a, const TracePeerBytes& b) { return a.peer < b.peer; });
+  for (const TracePeerBytes& p : callPeers_) {
+    ++byTransport[transportOf(p.peer)];
+    bytes += p.sent + p.recv;
+    peers += (peers.empty() ? "" : ", ") + std::string("{\"peer\": ") + std::to_string(p.peer) + ", \"sent\": " + std::to_string(p.sent) +
+             ", \"recv\": " + std::to_string(p.recv) + "}";
+  }
+  for (const auto& [name, k] : byTransport) transports += (transports.empty() ? "" : ", ") + ("\"" + name + "\": " + std::to_string(k));
+  const Fingerprint& fp = lastCall_;
+  std::string call = fp.describe();
+  for (char& c : call)
+    if (c == '"' || c == '\\') c = '_';
+  std::fprintf(inspect_,
+               "{\"rank\": %d, \"nranks\": %d, \"seq\": %llu, \"call\": \"%s\", \"collective\": \"%s\", \"bytes\": %llu, "
+               "\"path\": \"%s\", \"channels\": %d, \"transports\": {%s}, \"peers\": [%s], \"start_ns\": %lld, \"seconds\": %.9f, "
+               "\"ok\": %s}\n",
+               rank_, nranks_, static_cast<unsigned long long>(fp.seq), call.c_str(), collName(fp.kind), static_cast<unsigned long long>(bytes), lastPath_,
+               lastChannels_, transports.c_str(), peers.c_str(), static_cast<long long>(callStartNs_),
+               static_cast<double>(nowNs - callStartNs_) / 1e9, s.ok() ? "true" : "false");
+  if (nowNs - inspectFlushedNs_ >= 1000000000LL) {  // at least once a second
+    std::fflush(inspect_);
+    inspectFlushedNs_ = nowNs;
+  }
+}
+
+void Comm::closeObservers() {
+  if (inspect_) std::fclose(inspect_);
+  inspect_ = nullptr;
+  metricsListen_.reset();
+}
+
+}  // namespace braid

@@ -81,6 +81,8 @@ std::string Communicator::transportTo(int peer) const {
   return peer >= 0 && peer < impl_->nranks() ? impl_->transportOf(peer) : "";
 }
 
+std::string Communicator::statusRecord() const { return impl_->statusRecord(); }
+
 Work Communicator::allReduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op, void* stream) {
   return Work(cuda::submit(*impl_, {CollKind::kAllReduce, send, recv, count, t, op}, stream));
 }

@@ -28,9 +28,11 @@ namespace braid::tools {
 namespace {
 
 const char* kStatusUsage =
-    "usage: braid status [--addr HOST:PORT] [--interval SECONDS] [--watch SECONDS] [--json | --prom]\n"
+    "usage: braid status [--addr HOST:PORT | --unique-id ID] [--interval SECONDS] [--watch SECONDS] [--json | --prom]\n"
     "  Asks every rank of a running job what it is doing and says who holds the others up.\n"
     "  --addr      the job's rendezvous store (default: MASTER_ADDR:MASTER_PORT, as the job's launcher set them)\n"
+    "  --unique-id a job that met through a unique id (host:port/nonce: braidUniqueIdToString, braid_torch.unique_id());\n"
+    "              the nonce is then the secret\n"
     "  --interval  seconds between the two samples that tell moving from waiting (default 0.5)\n"
     "  --watch S   ask again every S seconds until interrupted\n"
     "  --json      one object per report, schema braid.status/1\n"
@@ -157,6 +159,7 @@ Report judge(const StatusReply& first, const StatusReply& second, double interva
     }
     totalRate += v.bytesPerSec;
   }
+  auto waitText = [](int k) { return std::to_string(k) + (k == 1 ? " rank waits" : " ranks wait"); };
   auto describeRank = [](const RankView& v) {
     return "rank " + std::to_string(v.rank) + " (host " + (v.host.empty() ? "?" : v.host) + ", pid " + std::to_string(v.pid) + ")";
   };
@@ -177,7 +180,7 @@ Report judge(const StatusReply& first, const StatusReply& second, double interva
     else if (v.state == "gone") why = " is gone (its process exited or its connection closed)";
     else if (v.state == "never joined") why = " never joined the job";
     if (why.empty()) continue;
-    rep.verdict = describeRank(v) + why + (inAnyCall ? "; " + std::to_string(inAnyCall) + " ranks wait in " + inCalls + " for it" : "");
+    rep.verdict = describeRank(v) + why + (inAnyCall ? "; " + waitText(inAnyCall) + " in " + inCalls + " for it" : "");
     rep.stalled = true;
     return rep;
   }
@@ -186,7 +189,7 @@ Report judge(const StatusReply& first, const StatusReply& second, double interva
     for (const RankView& v : rep.ranks) {
       if (v.state != "idle" || v.lastCollective >= busiestSeq) continue;
       rep.verdict = describeRank(v) + " has not entered " + busiest + " (its last collective is #" + std::to_string(v.lastCollective) +
-                    "); " + std::to_string(waiting) + " ranks wait in it for up to " + secs;
+                    "); " + waitText(waiting) + " in it for up to " + secs;
       rep.stalled = true;
       return rep;
     }
@@ -249,7 +252,7 @@ std::string toProm(const Report& rep) {
 }  // namespace
 
 int runStatus(int argc, char** argv) {
-  std::string addr;
+  std::string addr, uniqueId;
   double interval = 0.5, watch = 0;
   bool json = false, prom = false;
   for (int i = 1; i < argc; ++i) {
@@ -258,9 +261,10 @@ int runStatus(int argc, char** argv) {
     if (a == "-h" || a == "--help") { std::fputs(kStatusUsage, stdout); return 0; }
     if (a == "--json") { json = true; continue; }
     if (a == "--prom") { prom = true; continue; }
-    if ((a == "--addr" || a == "--interval" || a == "--watch") && v) {
+    if ((a == "--addr" || a == "--unique-id" || a == "--interval" || a == "--watch") && v) {
       ++i;
       if (a == "--addr") addr = v;
+      else if (a == "--unique-id") uniqueId = v;
       else if (a == "--interval") interval = std::atof(v);
       else watch = std::atof(v);
       continue;
@@ -274,9 +278,14 @@ int runStatus(int argc, char** argv) {
   }
   auto cfg = Config::fromEnvironment();
   if (!cfg.ok()) { std::fprintf(stderr, "braid status: %s\n", cfg.status().toString().c_str()); return 2; }
-  std::string host;
+  std::string host, secret;
   int port = -1;
-  if (addr.empty()) {
+  if (!uniqueId.empty()) {  // the store's address and the job's secret, both in the id
+    auto id = uniqueIdFromString(uniqueId);
+    auto p = id.ok() ? paramsFromUniqueId(*id, 1, 0) : Result<InitParams>(id.status());
+    if (!p.ok()) { std::fprintf(stderr, "braid status: --unique-id: %s\n", p.status().toString().c_str()); return 2; }
+    host = p->storeIp, port = p->storePort, secret = p->storeNonce;
+  } else if (addr.empty()) {
     auto le = readLaunchEnv();
     if (le.ok()) host = le->masterAddr, port = le->masterPort;
   } else if (addr.rfind(':') != std::string::npos) {
@@ -292,7 +301,7 @@ int runStatus(int argc, char** argv) {
   const std::string where = *ip + ":" + std::to_string(port);
   for (;;) {
     const Deadline d = Deadline::after(std::min(10.0, cfg->timeoutSec));
-    auto store = StoreClient::observe(*ip, port, storeSecret(cfg->secret, *ip, port), d);
+    auto store = StoreClient::observe(*ip, port, secret.empty() ? storeSecret(cfg->secret, *ip, port) : secret, d);
     if (!store.ok()) { std::fprintf(stderr, "braid status: %s\n", store.status().toString().c_str()); return 2; }
     // Answers come from each rank's watcher thread within milliseconds. The second sample is
     // taken an interval after the first: a rank in the same call with no more bytes moved is waiting.

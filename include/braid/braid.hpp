@@ -101,6 +101,9 @@ class BRAID_EXPORT Communicator {
   int size() const;
   // "shm", "tcp" or "self": how this rank reaches `peer`.
   std::string transportTo(int peer) const;
+  // What this rank is doing now, as JSON: the call it is in and since when, the bytes it has moved,
+  // the peer it last waited on, its calls by collective (the record it gives `braid status`).
+  std::string statusRecord() const;
   // braidCommSplit (see braid.h): every rank calls it; nullopt for BRAID_SPLIT_NOCOLOR. `options`
   // adjust the new communicator's settings, which start as this one's.
   Result<std::optional<Communicator>> split(int color, int key, const CommOptions& options = {});

@@ -9,6 +9,7 @@ number) as a RuntimeError. See docs/PYTORCH.md for what is supported.
 """
 import atexit
 import inspect
+import json
 
 import torch
 import torch.distributed as _dist
@@ -50,6 +51,25 @@ def _braid_of(group):
     # TORCH_DISTRIBUTED_DEBUG=DETAIL: torch 2.x wraps every backend in a _ProcessGroupWrapper.
     backend = getattr(backend, "wrapped_pg", backend)
     return backend if isinstance(backend, ProcessGroupBraid) else None
+
+
+def status(group=None):
+    """What this rank is doing now, as `braid status` hears it: a dict with the call it is in (if
+    any) and for how long, the bytes it has moved, the peer it last waited on, and its calls,
+    failures, bytes and seconds per collective (by_collective)."""
+    pg = _braid_of(group)
+    if pg is None:
+        raise ValueError("braid_torch.status: the group is not run by the braid backend")
+    return json.loads(pg._status_record())
+
+
+def unique_id(group=None):
+    """The group's rendezvous as `braid status --unique-id` takes it ("host:port/nonce"). The nonce
+    admits a process to the job's store: share it as the job's secret."""
+    pg = _braid_of(group)
+    if pg is None:
+        raise ValueError("braid_torch.unique_id: the group is not run by the braid backend")
+    return pg._unique_id()
 
 
 _torch_batch_isend_irecv = _dist.batch_isend_irecv

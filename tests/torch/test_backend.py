@@ -7,8 +7,10 @@ every type and any summation order). Prints "N passed, M failed" last; the exit 
 verdict.
 """
 import datetime
+import json
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-import braid_torch  # noqa: F401  (registers "braid")
+import braid_torch  # registers "braid"
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.int8,
           torch.uint8, torch.bool]
@@ -571,6 +573,26 @@ def unwaited_body(rank, world, port, out_path):
         f.write("destroyed")
 
 
+def status_body(rank, world, port, out_path):
+    # Three all-reduces; then rank 1 stays out (sleeps) while rank 0 waits in the fourth and asks
+    # `braid status --unique-id` about the job, and braid_torch.status() about itself.
+    init(rank, world, port)
+    for _ in range(3):
+        dist.all_reduce(torch.ones(1024))
+    if rank == 1:
+        time.sleep(6)
+        dist.all_reduce(torch.ones(1024))
+        return
+    mine = braid_torch.status()
+    work = dist.all_reduce(torch.ones(1024), async_op=True)
+    time.sleep(1)
+    r = subprocess.run([os.environ["TEST_BRAID_PROGRAM"], "status", "--unique-id", braid_torch.unique_id(), "--json"],
+                       capture_output=True, text=True, timeout=30)
+    work.wait()
+    with open(f"{out_path}.{rank}", "w") as f:
+        json.dump({"mine": mine, "rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr}, f)
+
+
 def run_ranks(fn, world, path, limit=60):
     port = free_port()
     spawner = mp.get_context("spawn")
@@ -856,8 +878,27 @@ def check_killed_rank_is_named():
             print(f"  survivor {rank} failed after {took.strip()} s: {msg.strip()[:160]}")
 
 
+def check_status_names_the_rank_outside_the_call():
+    if "TEST_BRAID_PROGRAM" not in os.environ:
+        raise Skipped("TEST_BRAID_PROGRAM (the braid program) is not set")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "status")
+        run_ranks(status_body, 2, path)
+        with open(f"{path}.0") as f:
+            got = json.load(f)
+    mine = got["mine"]
+    if mine["rank"] != 0 or mine["in_call"] or mine["by_collective"].get("allreduce", {}).get("calls", 0) < 3:
+        raise AssertionError(f"braid_torch.status(): {mine}")
+    if got["rc"] != 1:
+        raise AssertionError(f"braid status exited {got['rc']}: {got['stderr']}")
+    verdict = json.loads(got["stdout"])["verdict"]
+    if not (verdict.startswith("rank 1 ") and "has not entered allreduce" in verdict):
+        raise AssertionError(f"braid status: {verdict}")
+    print(f"  braid status: {verdict[:160]}")
+
+
 CHECKS = [check_collectives, check_coalescing, check_mixed_backends, check_dtypes, check_recv_from_any_rank, check_ddp_matches_gloo, check_sequence_numbers, check_sparse_all_reduce, check_killed_rank_is_named, check_bad_input_raises_on_every_rank,
-          check_destroy_with_unwaited_work]
+          check_destroy_with_unwaited_work, check_status_names_the_rank_outside_the_call]
 
 if __name__ == "__main__":
     passed = failed = skipped = 0

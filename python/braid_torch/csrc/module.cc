@@ -21,7 +21,9 @@ PYBIND11_MODULE(_C, m) {
       .def("_batch_isend_irecv", &ProcessGroupBraid::batchSendRecv, py::arg("ops"), py::call_guard<py::gil_scoped_release>(),
            "[(is_send, tensor, group rank, tag)] as one Braid group; one Work per operation")
       .def("_cpp_all_reduce", &ProcessGroupBraid::cppAllReduce, py::arg("tensor"), py::call_guard<py::gil_scoped_release>(),
-           "Sum all-reduce of a dense CPU tensor in place through Braid's C++ API, waited on (for benchmarks)");
+           "Sum all-reduce of a dense CPU tensor in place through Braid's C++ API, waited on (for benchmarks)")
+      .def("_status_record", &ProcessGroupBraid::statusRecord, "This rank's live record as JSON (braid_torch.status)")
+      .def("_unique_id", &ProcessGroupBraid::uniqueId, "host:port/nonce of the group's rendezvous (braid status --unique-id)");
   m.def("_finish_all_queued", &ProcessGroupBraid::finishAllQueued, py::call_guard<py::gil_scoped_release>(),
         "Runs what every Braid process group of this process still has queued (braid_torch: at exit)");
   m.attr("cuda") = py::bool_(BRAID_TORCH_CUDA != 0);  // CUDA tensors too (python/meson.build says when)

@@ -103,6 +103,8 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
     TORCH_CHECK(bytes.size() == sizeof id, "braid: the store holds ", bytes.size(), " bytes under ", key, ", not a unique id");
     std::memcpy(&id, bytes.data(), sizeof id);
   }
+  char idText[256] = {};
+  if (braidUniqueIdToString(&id, idText, sizeof(idText)) == braidSuccess) uniqueId_ = idText;
   // The process group's timeout bounds every Braid call, unless BRAID_TIMEOUT says otherwise.
   braid::CommOptions options;
   options.timeoutSec = std::max(0.001, static_cast<double>(timeout.count()) / 1000.0);

@@ -103,6 +103,10 @@ class ProcessGroupBraid : public Base {
   // The sum all-reduce of a dense CPU tensor, in place, through Braid's C++ API on this group's
   // communicator, waited on (bench/torch_compare: the backend's cost in the same processes).
   void cppAllReduce(const at::Tensor& t);
+  // This rank's live record (braid::Communicator::statusRecord), and the unique id the group's
+  // ranks met through ("host:port/nonce": what `braid status --unique-id` takes).
+  std::string statusRecord() const { return comm_->statusRecord(); }
+  const std::string& uniqueId() const { return uniqueId_; }
 
   // For torch.distributed.Backend.register_backend: (store, rank, size, timeout) -> process group.
   static c10::intrusive_ptr<Base> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -123,6 +127,7 @@ class ProcessGroupBraid : public Base {
   // Queues one send or receive of the user's tensor (p2p.h: held back until flushed).
   c10::intrusive_ptr<c10d::Work> deferPeerOp(bool isSend, at::Tensor user, int peer, int tag);
   std::unique_ptr<braid::Communicator> comm_;
+  std::string uniqueId_;
   std::shared_ptr<P2pQueue> p2p_;  // (weak references in its Works: they flush it)
   c10::intrusive_ptr<c10d::Store> store_;  // the group's: monitoredBarrier meets through it
   std::chrono::milliseconds timeout_;

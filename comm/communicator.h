@@ -385,7 +385,7 @@ class Comm final : public EngineHost, public Workspace {
   // Bytes a path without a plan (mailbox, cross-memory attach) moved with `peer`.
   void peerBytes(int peer, std::uint64_t sent, std::uint64_t recv) {
     trace_.peerBytes(peer, sent, recv);
-    live_.progress().add(sent + recv);
+    live_.progress().add(peer, sent + recv);
     if (inspect_) notePeerBytes(peer, sent, recv);
   }
   // What observers see besides braid status's answers (comm/observe.cc): the metrics port

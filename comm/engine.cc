@@ -148,8 +148,8 @@ struct PlanRunner {
   const Fingerprint& fp;
   std::size_t esize;
 
-  void counted(std::size_t n) {
-    if (plan.live_) plan.live_->add(n);
+  void counted(const Op& op, std::size_t n) {
+    if (plan.live_) plan.live_->add(op.peer, n);
   }
 
   std::string where(const Op& op) {
@@ -182,7 +182,7 @@ struct PlanRunner {
     op.done = std::min(*k - op.hdrDone, op.bytes);
     op.padDone = *k - op.hdrDone - op.done;
     op.complete = *k == total;
-    counted(op.done);
+    counted(op, op.done);
     return *k > 0;
   }
 
@@ -208,7 +208,7 @@ struct PlanRunner {
         const std::size_t toHeader = std::min(*k, kHeaderBytes - op.hdrDone);
         op.hdrDone += toHeader;
         op.done += *k - toHeader;
-        counted(*k - toHeader);
+        counted(op, *k - toHeader);
         moved |= *k > 0;
         if (op.hdrDone < kHeaderBytes) return moved;
         op.started = true;
@@ -221,7 +221,7 @@ struct PlanRunner {
       if (!k.ok()) return k.status();
       if (*k == 0) return moved;
       op.done += *k;
-      counted(*k);
+      counted(op, *k);
       moved = true;
     }
     return finish(op, moved, [&](std::size_t n) { return ch.trySend(kZeros, n); });
@@ -308,7 +308,7 @@ struct PlanRunner {
     op.done = op.bytes;
     op.padDone = pad;
     op.complete = true;
-    counted(op.bytes);
+    counted(op, op.bytes);
     return true;
   }
 
@@ -343,7 +343,7 @@ struct PlanRunner {
         if (!k.ok()) return k.status();
         if (*k == 0) return moved;
         op.done += *k;
-        counted(*k);
+        counted(op, *k);
         moved = true;
         continue;
       }
@@ -357,7 +357,7 @@ struct PlanRunner {
       if (op.finalDivide) kernels::divide(op.dst + op.done, elems, fp.dtype, plan.nranks_);
       ch.consume(n);
       op.done += n;
-      counted(n);
+      counted(op, n);
       moved = true;
     }
     std::byte sink[8];
@@ -471,6 +471,7 @@ Status Engine::run(Plan& plan, EngineHost& host) {
   Clock::time_point lastCheck{}, lastMoved{};
   bool movedSinceCheck = false;  // data moved since the last idle pass read the clock (no clock read for it)
   bool waitNoted = false;        // the peer it waits on is noted for observers (LiveProgress) since it last moved
+  Clock::time_point waitSince{};  // the first idle pass's clock of that wait
   const auto queues = std::span(plan.queues_.data(), plan.numQueues_);
   for (;;) {
     bool moved = false;
@@ -481,14 +482,18 @@ Status Engine::run(Plan& plan, EngineHost& host) {
     if (moved) {
       waiter.progressed();
       movedSinceCheck = true;
+      if (waitNoted && waitSince.time_since_epoch().count() != 0)  // the wait that just ended (one clock read a wait)
+        plan.live_->stalled(plan.live_->waitPeer.load(std::memory_order_relaxed),
+                            static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - waitSince).count()));
       waitNoted = false;
       continue;
     }
     if (plan.copyPiece()) continue;  // nothing arrived: do local work instead of waiting
-    if (!waitNoted && plan.live_) noteWait(plan, queues), waitNoted = true;  // once each time it goes idle
+    if (!waitNoted && plan.live_) noteWait(plan, queues), waitNoted = true, waitSince = {};  // once each time it goes idle
     waiter.idle();
     if (!deadline) deadline = Deadline::after(host.timeoutSec());
     const bool expired = deadline->expiredWhileRunning(&lastCheck);
+    if (waitNoted && waitSince.time_since_epoch().count() == 0) waitSince = lastCheck;
     if (movedSinceCheck) lastMoved = lastCheck;  // data moved since the pass before: about now
     movedSinceCheck = false;
     if (expired) {

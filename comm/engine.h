@@ -7,6 +7,7 @@
 #pragma once
 #include <atomic>
 #include <cstddef>
+#include <memory>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -40,7 +41,26 @@ struct LiveProgress {
   std::atomic<std::int32_t> waitChannel{0};
   std::atomic<std::uint32_t> waitStep{0};
   std::atomic<bool> waitSending{false};
-  void add(std::size_t n) { bytes.store(bytes.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  // Per peer (sized by setPeers before any plan runs): bytes sent and received, and nanoseconds
+  // a plan waited with that peer the one it waited on.
+  std::unique_ptr<std::atomic<std::uint64_t>[]> peerBytes, peerStallNs;
+  int peers = 0;
+  void setPeers(int n) {
+    peerBytes = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(n));
+    peerStallNs = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(n));
+    peers = n;
+  }
+  static void bump(std::atomic<std::uint64_t>& a, std::uint64_t by) {
+    a.store(a.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+  }
+  void add(std::size_t n) { bump(bytes, n); }
+  void add(int peer, std::size_t n) {
+    bump(bytes, n);
+    if (peer >= 0 && peer < peers) bump(peerBytes[peer], n);
+  }
+  void stalled(int peer, std::uint64_t ns) {
+    if (peer >= 0 && peer < peers) bump(peerStallNs[peer], ns);
+  }
 };
 
 struct Op {

@@ -99,9 +99,19 @@ std::string LiveState::record(int rank, int nranks, const std::string& host, lon
                 in ? progress_.waitPeer.load(std::memory_order_relaxed) : -1, progress_.waitChannel.load(std::memory_order_relaxed),
                 progress_.waitStep.load(std::memory_order_relaxed), progress_.waitSending.load(std::memory_order_relaxed) ? "true" : "false",
                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(calls), static_cast<unsigned long long>(failed));
+  std::string peers;
+  for (int p = 0; p < progress_.peers; ++p) {
+    const std::uint64_t b = progress_.peerBytes[p].load(std::memory_order_relaxed);
+    const std::uint64_t ns = progress_.peerStallNs[p].load(std::memory_order_relaxed);
+    if (!b && !ns) continue;
+    char e[128];
+    std::snprintf(e, sizeof(e), "%s{\"peer\": %d, \"bytes\": %llu, \"stall_s\": %.6f}", peers.empty() ? "" : ", ", p,
+                  static_cast<unsigned long long>(b), static_cast<double>(ns) / 1e9);
+    peers += e;
+  }
   std::string out = buf;
-  out.pop_back();  // the closing brace: the totals by collective follow
-  return out + ", \"by_collective\": {" + byKind + "}}";
+  out.pop_back();  // the closing brace: the totals by collective and by peer follow
+  return out + ", \"by_collective\": {" + byKind + "}, \"peers\": [" + peers + "]}";
 }
 
 RankMetrics LiveState::metrics(int rank, const std::string& host, std::int64_t nowNs) const {
@@ -120,6 +130,11 @@ RankMetrics LiveState::metrics(int rank, const std::string& host, std::int64_t n
       m.byKind.push_back({collName(static_cast<CollKind>(k)), calls, totals_[k].failed.load(std::memory_order_relaxed),
                           totals_[k].bytes.load(std::memory_order_relaxed),
                           static_cast<double>(totals_[k].ns.load(std::memory_order_relaxed)) / 1e9});
+  for (int p = 0; p < progress_.peers; ++p) {
+    const std::uint64_t b = progress_.peerBytes[p].load(std::memory_order_relaxed);
+    const std::uint64_t ns = progress_.peerStallNs[p].load(std::memory_order_relaxed);
+    if (b || ns) m.peers.push_back({p, b, static_cast<double>(ns) / 1e9});
+  }
   return m;
 }
 
@@ -188,6 +203,19 @@ std::string prometheusText(const std::vector<RankMetrics>& ranks, int stalled) {
     for (const RankMetrics& m : ranks)
       for (const RankMetrics::PerKind& k : m.byKind)
         out += std::string(x.name) + "{" + labels(m) + ",collective=\"" + promLabel(k.collective) + "\"} " + promNumber(x.value(k)) + "\n";
+  }
+  static const struct {
+    const char* name;
+    const char* help;
+    bool stall;
+  } perPeer[] = {{"braid_peer_bytes_total", "payload bytes sent to and received from this peer", false},
+                 {"braid_peer_stall_seconds_total", "seconds the rank's calls waited with this peer the one they waited on", true}};
+  for (const auto& x : perPeer) {
+    out += std::string("# HELP ") + x.name + " " + x.help + "\n# TYPE " + x.name + " counter\n";
+    for (const RankMetrics& m : ranks)
+      for (const RankMetrics::Peer& p : m.peers)
+        out += std::string(x.name) + "{" + labels(m) + ",peer=\"" + std::to_string(p.peer) + "\"} " +
+               promNumber(x.stall ? p.stallSeconds : static_cast<double>(p.bytes)) + "\n";
   }
   if (stalled >= 0)
     out += "# HELP braid_job_stalled 1 if braid status judged the job stalled\n# TYPE braid_job_stalled gauge\nbraid_job_stalled " +

@@ -30,6 +30,12 @@ struct RankMetrics {
   double callSeconds = 0, bytesPerSec = 0;
   std::uint64_t bytes = 0, calls = 0, failed = 0, lastCollective = 0;
   std::vector<PerKind> byKind;  // the collectives this rank has called
+  struct Peer {
+    int peer;
+    std::uint64_t bytes;
+    double stallSeconds;  // time this rank's plans waited with this peer the one they waited on
+  };
+  std::vector<Peer> peers;  // the peers it moved bytes with or waited on
 };
 // Prometheus text exposition (0.0.4); `stalled` >= 0 adds braid_job_stalled (braid status's verdict).
 std::string prometheusText(const std::vector<RankMetrics>& ranks, int stalled = -1);

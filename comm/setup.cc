@@ -359,6 +359,7 @@ Status Comm::setup(InitParams& p) {
               static_cast<long long>(served), nranks_, static_cast<double>(served) / nranks_,
               static_cast<long long>(storeBytes()), static_cast<double>(storeBytes()) / nranks_);
   trace_.init(config_.traceBuffer, config_.traceDir, {rank_, nranks_, static_cast<long>(getpid()), self.host, commTag_});
+  live_.progress().setPeers(nranks_);
   plan_.setLive(&live_.progress());
   std::string counts;
   for (std::size_t i = 0; i < transports_.size(); ++i)

@@ -50,6 +50,7 @@ struct RankView {
   std::uint64_t seq = 0, lastCollective = 0, bytes = 0, calls = 0, failed = 0;
   double forMs = 0, bytesPerSec = 0;
   std::vector<RankMetrics::PerKind> byKind;
+  std::vector<RankMetrics::Peer> peers;
   int waitPeer = -1;
   bool waitSending = false;
 };
@@ -95,6 +96,9 @@ void readRecord(const std::string& text, RankView* v) {
       const Json& k = by->values[i];
       v->byKind.push_back({by->keys[i], uintOf(k.get("calls")), uintOf(k.get("failed")), uintOf(k.get("bytes")), doubleOf(k.get("seconds"))});
     }
+  if (const Json* peers = doc->get("peers"); peers && peers->type == Json::kArray)
+    for (const Json& p : peers->items)
+      v->peers.push_back({static_cast<int>(intOf(p.get("peer"))), uintOf(p.get("bytes")), doubleOf(p.get("stall_s"))});
 }
 
 struct Report {
@@ -244,6 +248,7 @@ std::string toProm(const Report& rep) {
     m.failed = v.failed;
     m.lastCollective = v.lastCollective;
     m.byKind = v.byKind;
+    m.peers = v.peers;
     ranks.push_back(std::move(m));
   }
   return prometheusText(ranks, rep.stalled ? 1 : 0);

@@ -5,7 +5,7 @@ Usage: test_status.py BRAID STATUS_JOB. Checks, each on a live job:
 - a healthy job: every rank answers, "all progressing", exit status 0;
 - a query with a wrong secret: refused (exit 2, "authentication failed"), and the job unaffected;
 - one rank stopped with SIGSTOP: named "stopped" within 2 s, every other rank waiting, exit 1;
-  after SIGCONT: all progressing again;
+  after SIGCONT: all progressing again, and the wait counted against it per peer (stall seconds);
 - one rank busy outside any call (compute) while the others wait: named as not entered, exit 1;
 - --prom: read by prometheus_client's parser, and every line held to the exposition format's grammar;
 - BRAID_METRICS_PORT: each rank serves its metrics on the port plus its index on the host (parsed
@@ -191,9 +191,16 @@ try:
               and "stopped" in doc["verdict"], doc["verdict"])
         others = [r["state"] for r in doc["ranks"] if r["rank"] != 3]
         check("the others wait", all(s == "waiting" for s in others), others)
+    stopped_for = time.monotonic()
     os.kill(victim, signal.SIGCONT)
     rc, doc, _ = until(port, progressing, seconds=10)
     check("after SIGCONT: progressing", progressing(rc, doc), f"exit {rc}: {doc and doc['verdict']}")
+    # The ranks that waited on rank 3 counted the wait against it (braid_peer_stall_seconds_total).
+    prom = subprocess.run([BRAID, "status", "--addr", f"127.0.0.1:{port}", "--prom"], capture_output=True, text=True,
+                          env=dict(os.environ, BRAID_SECRET=SECRET), timeout=30).stdout
+    stalls = [x.value for f in text_string_to_metric_families(prom) if f.name == "braid_peer_stall_seconds"
+              for x in f.samples if x.labels.get("peer") == "3"]
+    check("the wait for the stopped rank counted against it", stalls and max(stalls) >= 1.0, stalls)
     stop_jobs()
 
     port = start(["--busy-rank", "5", "--busy-after", "200", "--busy-seconds", "6"])

@@ -370,15 +370,16 @@ class Comm final : public EngineHost, public Workspace {
   FlightRecorder trace_;  // touched only under execMu_
   LiveState live_;        // written by the executing thread, read by the watcher (braid status)
   // The flight recorder and the live state at a call's start and end.
+  // (one read of the recorder's clock, the TSC where usable, for both)
   void callBegins(const Fingerprint& fp) {
-    trace_.begin(fp);
-    callStartNs_ = FlightRecorder::nowNs();
-    live_.begin(fp, callStartNs_);
+    callStart_ = trace_.now();
+    trace_.begin(fp, callStart_);
+    live_.begin(fp, callStart_);
     if (inspect_) lastCall_ = fp, callPeers_.clear(), lastPath_ = "", lastChannels_ = 0;
   }
   void callEnds(const Status& s) {
-    trace_.end(s);
-    const std::int64_t now = FlightRecorder::nowNs();
+    const std::int64_t now = trace_.now();
+    trace_.end(s, now);
     live_.end(s.ok(), now);
     if (inspect_) inspectCall(s, now);
   }
@@ -393,11 +394,11 @@ class Comm final : public EngineHost, public Workspace {
   void openObservers();
   void serveMetrics();
   void notePeerBytes(int peer, std::uint64_t sent, std::uint64_t recv);
-  void inspectCall(const Status& s, std::int64_t nowNs);
+  void inspectCall(const Status& s, std::int64_t now);
   void closeObservers();
   net::Fd metricsListen_;
   std::FILE* inspect_ = nullptr;
-  std::int64_t inspectFlushedNs_ = 0, callStartNs_ = 0;
+  std::int64_t inspectFlushedNs_ = 0, callStart_ = 0;  // (callStart_: the recorder's clock)
   Fingerprint lastCall_;
   const char* lastPath_ = "";  // the path the call took: "zero copy", "shm mailbox", an algorithm, ...
   int lastChannels_ = 0;

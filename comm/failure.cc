@@ -36,7 +36,7 @@ void Comm::fail(const Status& s, bool tellOthers, bool peerGone) {
 
 std::string Comm::statusRecord() const {
   const std::string host = rank_ < static_cast<int>(hostNames_.size()) ? hostNames_[static_cast<std::size_t>(rank_)] : "";
-  return live_.record(rank_, nranks_, host, static_cast<long>(getpid()), FlightRecorder::nowNs());
+  return live_.record(rank_, nranks_, host, static_cast<long>(getpid()), trace_.now(), trace_.nsPerTick());
 }
 
 void Comm::onNotice(const Notice& n) {

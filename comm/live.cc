@@ -5,7 +5,7 @@
 
 namespace braid {
 
-void LiveState::begin(const Fingerprint& fp, std::int64_t nowNs) {
+void LiveState::begin(const Fingerprint& fp, std::int64_t now) {
   const std::uint32_t v = version_.load(std::memory_order_relaxed);
   version_.store(v + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
@@ -16,7 +16,7 @@ void LiveState::begin(const Fingerprint& fp, std::int64_t nowNs) {
   seq_.store(fp.seq, std::memory_order_relaxed);
   root_.store(fp.root, std::memory_order_relaxed);
   sender_.store(fp.sender, std::memory_order_relaxed);
-  startNs_.store(nowNs, std::memory_order_relaxed);
+  start_.store(now, std::memory_order_relaxed);
   progress_.waitPeer.store(-1, std::memory_order_relaxed);
   bytesAtBegin_ = progress_.bytes.load(std::memory_order_relaxed);
   inCall_.store(true, std::memory_order_relaxed);
@@ -28,14 +28,14 @@ namespace {
 void bump(std::atomic<std::uint64_t>& a, std::uint64_t by) { a.store(a.load(std::memory_order_relaxed) + by, std::memory_order_relaxed); }
 }  // namespace
 
-void LiveState::end(bool ok, std::int64_t nowNs) {
+void LiveState::end(bool ok, std::int64_t now) {
   if (!inCall_.load(std::memory_order_relaxed)) return;  // (a call refused before it began)
   const std::size_t k = std::min<std::size_t>(kind_.load(std::memory_order_relaxed), kKinds - 1);
   Totals& t = totals_[k];
   bump(t.calls, 1);
   if (!ok) bump(t.failed, 1);
   bump(t.bytes, progress_.bytes.load(std::memory_order_relaxed) - bytesAtBegin_);
-  bump(t.ns, static_cast<std::uint64_t>(std::max<std::int64_t>(0, nowNs - startNs_.load(std::memory_order_relaxed))));
+  bump(t.ticks, static_cast<std::uint64_t>(std::max<std::int64_t>(0, now - start_.load(std::memory_order_relaxed))));
   const std::uint32_t v = version_.load(std::memory_order_relaxed);
   version_.store(v + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
@@ -47,7 +47,7 @@ void LiveState::end(bool ok, std::int64_t nowNs) {
   version_.store(v + 2, std::memory_order_release);
 }
 
-std::string LiveState::record(int rank, int nranks, const std::string& host, long pid, std::int64_t nowNs) const {
+std::string LiveState::record(int rank, int nranks, const std::string& host, long pid, std::int64_t now, double nsPerTick) const {
   Fingerprint fp;
   bool in = false;
   std::int64_t start = 0;
@@ -63,7 +63,7 @@ std::string LiveState::record(int rank, int nranks, const std::string& host, lon
     fp.seq = seq_.load(std::memory_order_relaxed);
     fp.root = root_.load(std::memory_order_relaxed);
     fp.sender = sender_.load(std::memory_order_relaxed);
-    start = startNs_.load(std::memory_order_relaxed);
+    start = start_.load(std::memory_order_relaxed);
     done = collectivesDone_.load(std::memory_order_relaxed);
     calls = calls_.load(std::memory_order_relaxed);
     failed = failed_.load(std::memory_order_relaxed);
@@ -85,7 +85,7 @@ std::string LiveState::record(int rank, int nranks, const std::string& host, lon
                   byKind.empty() ? "" : ", ", collName(static_cast<CollKind>(k)), static_cast<unsigned long long>(calls),
                   static_cast<unsigned long long>(totals_[k].failed.load(std::memory_order_relaxed)),
                   static_cast<unsigned long long>(totals_[k].bytes.load(std::memory_order_relaxed)),
-                  static_cast<double>(totals_[k].ns.load(std::memory_order_relaxed)) / 1e9);
+                  static_cast<double>(totals_[k].ticks.load(std::memory_order_relaxed)) * nsPerTick / 1e9);
     byKind += b;
   }
   char buf[1024];
@@ -94,7 +94,7 @@ std::string LiveState::record(int rank, int nranks, const std::string& host, lon
                 "\"kind\": \"%s\", \"seq\": %llu, \"for_ms\": %.1f, \"bytes\": %llu, \"wait_peer\": %d, \"wait_channel\": %d, "
                 "\"wait_step\": %u, \"wait_sending\": %s, \"last_collective\": %llu, \"calls\": %llu, \"failed\": %llu}",
                 rank, nranks, h.c_str(), pid, in ? "true" : "false", quoted.c_str(), any ? collName(fp.kind) : "",
-                static_cast<unsigned long long>(fp.seq), in ? static_cast<double>(nowNs - start) / 1e6 : 0.0,
+                static_cast<unsigned long long>(fp.seq), in ? static_cast<double>(now - start) * nsPerTick / 1e6 : 0.0,
                 static_cast<unsigned long long>(progress_.bytes.load(std::memory_order_relaxed)),
                 in ? progress_.waitPeer.load(std::memory_order_relaxed) : -1, progress_.waitChannel.load(std::memory_order_relaxed),
                 progress_.waitStep.load(std::memory_order_relaxed), progress_.waitSending.load(std::memory_order_relaxed) ? "true" : "false",
@@ -114,13 +114,13 @@ std::string LiveState::record(int rank, int nranks, const std::string& host, lon
   return out + ", \"by_collective\": {" + byKind + "}, \"peers\": [" + peers + "]}";
 }
 
-RankMetrics LiveState::metrics(int rank, const std::string& host, std::int64_t nowNs) const {
+RankMetrics LiveState::metrics(int rank, const std::string& host, std::int64_t now, double nsPerTick) const {
   RankMetrics m;
   m.rank = rank;
   m.host = host;
   m.inCall = inCall_.load(std::memory_order_relaxed);
   m.state = m.inCall ? "in call" : "idle";
-  m.callSeconds = m.inCall ? static_cast<double>(nowNs - startNs_.load(std::memory_order_relaxed)) / 1e9 : 0;
+  m.callSeconds = m.inCall ? static_cast<double>(now - start_.load(std::memory_order_relaxed)) * nsPerTick / 1e9 : 0;
   m.bytes = progress_.bytes.load(std::memory_order_relaxed);
   m.calls = calls_.load(std::memory_order_relaxed);
   m.failed = failed_.load(std::memory_order_relaxed);
@@ -129,7 +129,7 @@ RankMetrics LiveState::metrics(int rank, const std::string& host, std::int64_t n
     if (const std::uint64_t calls = totals_[k].calls.load(std::memory_order_relaxed))
       m.byKind.push_back({collName(static_cast<CollKind>(k)), calls, totals_[k].failed.load(std::memory_order_relaxed),
                           totals_[k].bytes.load(std::memory_order_relaxed),
-                          static_cast<double>(totals_[k].ns.load(std::memory_order_relaxed)) / 1e9});
+                          static_cast<double>(totals_[k].ticks.load(std::memory_order_relaxed)) * nsPerTick / 1e9});
   for (int p = 0; p < progress_.peers; ++p) {
     const std::uint64_t b = progress_.peerBytes[p].load(std::memory_order_relaxed);
     const std::uint64_t ns = progress_.peerStallNs[p].load(std::memory_order_relaxed);

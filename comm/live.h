@@ -43,14 +43,16 @@ std::string prometheusText(const std::vector<RankMetrics>& ranks, int stalled = 
 class LiveState {
  public:
   // The executing thread (one call at a time, under the communicator's execution mutex).
-  void begin(const Fingerprint& fp, std::int64_t nowNs);
-  void end(bool ok, std::int64_t nowNs);
+  // `now`: the flight recorder's clock (FlightRecorder::now: TSC ticks where usable), read once
+  // per call for both; readers convert with its nsPerTick.
+  void begin(const Fingerprint& fp, std::int64_t now);
+  void end(bool ok, std::int64_t now);
   LiveProgress& progress() { return progress_; }
   // Any thread: the totals by collective, and this rank's metrics now.
-  RankMetrics metrics(int rank, const std::string& host, std::int64_t nowNs) const;
+  RankMetrics metrics(int rank, const std::string& host, std::int64_t now, double nsPerTick) const;
 
   // Any thread: this rank's record as JSON (one line), schema braid.status/1's rank object.
-  std::string record(int rank, int nranks, const std::string& host, long pid, std::int64_t nowNs) const;
+  std::string record(int rank, int nranks, const std::string& host, long pid, std::int64_t now, double nsPerTick) const;
 
  private:
   std::atomic<std::uint32_t> version_{0};  // odd while begin/end write
@@ -58,13 +60,13 @@ class LiveState {
   std::atomic<std::uint8_t> kind_{0}, dtype_{0}, op_{0};
   std::atomic<std::uint64_t> count_{0}, seq_{0};
   std::atomic<std::int32_t> root_{-1}, sender_{-1};
-  std::atomic<std::int64_t> startNs_{0};
+  std::atomic<std::int64_t> start_{0};  // the call's start (clock ticks)
   std::atomic<std::uint64_t> collectivesDone_{0};  // the last collective finished (its sequence number)
   std::atomic<std::uint64_t> calls_{0}, failed_{0};
   std::uint64_t bytesAtBegin_ = 0;  // (the executing thread's own)
-  // Per CollKind (by its value): calls, failed calls, payload bytes and nanoseconds in calls.
+  // Per CollKind (by its value): calls, failed calls, payload bytes and clock ticks in calls.
   struct Totals {
-    std::atomic<std::uint64_t> calls{0}, failed{0}, bytes{0}, ns{0};
+    std::atomic<std::uint64_t> calls{0}, failed{0}, bytes{0}, ticks{0};
   };
   static constexpr std::size_t kKinds = 10;
   std::array<Totals, kKinds> totals_;

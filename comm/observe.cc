@@ -60,7 +60,7 @@ void Comm::serveMetrics() {
   }
   const bool metrics = request.rfind("GET /metrics", 0) == 0 || request.rfind("GET / ", 0) == 0;
   const std::string body = metrics ? prometheusText({live_.metrics(rank_, hostNames_[static_cast<std::size_t>(rank_)],
-                                                                   FlightRecorder::nowNs())})
+                                                                   trace_.now(), trace_.nsPerTick())})
                                    : "braid: GET /metrics\n";
   const std::string reply = std::string(metrics ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n") +
                             "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: " +
@@ -77,7 +77,9 @@ void Comm::notePeerBytes(int peer, std::uint64_t sent, std::uint64_t recv) {
   callPeers_.push_back({peer, sent, recv});
 }
 
-void Comm::inspectCall(const Status& s, std::int64_t nowNs) {
+void Comm::inspectCall(const Status& s, std::int64_t now) {
+  const double nsPerTick = trace_.nsPerTick();
+  const std::int64_t startNs = trace_.toNs(callStart_), nowNs = trace_.toNs(now);
   std::string transports, peers;
   std::uint64_t bytes = 0;
   std::map<std::string, int> byTransport;
@@ -98,8 +100,8 @@ void Comm::inspectCall(const Status& s, std::int64_t nowNs) {
                "\"path\": \"%s\", \"channels\": %d, \"transports\": {%s}, \"peers\": [%s], \"start_ns\": %lld, \"seconds\": %.9f, "
                "\"ok\": %s}\n",
                rank_, nranks_, static_cast<unsigned long long>(fp.seq), call.c_str(), collName(fp.kind), static_cast<unsigned long long>(bytes), lastPath_,
-               lastChannels_, transports.c_str(), peers.c_str(), static_cast<long long>(callStartNs_),
-               static_cast<double>(nowNs - callStartNs_) / 1e9, s.ok() ? "true" : "false");
+               lastChannels_, transports.c_str(), peers.c_str(), static_cast<long long>(startNs),
+               static_cast<double>(now - callStart_) * nsPerTick / 1e9, s.ok() ? "true" : "false");
   if (nowNs - inspectFlushedNs_ >= 1000000000LL) {  // at least once a second
     std::fflush(inspect_);
     inspectFlushedNs_ = nowNs;

@@ -352,15 +352,17 @@ Status Comm::setup(InitParams& p) {
   // left for later (which differs between ranks).
   tuner_ = Tuner(config_, nranks_, maxChannels_, link_, shape, /*allPairs=*/connectAll || oneHost_);
   for (auto& t : transports_) t->setupDone();  // everyone has mapped everything: nothing stays in /dev/shm
+  // The recorder's clock, the live state and the observers before the watcher starts: it answers
+  // braid status from them and serves the metrics port.
+  trace_.init(config_.traceBuffer, config_.traceDir, {rank_, nranks_, static_cast<long>(getpid()), self.host, commTag_});
+  live_.progress().setPeers(nranks_);
+  plan_.setLive(&live_.progress());
   openObservers();  // (before the watcher starts: it serves the metrics port)
   store_->startWatching([this](const Notice& n) { onNotice(n); });
   if (const std::int64_t served = storeRequests(); served >= 0)
     BRAID_LOG(kInfo, kBoot, "store: %lld requests so far for the set-up of %d ranks (%.1f a rank), %lld bytes (%.0f a rank)",
               static_cast<long long>(served), nranks_, static_cast<double>(served) / nranks_,
               static_cast<long long>(storeBytes()), static_cast<double>(storeBytes()) / nranks_);
-  trace_.init(config_.traceBuffer, config_.traceDir, {rank_, nranks_, static_cast<long>(getpid()), self.host, commTag_});
-  live_.progress().setPeers(nranks_);
-  plan_.setLive(&live_.progress());
   std::string counts;
   for (std::size_t i = 0; i < transports_.size(); ++i)
     counts += std::to_string(peersOf[i].size()) + " " + std::string(transports_[i]->name()) + " peers, ";

@@ -91,6 +91,12 @@ std::int64_t FlightRecorder::ticks() const {
   return nowNs();
 }
 
+double FlightRecorder::nsPerTick() const {
+  if (!useTsc_) return 1.0;
+  const std::int64_t tick1 = ticks(), ns1 = nowNs();
+  return tick1 > tick0_ ? static_cast<double>(ns1 - ns0_) / static_cast<double>(tick1 - tick0_) : 1.0;
+}
+
 std::int64_t FlightRecorder::nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();

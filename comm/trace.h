@@ -72,14 +72,16 @@ class FlightRecorder {
   // Hot path. begin() opens the entry of a call; tally() adds the bytes a plan moved (callable
   // more than once per call: the zero-copy path runs several small plans) and, if the plan did
   // not finish, where it stood; end() closes the entry. On failure end() writes the file once.
-  void begin(const Fingerprint& fp) {
+  void begin(const Fingerprint& fp) { begin(fp, ring_.empty() ? 0 : ticks()); }
+  // The same at `now` (a value of now(), read once for the recorder and the live state).
+  void begin(const Fingerprint& fp, std::int64_t now) {
     if (ring_.empty()) return;
     current_ = &ring_[slot_];
     slot_ = slot_ + 1 == ring_.size() ? 0 : slot_ + 1;  // no division on the call path
     ++next_;
     current_->fp = fp;
     current_->state = TraceEntry::kRunning;
-    current_->startNs = ticks();
+    current_->startNs = now;
     current_->endNs = 0;
     current_->nPeers = 0;
     current_->otherSent = current_->otherRecv = 0;
@@ -91,10 +93,11 @@ class FlightRecorder {
   // to free its slot when posting).
   void peerBytes(int peer, std::uint64_t sent, std::uint64_t recv);
   void mailboxStuck(int peer, bool posting);
-  void end(const Status& s) {
+  void end(const Status& s) { end(s, current_ ? ticks() : 0); }
+  void end(const Status& s, std::int64_t now) {
     if (current_) {
       current_->state = s.ok() ? TraceEntry::kDone : TraceEntry::kFailed;
-      current_->endNs = ticks();
+      current_->endNs = now;
       current_ = nullptr;
     }
     if (!s.ok()) failed(s);
@@ -117,6 +120,11 @@ class FlightRecorder {
   bool written() const { return written_; }
 
   static std::int64_t nowNs();
+  // The call path's clock (the TSC where usable, else nanoseconds), for the live state too; any
+  // thread may convert its values (cold: reads the clocks once more for the scale).
+  std::int64_t now() const { return ticks(); }
+  double nsPerTick() const;
+  std::int64_t toNs(std::int64_t t) const { return ns0_ + static_cast<std::int64_t>(static_cast<double>(t - tick0_) * nsPerTick()); }
 
  private:
   // The call path's clock: the TSC when it is usable, else nowNs(). entries() converts ticks to

@@ -11,13 +11,14 @@ import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 import jsonschema
+
+from braid_jobs import end_job, free_port
 
 BRAID, JOB = sys.argv[1], sys.argv[2]
 SCHEMAS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "schemas")
@@ -39,14 +40,6 @@ def validate(tool, doc, what):
     broken.pop(schema["required"][-1])
     if v.is_valid(broken):
         failures.append(f"{what}: still valid without {schema['required'][-1]!r}: the schema checks nothing")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 with tempfile.TemporaryDirectory(prefix="braid-schemas-") as tmp:
@@ -103,17 +96,7 @@ with tempfile.TemporaryDirectory(prefix="braid-schemas-") as tmp:
                 with open(path) as f:
                     validate("trace", json.load(f), os.path.basename(path))
     finally:
-        for pid in pids:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        try:
-            os.killpg(job.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        job.wait(timeout=30)
+        end_job(job, pids)
 
 for f in failures:
     print("FAIL:", f)

@@ -27,18 +27,12 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from braid_jobs import end_job, free_port
+
 BRAID, JOB = sys.argv[1], sys.argv[2]
 SECRET = "braid-status-test-secret"
 failures = []
 jobs = []
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def start(extra=(), env_extra=None):
@@ -82,18 +76,9 @@ def check(what, ok, detail=""):
 
 
 def stop_jobs():
-    for j in jobs:
-        for pid in j["pids"]:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        try:
-            os.killpg(j["proc"].pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        j["proc"].wait(timeout=30)
+    while jobs:
+        j = jobs.pop()
+        end_job(j["proc"], j["pids"])
 
 
 def progressing(rc, doc):

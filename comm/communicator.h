@@ -375,13 +375,13 @@ class Comm final : public EngineHost, public Workspace {
     callStart_ = trace_.now();
     trace_.begin(fp, callStart_);
     live_.begin(fp, callStart_);
-    if (inspect_) lastCall_ = fp, callPeers_.clear(), lastPath_ = "", lastChannels_ = 0;
+    if (inspect_) lastCall_ = fp, callPeers_.clear(), lastPath_ = "", lastChannels_ = 0, inspecting_ = true;
   }
   void callEnds(const Status& s) {
     const std::int64_t now = trace_.now();
     trace_.end(s, now);
     live_.end(s.ok(), now);
-    if (inspect_) inspectCall(s, now);
+    if (inspecting_) inspectCall(s, now), inspecting_ = false;  // (a call refused before it began has no line)
   }
   // Bytes a path without a plan (mailbox, cross-memory attach) moved with `peer`.
   void peerBytes(int peer, std::uint64_t sent, std::uint64_t recv) {
@@ -402,6 +402,7 @@ class Comm final : public EngineHost, public Workspace {
   Fingerprint lastCall_;
   const char* lastPath_ = "";  // the path the call took: "zero copy", "shm mailbox", an algorithm, ...
   int lastChannels_ = 0;
+  bool inspecting_ = false;  // callBegins opened a line that callEnds writes
   std::vector<TracePeerBytes> callPeers_;  // this call's bytes per peer (BRAID_INSPECT_DIR only)
   std::vector<std::byte> scratch_;
 

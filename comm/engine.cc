@@ -444,7 +444,8 @@ Status Engine::timedOut(Plan& plan, EngineHost& host, bool moving) {
   const auto queues = std::span(plan.queues_.data(), plan.numQueues_);
   // Name the first peer this rank is still waiting to hear from (else to send to).
   const Plan::Queue* stuck = stuckQueue(queues);
-  if (!stuck) return Status::Ok();  // nothing left to wait for
+  if (!stuck)  // (an unfinished plan always has a message left)
+    return Status::Internal("rank " + std::to_string(plan.rank_) + ": the deadline passed with no message left to wait for");
   const Op& op = plan.ops_[static_cast<std::size_t>(stuck->ops[stuck->head])];
   const Fingerprint& mine = plan.fingerprintOf(op);
   std::size_t done = 0, bytes = 0;  // this rank's part of the call, all peers
@@ -473,19 +474,25 @@ Status Engine::run(Plan& plan, EngineHost& host) {
   bool waitNoted = false;        // the peer it waits on is noted for observers (LiveProgress) since it last moved
   Clock::time_point waitSince{};  // the first idle pass's clock of that wait
   const auto queues = std::span(plan.queues_.data(), plan.numQueues_);
+  // A wait that ends (data moved, the plan finished, or it failed) counts against the peer it waited
+  // on: one clock read a wait.
+  auto endWait = [&] {
+    if (waitNoted && waitSince.time_since_epoch().count() != 0)
+      plan.live_->stalled(plan.live_->waitPeer.load(std::memory_order_relaxed),
+                          static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - waitSince).count()));
+    waitNoted = false;
+  };
   for (;;) {
     bool moved = false;
     auto done = runner.pass(queues, moved);
+    if (!done.ok() || *done || host.failedFast()) endWait();
     if (!done.ok()) return done.status();
     if (*done) return Status::Ok();
     if (host.failedFast()) return host.failure().withContext(failedOn(fp, plan.rank_));
     if (moved) {
       waiter.progressed();
       movedSinceCheck = true;
-      if (waitNoted && waitSince.time_since_epoch().count() != 0)  // the wait that just ended (one clock read a wait)
-        plan.live_->stalled(plan.live_->waitPeer.load(std::memory_order_relaxed),
-                            static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - waitSince).count()));
-      waitNoted = false;
+      endWait();
       continue;
     }
     if (plan.copyPiece()) continue;  // nothing arrived: do local work instead of waiting
@@ -500,6 +507,7 @@ Status Engine::run(Plan& plan, EngineHost& host) {
       // Still moving: data came or went in the second half of the limit (at least the last 100 ms;
       // a loaded host can pause a moving call for tens of milliseconds).
       const auto recent = std::chrono::duration<double>(std::max(0.1, host.timeoutSec() / 2));
+      endWait();
       return timedOut(plan, host, lastMoved.time_since_epoch().count() != 0 && lastCheck - lastMoved < recent);
     }
   }

@@ -14,7 +14,7 @@ PeerChoice CommView::choiceBetween(int a, int b) const {
 }
 
 std::string CommView::transportTo(int peer) const { return comm_->impl->transportOf(peer); }
-bool CommView::connectedAtCreation(int peer) const { return comm_->impl->connectedTo(peer); }
+bool CommView::connected(int peer) const { return comm_->impl->connectedTo(peer); }
 std::string CommView::statusRecord() const { return comm_->impl->statusRecord(); }
 const Config& CommView::config() const { return comm_->impl->config(); }
 std::uint64_t CommView::cudaIpcCalls() const { return comm_->impl->cudaIpcCalls(); }

@@ -1,6 +1,6 @@
 // One way into a communicator for the tools (braid doctor, braid perf's header, braid info): which
-// transport reaches each peer and why the others were skipped, whether a pair was connected at
-// creation, and what the rank is doing now (the record braid status gets).
+// transport reaches each peer and why the others were skipped, whether a pair is connected, and
+// what the rank is doing now (the record braid status gets).
 // They include this header, not comm/communicator.h (tests/unit/layers.sh checks it).
 #pragma once
 #include <cstdint>
@@ -27,8 +27,9 @@ class CommView {
   // The transport between any two ranks (every rank works out every pair alike, from the roster).
   PeerChoice choiceBetween(int a, int b) const;
   std::string transportTo(int peer) const;
-  // Connected when the communicator was created (the others connect on first use: BRAID_CONNECT).
-  bool connectedAtCreation(int peer) const;
+  // Connected now: at creation, or since, on a call's first use (BRAID_CONNECT). Asked right after
+  // creation (braid doctor, braid perf's header), that is the peers connected at creation.
+  bool connected(int peer) const;
   // This rank's live record: the call it is in and since when, the bytes it moved, the peer it
   // waited on (JSON, as it answers braid status).
   std::string statusRecord() const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <thread>
 
 namespace braid {
 
@@ -47,29 +48,55 @@ void LiveState::end(bool ok, std::int64_t now) {
   version_.store(v + 2, std::memory_order_release);
 }
 
-std::string LiveState::record(int rank, int nranks, const std::string& host, long pid, std::int64_t now, double nsPerTick) const {
-  Fingerprint fp;
-  bool in = false;
-  std::int64_t start = 0;
-  std::uint64_t done = 0, calls = 0, failed = 0;
-  for (int attempt = 0; attempt < 1000; ++attempt) {  // a seqlock read: retried while a call starts or ends
+LiveState::Snapshot LiveState::snapshot() const {
+  Snapshot x;
+  // A seqlock read: retried while a call starts or ends (yielding now and then, should the writer
+  // have been preempted in between).
+  for (int attempt = 0;; ++attempt) {
     const std::uint32_t v = version_.load(std::memory_order_acquire);
-    if (v & 1) continue;
-    in = inCall_.load(std::memory_order_relaxed);
-    fp.kind = static_cast<CollKind>(kind_.load(std::memory_order_relaxed));
-    fp.dtype = static_cast<DataType>(dtype_.load(std::memory_order_relaxed));
-    fp.op = static_cast<ReduceOp>(op_.load(std::memory_order_relaxed));
-    fp.count = count_.load(std::memory_order_relaxed);
-    fp.seq = seq_.load(std::memory_order_relaxed);
-    fp.root = root_.load(std::memory_order_relaxed);
-    fp.sender = sender_.load(std::memory_order_relaxed);
-    start = start_.load(std::memory_order_relaxed);
-    done = collectivesDone_.load(std::memory_order_relaxed);
-    calls = calls_.load(std::memory_order_relaxed);
-    failed = failed_.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (version_.load(std::memory_order_relaxed) == v) break;
+    if (!(v & 1)) {
+      x.in = inCall_.load(std::memory_order_relaxed);
+      x.fp.kind = static_cast<CollKind>(kind_.load(std::memory_order_relaxed));
+      x.fp.dtype = static_cast<DataType>(dtype_.load(std::memory_order_relaxed));
+      x.fp.op = static_cast<ReduceOp>(op_.load(std::memory_order_relaxed));
+      x.fp.count = count_.load(std::memory_order_relaxed);
+      x.fp.seq = seq_.load(std::memory_order_relaxed);
+      x.fp.root = root_.load(std::memory_order_relaxed);
+      x.fp.sender = sender_.load(std::memory_order_relaxed);
+      x.start = start_.load(std::memory_order_relaxed);
+      x.done = collectivesDone_.load(std::memory_order_relaxed);
+      x.calls = calls_.load(std::memory_order_relaxed);
+      x.failed = failed_.load(std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (version_.load(std::memory_order_relaxed) == v) return x;
+    }
+    if (attempt % 64 == 63) std::this_thread::yield();
   }
+}
+
+std::vector<RankMetrics::Peer> LiveState::topPeers(RankMetrics::Peer* other, std::size_t* left) const {
+  std::vector<RankMetrics::Peer> all;
+  for (int p = 0; p < progress_.peers; ++p) {
+    const std::uint64_t b = progress_.peerBytes[p].load(std::memory_order_relaxed);
+    const std::uint64_t ns = progress_.peerStallNs[p].load(std::memory_order_relaxed);
+    if (b || ns) all.push_back({p, b, static_cast<double>(ns) / 1e9});
+  }
+  // The peers waited on longest, then those that carried the most.
+  std::sort(all.begin(), all.end(), [](const RankMetrics::Peer& a, const RankMetrics::Peer& b) {
+    return a.stallSeconds != b.stallSeconds ? a.stallSeconds > b.stallSeconds : a.bytes > b.bytes;
+  });
+  *other = {-1, 0, 0};
+  for (std::size_t i = kTopPeers; i < all.size(); ++i) other->bytes += all[i].bytes, other->stallSeconds += all[i].stallSeconds;
+  const std::size_t rest = all.size() > kTopPeers ? all.size() - kTopPeers : 0;
+  all.resize(std::min(all.size(), kTopPeers));
+  *left = rest;
+  return all;
+}
+
+std::string LiveState::record(int rank, int nranks, const std::string& host, long pid, std::int64_t now, double nsPerTick) const {
+  const Snapshot x = snapshot();
+  const Fingerprint& fp = x.fp;
+  const bool in = x.in;
   const bool any = fp.seq != 0 || in;
   std::string call = any ? fp.describe() : "";
   std::string quoted;  // (describe() writes no quotes or backslashes; keep the JSON valid regardless)
@@ -94,47 +121,49 @@ std::string LiveState::record(int rank, int nranks, const std::string& host, lon
                 "\"kind\": \"%s\", \"seq\": %llu, \"for_ms\": %.1f, \"bytes\": %llu, \"wait_peer\": %d, \"wait_channel\": %d, "
                 "\"wait_step\": %u, \"wait_sending\": %s, \"last_collective\": %llu, \"calls\": %llu, \"failed\": %llu}",
                 rank, nranks, h.c_str(), pid, in ? "true" : "false", quoted.c_str(), any ? collName(fp.kind) : "",
-                static_cast<unsigned long long>(fp.seq), in ? static_cast<double>(now - start) * nsPerTick / 1e6 : 0.0,
+                static_cast<unsigned long long>(fp.seq), in ? static_cast<double>(now - x.start) * nsPerTick / 1e6 : 0.0,
                 static_cast<unsigned long long>(progress_.bytes.load(std::memory_order_relaxed)),
                 in ? progress_.waitPeer.load(std::memory_order_relaxed) : -1, progress_.waitChannel.load(std::memory_order_relaxed),
                 progress_.waitStep.load(std::memory_order_relaxed), progress_.waitSending.load(std::memory_order_relaxed) ? "true" : "false",
-                static_cast<unsigned long long>(done), static_cast<unsigned long long>(calls), static_cast<unsigned long long>(failed));
+                static_cast<unsigned long long>(x.done), static_cast<unsigned long long>(x.calls), static_cast<unsigned long long>(x.failed));
+  RankMetrics::Peer other;
+  std::size_t left = 0;
   std::string peers;
-  for (int p = 0; p < progress_.peers; ++p) {
-    const std::uint64_t b = progress_.peerBytes[p].load(std::memory_order_relaxed);
-    const std::uint64_t ns = progress_.peerStallNs[p].load(std::memory_order_relaxed);
-    if (!b && !ns) continue;
+  for (const RankMetrics::Peer& p : topPeers(&other, &left)) {
     char e[128];
-    std::snprintf(e, sizeof(e), "%s{\"peer\": %d, \"bytes\": %llu, \"stall_s\": %.6f}", peers.empty() ? "" : ", ", p,
-                  static_cast<unsigned long long>(b), static_cast<double>(ns) / 1e9);
+    std::snprintf(e, sizeof(e), "%s{\"peer\": %d, \"bytes\": %llu, \"stall_s\": %.6f}", peers.empty() ? "" : ", ", p.peer,
+                  static_cast<unsigned long long>(p.bytes), p.stallSeconds);
     peers += e;
   }
+  char rest[160];
+  std::snprintf(rest, sizeof(rest), "\"other_peers\": {\"count\": %zu, \"bytes\": %llu, \"stall_s\": %.6f}", left,
+                static_cast<unsigned long long>(other.bytes), other.stallSeconds);
   std::string out = buf;
   out.pop_back();  // the closing brace: the totals by collective and by peer follow
-  return out + ", \"by_collective\": {" + byKind + "}, \"peers\": [" + peers + "]}";
+  return out + ", \"by_collective\": {" + byKind + "}, \"peers\": [" + peers + "], " + rest + "}";
 }
 
 RankMetrics LiveState::metrics(int rank, const std::string& host, std::int64_t now, double nsPerTick) const {
+  const Snapshot x = snapshot();
   RankMetrics m;
   m.rank = rank;
   m.host = host;
-  m.inCall = inCall_.load(std::memory_order_relaxed);
+  m.inCall = x.in;
   m.state = m.inCall ? "in call" : "idle";
-  m.callSeconds = m.inCall ? static_cast<double>(now - start_.load(std::memory_order_relaxed)) * nsPerTick / 1e9 : 0;
+  m.callSeconds = m.inCall ? static_cast<double>(now - x.start) * nsPerTick / 1e9 : 0;
   m.bytes = progress_.bytes.load(std::memory_order_relaxed);
-  m.calls = calls_.load(std::memory_order_relaxed);
-  m.failed = failed_.load(std::memory_order_relaxed);
-  m.lastCollective = collectivesDone_.load(std::memory_order_relaxed);
+  m.calls = x.calls;
+  m.failed = x.failed;
+  m.lastCollective = x.done;
   for (std::size_t k = 1; k < kKinds; ++k)
     if (const std::uint64_t calls = totals_[k].calls.load(std::memory_order_relaxed))
       m.byKind.push_back({collName(static_cast<CollKind>(k)), calls, totals_[k].failed.load(std::memory_order_relaxed),
                           totals_[k].bytes.load(std::memory_order_relaxed),
                           static_cast<double>(totals_[k].ticks.load(std::memory_order_relaxed)) * nsPerTick / 1e9});
-  for (int p = 0; p < progress_.peers; ++p) {
-    const std::uint64_t b = progress_.peerBytes[p].load(std::memory_order_relaxed);
-    const std::uint64_t ns = progress_.peerStallNs[p].load(std::memory_order_relaxed);
-    if (b || ns) m.peers.push_back({p, b, static_cast<double>(ns) / 1e9});
-  }
+  RankMetrics::Peer other;
+  std::size_t left = 0;
+  m.peers = topPeers(&other, &left);
+  if (other.bytes || other.stallSeconds > 0) m.peers.push_back(other);
   return m;
 }
 
@@ -214,7 +243,7 @@ std::string prometheusText(const std::vector<RankMetrics>& ranks, int stalled) {
     out += std::string("# HELP ") + x.name + " " + x.help + "\n# TYPE " + x.name + " counter\n";
     for (const RankMetrics& m : ranks)
       for (const RankMetrics::Peer& p : m.peers)
-        out += std::string(x.name) + "{" + labels(m) + ",peer=\"" + std::to_string(p.peer) + "\"} " +
+        out += std::string(x.name) + "{" + labels(m) + ",peer=\"" + (p.peer < 0 ? std::string("other") : std::to_string(p.peer)) + "\"} " +
                promNumber(x.stall ? p.stallSeconds : static_cast<double>(p.bytes)) + "\n";
   }
   if (stalled >= 0)

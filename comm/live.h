@@ -2,8 +2,9 @@
 // when, the bytes it has moved, and the peer it last waited on. The executing thread writes it
 // with relaxed stores (a version counter around the call's fields, as a seqlock); the watcher
 // thread reads it when the store relays an observer's query, and answers with one JSON record.
-// Cost on the call path: about ten plain stores at the start and end of a call, and one plain
-// add per piece of data moved (Plan::live, comm/engine.cc).
+// Cost on the call path: about ten plain stores at the start and end of a call, two plain adds
+// per piece of data moved (the total and the peer's), and a clock read when a wait ends
+// (LiveProgress, comm/engine.cc).
 #pragma once
 #include <array>
 #include <atomic>
@@ -35,7 +36,7 @@ struct RankMetrics {
     std::uint64_t bytes;
     double stallSeconds;  // time this rank's plans waited with this peer the one they waited on
   };
-  std::vector<Peer> peers;  // the peers it moved bytes with or waited on
+  std::vector<Peer> peers;  // the peers it waited on longest or moved most with (peer -1: the rest)
 };
 // Prometheus text exposition (0.0.4); `stalled` >= 0 adds braid_job_stalled (braid status's verdict).
 std::string prometheusText(const std::vector<RankMetrics>& ranks, int stalled = -1);
@@ -71,6 +72,17 @@ class LiveState {
   static constexpr std::size_t kKinds = 10;
   std::array<Totals, kKinds> totals_;
   LiveProgress progress_;
+  // A consistent read of the call's fields (the seqlock), and the peers a record names: the 16
+  // waited on longest or that carried the most; the rest summed in *other (peer -1).
+  struct Snapshot {
+    Fingerprint fp;
+    bool in = false;
+    std::int64_t start = 0;
+    std::uint64_t done = 0, calls = 0, failed = 0;
+  };
+  Snapshot snapshot() const;
+  static constexpr std::size_t kTopPeers = 16;
+  std::vector<RankMetrics::Peer> topPeers(RankMetrics::Peer* other, std::size_t* left) const;
 };
 
 }  // namespace braid

@@ -388,7 +388,7 @@ int runDoctor(int argc, char** argv) {
   d.n = params->nranks;
   const int n = d.n;
   const CommView view(d.comm);
-  for (int p = 0; p < n; ++p) mine.connectedTo.push_back(p == d.rank || view.connectedAtCreation(p));
+  for (int p = 0; p < n; ++p) mine.connectedTo.push_back(p == d.rank || view.connected(p));
   mine.cmaAddr = cmaProbeAddress();  // what same-host peers read to test cross-memory attach
   Data data;
   data.choiceOf = [view](int a, int b) {

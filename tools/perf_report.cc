@@ -35,7 +35,7 @@ std::vector<std::string> transportLines(braidComm_t comm, int rank, int nranks) 
   gethostname(host, sizeof(host) - 1);
   std::map<std::string, int> counts, later;
   for (int p = 0; p < nranks; ++p)
-    if (p != rank) (CommView(comm).connectedAtCreation(p) ? counts : later)[CommView(comm).transportTo(p)]++;
+    if (p != rank) (CommView(comm).connected(p) ? counts : later)[CommView(comm).transportTo(p)]++;
   std::string line = "rank " + std::to_string(rank) + " on " + host + ":";
   for (auto& [name, k] : counts) line += " " + name + " x" + std::to_string(k);
   for (auto& [name, k] : later) line += " (" + name + " x" + std::to_string(k) + " on first use)";

@@ -46,7 +46,8 @@ struct RankView {
   std::string state;  // progressing, waiting, idle, stopped, silent, gone, left, never joined
   std::string host, call, kind;
   long pid = 0;
-  bool answered = false, inCall = false;
+  bool answered = false, inCall = false, inSetup = false;
+  bool idleBoth = false;  // outside any call in both samples, no call finished in between
   std::uint64_t seq = 0, lastCollective = 0, bytes = 0, calls = 0, failed = 0;
   double forMs = 0, bytesPerSec = 0;
   std::vector<RankMetrics::PerKind> byKind;
@@ -78,6 +79,7 @@ void readRecord(const std::string& text, RankView* v) {
   auto doc = parseJson(text);
   if (!doc.ok()) return;
   v->answered = true;
+  v->inSetup = boolOf(doc->get("setup"));
   v->host = strOf(doc->get("host"));
   v->pid = static_cast<long>(intOf(doc->get("pid")));
   v->inCall = boolOf(doc->get("in_call"));
@@ -120,8 +122,11 @@ Report judge(const StatusReply& first, const StatusReply& second, double interva
     RankView before;
     if (r < first.answers.size() && !first.answers[r].empty()) readRecord(first.answers[r], &before);
     if (!second.answers[r].empty()) readRecord(second.answers[r], &v);
-    if (v.answered) {
+    if (v.answered && v.inSetup) {
+      v.state = "in set-up";
+    } else if (v.answered) {
       const bool sameCall = before.answered && before.inCall && v.inCall && before.seq == v.seq && before.kind == v.kind;
+      v.idleBoth = before.answered && !before.inSetup && !before.inCall && !v.inCall && before.calls == v.calls;
       const std::uint64_t moved = before.answered && v.bytes > before.bytes ? v.bytes - before.bytes : 0;
       v.bytesPerSec = static_cast<double>(moved) / interval;
       v.state = !v.inCall ? "idle" : moved > 0 || !sameCall ? "progressing" : "waiting";
@@ -156,7 +161,7 @@ Report judge(const StatusReply& first, const StatusReply& second, double interva
   std::string busiest;
   double longestMs = 0, totalRate = 0;
   for (const RankView& v : rep.ranks) {
-    if (v.inCall && v.answered) {
+    if (v.inCall && v.answered && v.kind != "send/recv") {  // (a send/recv's number counts one pair's calls)
       const std::string key = v.call + " #" + std::to_string(v.seq);
       if (++waitingIn[key] > (busiest.empty() ? 0 : waitingIn[busiest])) busiest = key;
       longestMs = std::max(longestMs, v.forMs);
@@ -183,30 +188,56 @@ Report judge(const StatusReply& first, const StatusReply& second, double interva
     else if (v.state == "silent") why = " does not answer (stopped, hung, or its process is busy outside Braid with its threads blocked)";
     else if (v.state == "gone") why = " is gone (its process exited or its connection closed)";
     else if (v.state == "never joined") why = " never joined the job";
+    else if (v.state == "left") why = " has left (destroyed its communicator)";
     if (why.empty()) continue;
     rep.verdict = describeRank(v) + why + (inAnyCall ? "; " + waitText(inAnyCall) + " in " + inCalls + " for it" : "");
     rep.stalled = true;
     return rep;
   }
-  if (waiting) {
+  // Not entered: ranks wait in a collective in both samples with nothing moved, while a rank stayed
+  // outside any call in both, finishing none, its last collective older than theirs (one snapshot
+  // of ranks reaching a call at different times proves nothing).
+  int waitingBoth = 0;
+  for (const RankView& v : rep.ranks) waitingBoth += v.state == "waiting" && v.kind != "send/recv";
+  if (waiting && waitingBoth) {
     const std::uint64_t busiestSeq = std::stoull(busiest.substr(busiest.rfind('#') + 1));
     for (const RankView& v : rep.ranks) {
-      if (v.state != "idle" || v.lastCollective >= busiestSeq) continue;
+      if (!v.idleBoth || v.lastCollective >= busiestSeq) continue;
       rep.verdict = describeRank(v) + " has not entered " + busiest + " (its last collective is #" + std::to_string(v.lastCollective) +
                     "); " + waitText(waiting) + " in it for up to " + secs;
       rep.stalled = true;
       return rep;
     }
   }
-  int inCall = 0, moving = 0;
-  for (const RankView& v : rep.ranks) inCall += v.inCall, moving += v.state == "progressing";
+  int inCall = 0, moving = 0, inSetup = 0;
+  for (const RankView& v : rep.ranks) inCall += v.inCall, moving += v.state == "progressing", inSetup += v.state == "in set-up";
+  if (inSetup) {
+    rep.verdict = std::to_string(inSetup) + " of " + std::to_string(rep.ranks.size()) + " ranks still in set-up (creating the communicator)";
+    return rep;
+  }
   char rate[64];
   std::snprintf(rate, sizeof(rate), "%.1f MB/s sent and received by all ranks", totalRate / 1e6);
   if (inCall == 0) {
     rep.verdict = "all idle (outside any call)";
   } else if (moving == 0) {
+    // Where it stands still: a pair in which one rank waits to send to a peer that waits to receive
+    // from it (the data is there, the link does not carry it); else the rank that waited longest.
+    std::string where;
+    auto at = [&](const RankView& v) { return "rank " + std::to_string(v.rank) + " (host " + (v.host.empty() ? "?" : v.host) + ")"; };
+    const RankView* longest = nullptr;
+    for (const RankView& v : rep.ranks) {
+      if (!v.inCall || v.waitPeer < 0 || v.waitPeer >= static_cast<int>(rep.ranks.size())) continue;
+      const RankView& p = rep.ranks[static_cast<std::size_t>(v.waitPeer)];
+      if (!v.waitSending && p.inCall && p.waitSending && p.waitPeer == v.rank && where.empty())
+        where = "; " + at(p) + " waits to send to " + at(v) + ", which waits to receive from it" +
+                (p.host != v.host ? ": the link " + p.host + "–" + v.host + " carries nothing" : "");
+      if (!longest || v.forMs > longest->forMs) longest = &v;
+    }
+    if (where.empty() && longest)
+      where = "; " + at(*longest) + " has waited longest, " + std::string(longest->waitSending ? "to send to " : "to receive from ") +
+              at(rep.ranks[static_cast<std::size_t>(longest->waitPeer)]);
     rep.verdict = "no rank moved a byte in " + std::to_string(interval).substr(0, 4) + " s while " + std::to_string(inCall) +
-                  " ranks wait (the longest for " + secs + ", in " + busiest + "): a stalled link or transport (braid doctor)";
+                  " ranks wait (the longest for " + secs + ", in " + busiest + ")" + where + ": a stalled link or transport (braid doctor)";
     rep.stalled = true;
   } else {
     rep.verdict = "all progressing (" + busiest + ", " + rate + ")";

@@ -111,6 +111,7 @@ struct Row {
   TunerChoice choice{};
   bool built = false;
   std::uint64_t messages = 0;  // in all plans (when not built: World::planOnly's estimate)
+  std::string error;           // the plans could not be built (their buffers' address space)
   int path = 0;
   std::uint64_t mostRankMessages = 0, mostHostOut = 0;
 };
@@ -148,6 +149,7 @@ Row measure(sim::World& w, const std::string& collective, std::size_t size, std:
   w.resetCounts();
   auto total = w.planOnly(a, row.choice.algo, row.choice.channels, row.choice.chunk, maxMessages);
   row.messages = total.ok() ? *total : 0;
+  if (!total.ok()) row.error = total.status().message();
   row.built = total.ok() && *total <= maxMessages;
   if (!row.built) return row;
   row.path = w.criticalPath();
@@ -213,6 +215,7 @@ int runTune(int argc, char** argv) {
                   "\"model_us\": %.3f, \"built\": %s, \"messages\": %llu",
                   i ? "," : "", r.collective.c_str(), r.count, r.bytes, algoName(r.choice.algo), r.choice.channels, r.choice.chunk,
                   r.choice.predictedUs, r.built ? "true" : "false", static_cast<unsigned long long>(r.messages));
+      if (!r.error.empty()) std::printf(", \"error\": %s", jsonString(r.error).c_str());
       if (r.built)
         std::printf(", \"path\": %d, \"most_rank_messages\": %llu, \"most_host_out_bytes\": %llu", r.path,
                     static_cast<unsigned long long>(r.mostRankMessages), static_cast<unsigned long long>(r.mostHostOut));
@@ -229,6 +232,10 @@ int runTune(int argc, char** argv) {
   for (const Row& r : rows) {
     std::printf("%-14s %10s %-8s %3d %8zu %12.1f ", r.collective.c_str(), sizeText(r.bytes).c_str(), algoName(r.choice.algo),
                 r.choice.channels, r.choice.chunk, r.choice.predictedUs);
+    if (!r.built && !r.error.empty()) {
+      std::printf("%7s %8s %14s %7s  (not built: %s)\n", "-", "-", "-", "-", r.error.c_str());
+      continue;
+    }
     if (!r.built) {
       std::printf("%7s %8s %14s %7s  (about %llu sends and receives in all, over --max-messages)\n", "-", "-", "-", "-",
                   static_cast<unsigned long long>(r.messages));

@@ -72,7 +72,15 @@ Status Comm::mailboxWait(const Fingerprint& fp, Ready ready, MailboxWait why, in
       if (!s.ok()) return s;
     }
     w.idle();
-    if (!deadline) deadline = Deadline::after(config_.timeoutSec);
+    if (!deadline) {  // the first idle pass: whom it waits on, for braid status (LiveProgress)
+      deadline = Deadline::after(config_.timeoutSec);
+      LiveProgress& l = live_.progress();
+      l.waitPeer.store(why == MailboxWait::kAnswer ? peer : posting ? box.firstBusyReader(fp.seq) : box.firstMissing(fp.seq),
+                       std::memory_order_relaxed);
+      l.waitSending.store(posting, std::memory_order_relaxed);
+      l.waitChannel.store(0, std::memory_order_relaxed);
+      l.waitStep.store(0, std::memory_order_relaxed);
+    }
     if (!deadline->expiredWhileRunning(&lastCheck)) continue;
     if (ready()) return Status::Ok();  // it came after all (checked once more, after the clock)
     const int who = stuckOn();
@@ -139,9 +147,8 @@ Status Comm::mailboxAllReduce(const CollArgs& a, const Fingerprint& fp) {
     if (s.ok()) box.finished(seq);
   }
   if (s.ok()) {
-    if (trace_.enabled())
-      for (int q = 0; q < nranks_; ++q)
-        if (q != rank_) peerBytes(q, bytes, bytes);
+    for (int q = 0; q < nranks_; ++q)
+      if (q != rank_) peerBytes(q, bytes, bytes);
     return s;
   }
   fail(s, !failed_.load());  // a failure that came as a notice is not reported back

@@ -46,10 +46,20 @@ struct Watch {
   // The failure a notice names, once one has come (also during an earlier request); Ok before.
   Status notice(double waitSec) {
     Status failure = Status::Ok();
-    pollfd p{store.noticeFd(), POLLIN, 0};
-    if (store.readNotice(Deadline::after(0), &failure) ||
-        (::poll(&p, 1, static_cast<int>(waitSec * 1000)) > 0 && store.readNotice(Deadline::after(5), &failure)))
+    if (store.readNotice(Deadline::after(0), &failure)) {
       noticed = true;
+      return failure;
+    }
+    // (a frame that was no failure, a status query, leaves the rest of the time to wait)
+    const Deadline until = Deadline::after(waitSec);
+    do {
+      pollfd p{store.noticeFd(), POLLIN, 0};
+      if (::poll(&p, 1, until.msLeft()) <= 0) break;
+      if (store.readNotice(Deadline::after(5), &failure)) {
+        noticed = true;
+        break;
+      }
+    } while (!until.expired());
     return failure;
   }
   // A connection that broke usually broke because its rank failed: the store's notice of that, if

@@ -111,6 +111,7 @@ struct ServerClient {
   bool observer = false;  // braid status: proved the secret, is no rank
   bool left = false;      // said goodbye or closed
   bool saidBye = false;
+  bool asked = false;     // a status query it has not answered yet (it gets no second one meanwhile)
 };
 
 struct PendingWait {
@@ -365,6 +366,7 @@ void StoreServer::serve(int listenFd) {
         if (n.kind == Notice::kStatusQuery) return true;  // only observers ask
         if (n.kind == Notice::kStatusAnswer) {  // to the observers, kept by nobody
           n.rank = c.rank;
+          c.asked = false;
           for (ServerClient& o : clients)
             if (o.observer) send(o, kNotice, encodeNotice(n));
           return true;
@@ -383,9 +385,11 @@ void StoreServer::serve(int listenFd) {
         Writer v;
         v.str(std::string(state.begin(), state.end()));
         send(c, kValue, v.data());
+        // A rank that has not answered the last query (stopped, or not reading its connection) is
+        // not asked again: questions would pile up in its socket until a send to it blocked.
         const std::string ask = encodeNotice({Notice::kStatusQuery, -1, Code::kRemoteError, id});
         for (ServerClient& o : clients)
-          if (o.rank >= 0 && !o.left) send(o, kNotice, ask);
+          if (o.rank >= 0 && !o.left && !o.asked) send(o, kNotice, ask), o.asked = true;
         return true;
       }
       case kBye:
@@ -655,7 +659,8 @@ Result<std::string> StoreClient::request(std::uint8_t type, const std::string& p
     if (t == kNotice) {
       Notice n;
       if (!decodeNotice(p, &n)) return Status::RemoteError("malformed notice from the store");
-      if (n.kind == Notice::kStatusQuery || n.kind == Notice::kStatusAnswer) continue;  // no failure; unanswered in set-up
+      if (n.kind == Notice::kStatusQuery) answerInSetup(n);
+      if (n.kind == Notice::kStatusQuery || n.kind == Notice::kStatusAnswer) continue;  // no failure
       early_.push_back(n);
       if (type == kGet || type == kWaitGe || type == kMultiGet) {
         Deadline grace = Deadline::after(1.0);
@@ -791,9 +796,11 @@ bool StoreClient::readNotice(const Deadline& d, Status* failure) {
   Notice n;
   Status s = readFrame(fd_.get(), &t, &p, d);
   if (!s.ok() && s.code() == Code::kTimeout) return false;
-  // A status query in set-up is left unanswered (braid status reports the rank as not answering):
-  // it is no failure, and nothing else came with it.
-  if (s.ok() && t == kNotice && decodeNotice(p, &n) && n.kind == Notice::kStatusQuery) return false;
+  // A status query in set-up is answered as such: it is no failure, and nothing else came with it.
+  if (s.ok() && t == kNotice && decodeNotice(p, &n) && n.kind == Notice::kStatusQuery) {
+    answerInSetup(n);
+    return false;
+  }
   if (!s.ok())
     *failure = Status::RemoteError("the rendezvous store at " + endpoint_ + " went away (" + s.message() +
                                    "): rank 0 or the process that created the unique id exited");
@@ -802,6 +809,10 @@ bool StoreClient::readNotice(const Deadline& d, Status* failure) {
   else
     early_.push_back(n), *failure = failureOf(n);
   return true;
+}
+
+void StoreClient::answerInSetup(const Notice& query) {
+  report({Notice::kStatusAnswer, -1, Code::kRemoteError, query.message + "\n{\"setup\": true}"});
 }
 
 void StoreClient::report(const Notice& n) {

@@ -91,8 +91,8 @@ class StoreClient final : public Exchange {
   // keys and query the ranks' status; the store announces nothing of it.
   static Result<std::unique_ptr<StoreClient>> observe(const std::string& ip, int port, const std::string& secret, const Deadline& d);
   // Observer only: asks every connected rank for its record and collects the answers that come
-  // before the deadline (a rank answers from its watcher thread; one that is stopped, hung in a
-  // system call, or still in set-up does not).
+  // before the deadline (a rank answers from its watcher thread, or, still in set-up, says so; one
+  // that is stopped or hung does not, and is not asked again until it has answered).
   Result<StatusReply> queryStatus(const Deadline& d);
   // Connects (retrying until the deadline) and introduces itself as `rank` of `nranks`.
   static Result<std::unique_ptr<StoreClient>> connect(const std::string& ip, int port, const std::string& secret,
@@ -128,6 +128,8 @@ class StoreClient final : public Exchange {
   bool readNotice(const Deadline& d, Status* failure);
   // Tells the store (and through it every rank) about a failure. Thread-safe; never blocks long.
   void report(const Notice& n);
+  // A status query that came while this rank is still in set-up: answered "in set-up".
+  void answerInSetup(const Notice& query);
   // Clean goodbye: the store will not announce this rank as gone.
   void close();
 

@@ -147,15 +147,16 @@ try:
     code, _ = get(f"http://127.0.0.1:{metrics_base}/other")
     check("metrics port: 404 off /metrics", code == 404, code)
     time.sleep(1.2)  # (records are flushed at least once a second)
-    files = sorted(os.listdir(inspect_dir))
-    check("BRAID_INSPECT_DIR: a file per rank", files == [f"braid-inspect-rank{k}.jsonl" for k in range(8)], files)
+    files = sorted(os.listdir(inspect_dir), key=lambda f: int(f.rsplit("rank", 1)[1].split(".")[0]))
+    check("BRAID_INSPECT_DIR: a file per rank, named by the communicator",
+          len(files) == 8 and all(re.fullmatch(rf"braid-inspect-[0-9a-f]{{16}}-rank{k}\.jsonl", f) for k, f in enumerate(files)), files)
     for name in files:
         with open(os.path.join(inspect_dir, name)) as f:
             lines = f.read().splitlines()
         good = 0
         for line in lines[:-1][:200]:  # (the last line may be cut by the buffer)
             r = json.loads(line)
-            good += (r["collective"] == "allreduce" and r["ok"] and r["path"] in ("ring", "tree", "hier", "oneshot", "shm mailbox",
+            good += (r["collective"] == "allreduce" and r["ok"] and name.startswith(f"braid-inspect-{r['comm']}-") and r["path"] in ("ring", "tree", "hier", "oneshot", "shm mailbox",
                                                                                   "zero copy", "cross-memory attach")
                      and r["bytes"] == sum(p["sent"] + p["recv"] for p in r["peers"]) and r["bytes"] > 0)
         check(f"{name}: every record whole", len(lines) > 1 and good == min(len(lines) - 1, 200), f"{good} of {len(lines)}")

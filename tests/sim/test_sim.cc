@@ -3,12 +3,12 @@
 // the other suites use (tools/pattern.h).
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <map>
 #include <numeric>
 #include <random>
-#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -348,8 +348,8 @@ TEST(Sim, AStoppedRankIsNamedSilentByEveryOtherRank) {
           ASSERT_TRUE(from != std::string::npos && to != std::string::npos) << at << ": rank " << r << ": " << st.toString();
           std::set<int> silent;
           const std::string list = m.substr(from, to - from);
-          const std::regex rankNo("rank (\\d+)");
-          for (std::sregex_iterator i(list.begin(), list.end(), rankNo), e; i != e; ++i) silent.insert(std::stoi((*i)[1]));
+          for (std::size_t at = list.find("rank "); at != std::string::npos; at = list.find("rank ", at + 5))
+            if (at + 5 < list.size() && std::isdigit(static_cast<unsigned char>(list[at + 5]))) silent.insert(std::stoi(list.substr(at + 5)));
           ASSERT_TRUE(silent.count(stop)) << at << ": rank " << r << ": " << st.toString();
           silent.erase(stop);
           for (int q : silent) ASSERT_TRUE(finished.count(q)) << at << ": rank " << r << " names rank " << q << ": " << st.toString();

@@ -24,12 +24,8 @@ void LiveState::begin(const Fingerprint& fp, std::int64_t now) {
   version_.store(v + 2, std::memory_order_release);
 }
 
-namespace {
-// A plain add by the only writer, readable by any thread.
-void bump(std::atomic<std::uint64_t>& a, std::uint64_t by) { a.store(a.load(std::memory_order_relaxed) + by, std::memory_order_relaxed); }
-}  // namespace
-
 void LiveState::end(bool ok, std::int64_t now) {
+  const auto bump = LiveProgress::bump;  // (a plain add by the only writer)
   if (!inCall_.load(std::memory_order_relaxed)) return;  // (a call refused before it began)
   const std::size_t k = std::min<std::size_t>(kind_.load(std::memory_order_relaxed), kKinds - 1);
   Totals& t = totals_[k];

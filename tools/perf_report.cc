@@ -34,8 +34,9 @@ std::vector<std::string> transportLines(braidComm_t comm, int rank, int nranks) 
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   std::map<std::string, int> counts, later;
+  const CommView view(comm);
   for (int p = 0; p < nranks; ++p)
-    if (p != rank) (CommView(comm).connected(p) ? counts : later)[CommView(comm).transportTo(p)]++;
+    if (p != rank) (view.connected(p) ? counts : later)[view.transportTo(p)]++;
   std::string line = "rank " + std::to_string(rank) + " on " + host + ":";
   for (auto& [name, k] : counts) line += " " + name + " x" + std::to_string(k);
   for (auto& [name, k] : later) line += " (" + name + " x" + std::to_string(k) + " on first use)";

@@ -55,9 +55,10 @@ Status Comm::mailboxWait(const Fingerprint& fp, Ready ready, MailboxWait why, in
   Clock::time_point lastCheck{};
   int nothingMissing = 0;
   const auto what = [&] { return fp.describe() + " #" + std::to_string(fp.seq); };
+  const auto waitingOn = [&] { return why == MailboxWait::kAnswer ? peer : posting ? box.firstBusyReader(fp.seq) : box.firstMissing(fp.seq); };
   // The flight recorder learns whom a failed wait was waiting for.
   const auto stuckOn = [&] {
-    const int who = why == MailboxWait::kAnswer ? peer : posting ? box.firstBusyReader(fp.seq) : box.firstMissing(fp.seq);
+    const int who = waitingOn();
     trace_.mailboxStuck(who, posting);
     return who;
   };
@@ -75,8 +76,7 @@ Status Comm::mailboxWait(const Fingerprint& fp, Ready ready, MailboxWait why, in
     if (!deadline) {  // the first idle pass: whom it waits on, for braid status (LiveProgress)
       deadline = Deadline::after(config_.timeoutSec);
       LiveProgress& l = live_.progress();
-      l.waitPeer.store(why == MailboxWait::kAnswer ? peer : posting ? box.firstBusyReader(fp.seq) : box.firstMissing(fp.seq),
-                       std::memory_order_relaxed);
+      l.waitPeer.store(waitingOn(), std::memory_order_relaxed);
       l.waitSending.store(posting, std::memory_order_relaxed);
       l.waitChannel.store(0, std::memory_order_relaxed);
       l.waitStep.store(0, std::memory_order_relaxed);

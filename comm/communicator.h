@@ -412,7 +412,7 @@ class Comm final : public EngineHost, public Workspace {
   std::atomic<int> callerOverlaps_{0};          // threads refused so far
   std::atomic<std::uint64_t> callerCall_{0};   // that call, packed (kind, type, count: comm/caller.cc)
   Status failure_;
-  bool failureIsPeerGone_ = false;  // under failMu_: the first failure was a peer that left
+  bool failureIsPeerGone_ = false;  // under failMu_: the first failure was a peer that left (or the store's host)
   std::mutex timeoutMu_;
   std::condition_variable timeoutCv_;
   std::map<int, std::string> timedOut_;  // rank -> what it waited for, from kTimedOut notices

@@ -53,9 +53,14 @@ void Comm::onNotice(const Notice& n) {
   }
   if (n.kind == Notice::kPeerGone) {
     fail(Status::RemoteError(peerName(n.rank) + " exited or closed its connection"), false, true);
+  } else if (n.kind == Notice::kStoreLost) {
+    // The store's host process is gone (if it was a rank of this host, it is named). Like a peer
+    // that left, this fails a call in flight but not a destroy whose calls all went through: the
+    // store's host may end before the last ranks have left (a launcher stops it once another rank
+    // exited non-zero, as braid doctor's ranks do when they found something).
+    fail(Status(n.code, deadLocalRanks() + n.message), false, true);
   } else if (n.rank < 0) {
-    // The store's connection broke: its host process is gone. If that was a rank of this host, name it.
-    fail(Status(n.code, deadLocalRanks() + n.message), false);
+    fail(Status(n.code, n.message), false);
   } else {
     fail(Status(n.code, n.message), false);
   }

@@ -47,7 +47,9 @@ const char* kUsage =
     "  --baseline FILE  an earlier healthy run's --json: links between hosts are also held to its fastest\n"
     "                 (so that a system where every link is equally slow is found)\n"
     "  --json FILE    everything, for tools;  --svg FILE: the pair bandwidth matrix as a heatmap\n"
-    "  exit status: 0 healthy, 1 something was found, 2 the doctor could not run\n";
+    "  exit status: 0 healthy, 1 something was found, 2 the doctor could not run; rank 0 exits with it,\n"
+    "                 the others 0 unless the doctor could not run there (a launcher stops the job at the\n"
+    "                 first non-zero status, so across hosts the launcher of node rank 0 carries it)\n";
 
 struct Options {
   std::size_t bytes = 4u << 20;
@@ -515,10 +517,14 @@ int runDoctor(int argc, char** argv) {
     verdict = findings.empty() ? 0 : 1;
   }
   if (d.error.empty()) {
-    // Every rank exits with the verdict, as a launcher reports the first non-zero status.
-    std::int32_t v = verdict;
-    if (braidBroadcast(&v, &v, 1, braidInt32, 0, d.comm, nullptr) == braidSuccess) verdict = v;
-    if (braidCommDestroy(d.comm) != braidSuccess) verdict = 2;
+    // Rank 0 alone exits with the verdict; the others exit 0. A launcher (braid run, torchrun,
+    // mpirun) stops every rank once one exits non-zero: a rank still in its destroy would then die
+    // without a goodbye, and its peers would call that a failure. Rank 0, which hosts the
+    // rendezvous store, leaves its destroy only after every rank has left, so its status comes last.
+    if (braidCommDestroy(d.comm) != braidSuccess) {
+      std::fprintf(stderr, "braid doctor: rank %d: destroy failed: %s\n", d.rank, braidGetLastError(d.comm));
+      verdict = 2;
+    }
   } else {
     braidCommAbort(d.comm);
   }

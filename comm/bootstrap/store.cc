@@ -763,7 +763,7 @@ void StoreClient::startWatching(std::function<void(const Notice&)> onNotice) {
         const std::string lost = "lost the connection to the rendezvous store at " + endpoint_ +
                                  ": the process hosting it (rank 0, or the one that created the unique id) exited";
         end(lost);
-        onNotice({Notice::kError, -1, Code::kRemoteError, lost});
+        onNotice({Notice::kStoreLost, -1, Code::kRemoteError, lost});
         return;
       }
       Notice n;

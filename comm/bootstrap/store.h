@@ -30,7 +30,8 @@ struct Notice {
   // kStatusQuery: an observer (braid status) asks every rank what it is doing; the message is the
   // query's id. kStatusAnswer: a rank's answer (the message is its record), which the store
   // passes to the observers only. Neither is a failure, and the store keeps neither.
-  enum Kind : int { kPeerGone = 1, kError = 2, kTimedOut = 3, kStatusQuery = 4, kStatusAnswer = 5 } kind = kError;
+  // kStoreLost: the watcher's own word that the store's connection broke (never on the wire).
+  enum Kind : int { kPeerGone = 1, kError = 2, kTimedOut = 3, kStatusQuery = 4, kStatusAnswer = 5, kStoreLost = 6 } kind = kError;
   int rank = -1;       // the rank that is gone, or that reported the error
   Code code = Code::kRemoteError;
   std::string message;

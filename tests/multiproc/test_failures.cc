@@ -195,6 +195,34 @@ TEST_P(Failures, CallThatThePeerNeverMakesEndsWhenThePeerDestroys) {
   for (auto& o : outcome) EXPECT_EQ(o.exitStatus, 100);
 }
 
+TEST_P(Failures, DestroyOutlivesTheStoresHostOnceEveryCallWentThrough) {
+  // Rank 0 hosts the store and dies (as a launcher stops it once another rank exited non-zero)
+  // while rank 1 is in destroy, waiting for rank 2's goodbye. Rank 1's calls all went through: its
+  // destroy succeeds, as it does when any other peer left, rather than fail for the store.
+  Env env = transportEnv(GetParam());
+  env.push_back({"BRAID_TIMEOUT", "30"});
+  auto outcome = runRanks(3, [](int rank, braidComm_t comm) {
+    std::vector<float> a(4096, 1.0f), b(4096);
+    if (braidAllReduce(a.data(), b.data(), a.size(), braidFloat32, braidSum, comm, nullptr) != braidSuccess) {
+      report(rank, std::string("allreduce: ") + braidGetLastError(comm));
+      return 1;
+    }
+    if (rank == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      raise(SIGKILL);
+    }
+    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+    if (braidCommDestroy(comm) != braidSuccess) {
+      report(rank, std::string("destroy: ") + braidGetLastError(comm));
+      return 2;
+    }
+    return kAlreadyDestroyed;
+  }, env, 60);
+  EXPECT_EQ(outcome[0].exitStatus, 128 + SIGKILL);
+  EXPECT_EQ(outcome[1].exitStatus, 0);
+  EXPECT_EQ(outcome[2].exitStatus, 0);
+}
+
 TEST_P(Failures, KilledRankIsNamedBySurvivorsWithinTenSeconds) {
   Env env = transportEnv(GetParam());
   env.push_back({"BRAID_TIMEOUT", "60"});

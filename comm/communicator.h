@@ -155,6 +155,7 @@ class Comm final : public EngineHost, public Workspace {
   std::uint64_t zeroCopyCalls() const { return zeroCopyCalls_.load(std::memory_order_relaxed); }
   // How many collectives on device buffers read the peers' buffers through CUDA IPC (for tests).
   std::uint64_t cudaIpcCalls() const { return cudaIpcCalls_.load(std::memory_order_relaxed); }
+  std::uint64_t stallNs() const { return live_.stallNs(); }
   // How many all-gathers and broadcasts took the cross-memory-attach path (for tests).
   std::uint64_t cmaCalls() const { return cmaCalls_; }
   bool cmaUsable() const { return cmaUsable_; }

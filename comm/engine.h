@@ -44,6 +44,7 @@ struct LiveProgress {
   // Per peer (sized by setPeers before any plan runs): bytes sent and received, and nanoseconds
   // a plan waited with that peer the one it waited on.
   std::unique_ptr<std::atomic<std::uint64_t>[]> peerBytes, peerStallNs;
+  std::atomic<std::uint64_t> stallNs{0};  // the sum over the peers (braid perf's busy time)
   int peers = 0;
   void setPeers(int n) {
     peerBytes = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(n));
@@ -59,7 +60,7 @@ struct LiveProgress {
     if (peer >= 0 && peer < peers) bump(peerBytes[peer], n);
   }
   void stalled(int peer, std::uint64_t ns) {
-    if (peer >= 0 && peer < peers) bump(peerStallNs[peer], ns);
+    if (peer >= 0 && peer < peers) bump(peerStallNs[peer], ns), bump(stallNs, ns);
   }
 };
 

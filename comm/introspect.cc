@@ -18,6 +18,7 @@ bool CommView::connected(int peer) const { return comm_->impl->connectedTo(peer)
 std::string CommView::statusRecord() const { return comm_->impl->statusRecord(); }
 const Config& CommView::config() const { return comm_->impl->config(); }
 std::uint64_t CommView::cudaIpcCalls() const { return comm_->impl->cudaIpcCalls(); }
+std::uint64_t CommView::stallNs() const { return comm_->impl->stallNs(); }
 
 Result<braidComm_t> createComm(const InitParams& params) {
   auto created = Comm::create(params);

@@ -35,6 +35,9 @@ class CommView {
   std::string statusRecord() const;
   const Config& config() const;
   std::uint64_t cudaIpcCalls() const;
+  // Nanoseconds this rank's calls have waited on a peer so far (braid perf: time in a call minus
+  // this is the rank's busy time, which names a straggler).
+  std::uint64_t stallNs() const;
 
  private:
   braidComm_t comm_;

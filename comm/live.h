@@ -49,6 +49,8 @@ class LiveState {
   void begin(const Fingerprint& fp, std::int64_t now);
   void end(bool ok, std::int64_t now);
   LiveProgress& progress() { return progress_; }
+  // Any thread: nanoseconds this rank's calls waited on a peer, all calls so far.
+  std::uint64_t stallNs() const { return progress_.stallNs.load(std::memory_order_relaxed); }
   // Any thread: the totals by collective, and this rank's metrics now.
   RankMetrics metrics(int rank, const std::string& host, std::int64_t now, double nsPerTick) const;
 

@@ -1,7 +1,9 @@
-// `braid perf`: nccl-tests' table for Braid's collectives, run under any launcher. Times are the
-// slowest rank's mean per iteration; algbw = size / time; busbw = algbw times nccl-tests' factor
-// (all-reduce 2(n-1)/n; all-gather, reduce-scatter and all-to-all (n-1)/n; broadcast, reduce, sendrecv 1), so
-// the numbers paste beside NCCL's.
+// `braid perf`: nccl-tests' table for Braid's collectives, run under any launcher. Times are each
+// rank's mean per call, combined over the ranks as -a says (the average by default, as nccl-tests);
+// algbw = size / time; busbw = algbw times nccl-tests' factor (all-reduce 2(n-1)/n; all-gather,
+// reduce-scatter and all-to-all (n-1)/n; broadcast, reduce, sendrecv 1), so the numbers paste
+// beside NCCL's. The statistics behind -a, -I, the straggler, --split and --compare are in
+// tools/perf_stats.h.
 //
 // With -c 1 every iteration's result is checked element by element against the CPU reference
 // (tools/pattern.h). Checking is not timed: each iteration then runs alone (inputs refilled, a
@@ -9,12 +11,15 @@
 // iterations back to back.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,14 +40,35 @@ namespace {
 
 const char* kUsage =
     "usage: braid perf COLLECTIVE [-b MINBYTES] [-e MAXBYTES] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]\n"
-    "                  [-c 0|1] [-d DTYPE|all] [-o OP|all] [-r ROOT] [-a ring|tree] [--transport shm|tcp]\n"
-    "                  [--mem user|braid] [--device host|cuda] [--json FILE]\n"
-    "                  [--plot FILE.svg [--plot-with RUN.json ...]]\n"
+    "                  [-c 0|1] [-d DTYPE|all] [-o OP|all] [-r ROOT] [-a 0|1|2|3] [-m AGG] [-z 0|1] [-C 0|1]\n"
+    "                  [-T SECONDS] [-u BYTES] [-I 0|1] [-K SKIP] [--per-rank] [-R 0|1] [--split 'OP VALUE']\n"
+    "                  [--algo ring|tree|oneshot] [--transport shm|tcp] [--mem user|braid] [--device host|cuda]\n"
+    "                  [--json FILE] [--plot FILE.svg [--plot-with RUN.json ...]]\n"
+    "       braid perf --compare RUN.json RUN.json ...\n"
+    "  -a 0|1|2|3: the time column is rank 0's mean time per call (0), the average over ranks (1, the\n"
+    "          default, as nccl-tests), the fastest rank's (2) or the slowest rank's (3)\n"
+    "  -m AGG: with -c 0, AGG calls per timed iteration, the time divided by AGG (nccl-tests' aggregation)\n"
+    "  -z 1: wait for each call before the next (host calls always do; --device cuda waits on the stream)\n"
+    "  -C 1: the time column is the process's CPU time per call (every Braid thread), not the wall time\n"
+    "  -T SECONDS: BRAID_TIMEOUT for this run: a call that does not finish in time fails, naming the ranks\n"
+    "  -u BYTES: both buffers start BYTES (0-63) past a 64-byte boundary (misaligned buffers)\n"
+    "  -I 1: per-iteration statistics for each size (min, p50, p99, max and the coefficient of variation,\n"
+    "          over the slowest rank's time in each iteration), each rank's mean time and median busy time\n"
+    "          (time in the call less the time it waited on a peer), and the straggler: the rank with the\n"
+    "          longest busy time in most sizes, and by how much (its busy median over the median rank's)\n"
+    "  -K SKIP: leave the first SKIP iterations out of -I's statistics and the busy medians\n"
+    "  --per-rank: the per-rank times and the straggler line, without -I's statistics\n"
+    "  -R 0|1: 1 takes the buffers from braidMemAlloc (registered with Braid; as --mem braid), 0 from the heap\n"
+    "  --split 'OP VALUE': parallel communicators by color = rank OP VALUE, OP one of AND OR MOD DIV\n"
+    "          (nccl-tests' NCCL_TESTS_SPLIT); every group runs the sweep at once, figures over all ranks\n"
+    "  --algo (or -a with a name): BRAID_ALGO for the run\n"
     "  --mem braid: buffers from braidMemAlloc (zero-copy all-reduce between ranks of a host)\n"
     "  --device cuda: buffers in GPU memory (GPU LOCAL_RANK modulo the device count), calls on a CUDA stream;\n"
     "                 each timed call is waited for on the stream; checking copies the results to the host\n"
     "  --plot: busbw against size as SVG (log-log): this run's two columns, and the out-of-place\n"
     "          column of every earlier --json output given with --plot-with (repeatable)\n"
+    "  --compare: earlier --json outputs side by side (time and busbw per size) with each run's busbw over\n"
+    "          the first's; needs no launcher\n"
     "  COLLECTIVE: allreduce allgather reducescatter alltoall broadcast reduce sendrecv barrier\n"
     "  sizes take K, M, G suffixes; run it under a launcher: braid run -n 4 braid perf allreduce -b 8 -e 64M\n";
 
@@ -69,10 +95,19 @@ double busFactor(const std::string& coll, int n) {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+// The process's CPU time (every thread: the caller's and Braid's), for -C 1.
+double cpuNow() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 struct Run {
   PerfOptions o;
-  braidComm_t comm = nullptr;
-  int rank = 0, n = 1;
+  braidComm_t comm = nullptr;   // the collectives' communicator (rank 0's group with --split)
+  braidComm_t world = nullptr;  // every rank: timing and the figures are gathered over it
+  int rank = 0, n = 1;          // in `comm`
+  int wrank = 0, wn = 1;        // in `world`
   std::vector<std::byte> sendStore, recvStore;  // --mem user
   std::byte* sendBuf = nullptr;
   std::byte* recvBuf = nullptr;
@@ -156,48 +191,105 @@ struct Run {
       return w;
     };
     const bool check = o.check && o.coll != "barrier";
+    auto stamp = [&] { return o.cputime ? cpuNow() : now(); };
     if (check) fill();
     for (int w = 0; w < o.warmup && error == braidSuccess; ++w) {
       if (check && inPlace) fill();
       error = call(dt, op, send, out, count);
     }
-    double mine = 0;
+    double total = 0;            // seconds over every timed call
+    std::vector<double> iterUs;  // per call, one entry per iteration (-I, --per-rank)
+    std::vector<double> busyUs;  // the same, less the time the rank waited on its peers
+    const CommView view(comm);
+    std::uint64_t stallAt = view.stallNs();
+    double wallAt = now();
+    const int calls = check ? 1 : o.agg;  // per timed iteration (-m times -c 0 only)
+    auto noteBusy = [&] {  // one iteration ended now: its wall time less its waits, per call
+      const std::uint64_t stall = view.stallNs();
+      const double wall = now();
+      busyUs.push_back(std::max(0.0, (wall - wallAt) * 1e6 - static_cast<double>(stall - stallAt) * 1e-3) / calls);
+      stallAt = stall, wallAt = wall;
+    };
     std::uint64_t wrong = 0;
     if (!check) {
-      if (error == braidSuccess) error = braidBarrier(comm);
-      double t0 = now();
-      for (int it = 0; it < o.iters && error == braidSuccess; ++it) error = call(dt, op, send, out, count);
+      // Every group starts together (--split), then the iterations back to back.
+      if (error == braidSuccess) error = braidBarrier(world);
+      const double t0 = stamp();
+      double last = t0;
+      stallAt = view.stallNs(), wallAt = now();
+      for (int it = 0; it < o.iters && error == braidSuccess; ++it) {
+        for (int m = 0; m < o.agg && error == braidSuccess; ++m) {
+          error = call(dt, op, send, out, count);
+          if (o.blocking) sync();
+        }
+        if (o.perIteration()) {
+          sync();
+          const double t = stamp();
+          iterUs.push_back((t - last) / o.agg * 1e6);
+          noteBusy();
+          last = t;
+        }
+      }
       sync();
-      mine = now() - t0;
+      total = (stamp() - t0) / o.agg;
     } else {
       for (int it = 0; it < o.iters && error == braidSuccess; ++it) {
         if (inPlace || it == 0) fill();
         error = braidBarrier(comm);
-        double t0 = now();
+        stallAt = view.stallNs(), wallAt = now();
+        const double t0 = stamp();
         if (error == braidSuccess) error = call(dt, op, send, out, count);
         sync();
-        mine += now() - t0;
+        const double t = stamp() - t0;
+        noteBusy();
+        total += t;
+        iterUs.push_back(t * 1e6);
         if (error == braidSuccess) wrong += wrongNow();
       }
     }
-    mine = mine / o.iters * 1e6;
     PerfCell cell;
     if (error != braidSuccess) return cell;
-    double slowest = 0;
+    const double mine = total / o.iters * 1e6;
+    std::vector<double> perRank(static_cast<std::size_t>(wn));
     std::uint64_t allWrong = 0;
-    braidAllReduce(&mine, &slowest, 1, braidFloat64, braidMax, comm, nullptr);
-    braidAllReduce(&wrong, &allWrong, 1, braidUint64, braidSum, comm, nullptr);
-    cell.timeUs = slowest;
+    if (braidAllGather(&mine, perRank.data(), 1, braidFloat64, world, nullptr) != braidSuccess ||
+        braidAllReduce(&wrong, &allWrong, 1, braidUint64, braidSum, world, nullptr) != braidSuccess) {
+      error = braidRemoteError;
+      return cell;
+    }
+    if (o.perIteration()) {
+      // Each rank's median (after -K), and the slowest rank's time in each iteration.
+      const double busy = iterStats(busyUs, static_cast<std::size_t>(o.skip)).p50;
+      cell.perRankUs = perRank;
+      cell.perRankBusyUs.resize(static_cast<std::size_t>(wn));
+      std::vector<double> slowest(iterUs.size());
+      if (braidAllGather(&busy, cell.perRankBusyUs.data(), 1, braidFloat64, world, nullptr) != braidSuccess ||
+          braidAllReduce(iterUs.data(), slowest.data(), iterUs.size(), braidFloat64, braidMax, world, nullptr) != braidSuccess) {
+        error = braidRemoteError;
+        return cell;
+      }
+      if (o.iterStats) cell.iters = iterStats(slowest, static_cast<std::size_t>(o.skip));
+    }
+    cell.timeUs = combineRanks(o.timeOf, perRank);
     cell.wrong = allWrong;
     double bytes = static_cast<double>(count * es);
-    cell.algbw = bytes / slowest / 1e3;
+    cell.algbw = cell.timeUs > 0 ? bytes / cell.timeUs / 1e3 : 0;
     cell.busbw = cell.algbw * busFactor(o.coll, n);
     totalWrong += allWrong;
     return cell;
   }
 };
 
-int parse(int argc, char** argv, PerfOptions& o) {
+// A whole number from `v` within [lo, hi], or false (std::atoi would take "1x" and "" as numbers).
+bool wholeIn(const char* v, long lo, long hi, int* out) {
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (!end || end == v || *end || x < lo || x > hi) return false;
+  *out = static_cast<int>(x);
+  return true;
+}
+
+int parse(int argc, char** argv, PerfOptions& o, std::vector<std::string>* compare) {
   int i = 1;
   if (i < argc && argv[i][0] != '-') o.coll = argv[i++];
   for (; i < argc; ++i) {
@@ -205,6 +297,18 @@ int parse(int argc, char** argv, PerfOptions& o) {
     if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
+    }
+    if (a == "--per-rank") {
+      o.perRank = true;
+      continue;
+    }
+    if (a == "--compare") {  // every argument after it is a run
+      for (++i; i < argc; ++i) compare->push_back(argv[i]);
+      if (compare->empty()) {
+        std::fprintf(stderr, "braid perf: --compare needs at least one RUN.json\n%s", kUsage);
+        return 2;
+      }
+      return -1;
     }
     const char* v = i + 1 < argc ? argv[++i] : nullptr;
     if (!v) {
@@ -218,6 +322,12 @@ int parse(int argc, char** argv, PerfOptions& o) {
       return s.ok();
     };
     bool ok = true;
+    auto whole = [&](long lo, long hi, int* out) {
+      if (wholeIn(v, lo, hi, out)) return true;
+      std::fprintf(stderr, "braid perf: %s takes a whole number from %ld to %ld, not '%s'\n", a.c_str(), lo, hi, v);
+      return false;
+    };
+    int k = 0;
     if (a == "-b") ok = size(&o.minBytes);
     else if (a == "-e") ok = size(&o.maxBytes);
     else if (a == "-f") o.factor = std::atof(v);
@@ -228,7 +338,22 @@ int parse(int argc, char** argv, PerfOptions& o) {
     else if (a == "-d") o.dtype = v;
     else if (a == "-o") o.op = v;
     else if (a == "-r") o.root = std::atoi(v);
-    else if (a == "-a") o.algo = v;
+    else if (a == "-a" && std::isdigit(static_cast<unsigned char>(v[0])))
+      ok = whole(0, 3, &k), o.timeOf = static_cast<TimeOf>(k);
+    else if (a == "-a" || a == "--algo") o.algo = v;
+    else if (a == "-m") ok = whole(1, 1 << 20, &o.agg);
+    else if (a == "-z") ok = whole(0, 1, &o.blocking);
+    else if (a == "-C") ok = whole(0, 1, &o.cputime);
+    else if (a == "-T") ok = whole(0, 1 << 24, &k), o.timeoutSec = k;
+    else if (a == "-u") ok = whole(0, 63, &k), o.misalign = static_cast<std::size_t>(k);
+    else if (a == "-I") ok = whole(0, 1, &o.iterStats);
+    else if (a == "-K") ok = whole(0, 1 << 30, &o.skip);
+    else if (a == "-R") ok = whole(0, 1, &k), o.mem = k ? "braid" : "user";
+    else if (a == "--split") {
+      std::string why;
+      ok = parseSplit(v, &o.split, &why);
+      if (!ok) std::fprintf(stderr, "braid perf: %s\n", why.c_str());
+    }
     else if (a == "--json") o.json = v;
     else if (a == "--transport") o.transport = v;
     else if (a == "--mem") o.mem = v;
@@ -255,7 +380,9 @@ int parse(int argc, char** argv, PerfOptions& o) {
   else if (o.step == 0 && !(o.factor > 1)) why = "-f must be above 1 (or give -i)";
   else if (o.minBytes > o.maxBytes) why = "-b is larger than -e";
   else if (!o.algo.empty() && o.algo != "ring" && o.algo != "tree" && o.algo != "oneshot")
-    why = "-a takes ring, tree or oneshot";
+    why = "--algo (or -a with a name) takes ring, tree or oneshot";
+  else if (o.skip >= o.iters && o.perIteration()) why = "-K must leave at least one of the -n iterations";
+  else if (o.agg > 1 && o.check) why = "-m aggregates the unchecked timing loop: give -c 0 with it (-c 1 times each call alone)";
   else if (!o.transport.empty() && o.transport != "shm" && o.transport != "tcp") why = "--transport takes shm or tcp";
   else if (o.mem != "user" && o.mem != "braid") why = "--mem takes user or braid";
   else if (!o.plotWith.empty() && o.plot.empty()) why = "--plot-with needs --plot FILE.svg";
@@ -299,10 +426,24 @@ bool writePlot(const PerfOptions& o, const PerfReport& report) {
 int runPerf(int argc, char** argv) {
   Run run;
   PerfOptions& o = run.o;
-  int rc = parse(argc, argv, o);
+  std::vector<std::string> compare;
+  int rc = parse(argc, argv, o, &compare);
   if (rc >= 0) return rc;
+  if (!compare.empty()) {
+    std::vector<CompareRun> runs(compare.size());
+    for (std::size_t k = 0; k < compare.size(); ++k) {
+      std::string error;
+      if (!loadCompareRun(compare[k], &runs[k], &error)) {
+        std::fprintf(stderr, "braid perf: --compare: %s\n", error.c_str());
+        return 2;
+      }
+    }
+    std::fputs(compareTable(runs).c_str(), stdout);
+    return 0;
+  }
   // The communicator reads its configuration once, at creation: set the knobs the flags stand for.
   if (!o.algo.empty()) setenv("BRAID_ALGO", o.algo.c_str(), 1);
+  if (o.timeoutSec > 0) setenv("BRAID_TIMEOUT", std::to_string(static_cast<long>(o.timeoutSec)).c_str(), 1);
   if (o.transport == "tcp") setenv("BRAID_SHM_DISABLE", "1", 1);
   if (o.transport == "shm") setenv("BRAID_SHM_DISABLE", "0", 1);
 
@@ -316,9 +457,17 @@ int runPerf(int argc, char** argv) {
     o.deviceName = device::describe();
     run.stream = device::stream();
   }
-  braidResult_t r = braidCommInitFromEnv(&run.comm);
+  braidResult_t r = braidCommInitFromEnv(&run.world);
   if (r != braidSuccess) {
     std::fprintf(stderr, "braid perf: communicator creation failed: %s\n", braidGetLastError(nullptr));
+    return 1;
+  }
+  braidCommUserRank(run.world, &run.wrank);
+  braidCommCount(run.world, &run.wn);
+  run.comm = run.world;
+  if (o.split.op != Split::kNone &&
+      braidCommSplit(run.world, o.split.colorOf(run.wrank), run.wrank, &run.comm) != braidSuccess) {
+    std::fprintf(stderr, "braid perf: --split %s: %s\n", o.split.text().c_str(), braidGetLastError(run.world));
     return 1;
   }
   braidCommUserRank(run.comm, &run.rank);
@@ -334,7 +483,7 @@ int runPerf(int argc, char** argv) {
   std::vector<ReduceOp> ops;
   for (int k = 0; k < 5; ++k)
     if (o.op == "all" ? (isReduction(o.coll) || k == 0) : o.op == kOps[k]) ops.push_back(static_cast<ReduceOp>(k));
-  run.capacity = o.maxBytes + 64;
+  run.capacity = o.maxBytes + 128;  // 64 bytes to spare for -u, 64 as before
   if (o.device == "cuda") {
     run.sendBuf = static_cast<std::byte*>(device::alloc(run.capacity));
     run.recvBuf = static_cast<std::byte*>(device::alloc(run.capacity));
@@ -347,24 +496,40 @@ int runPerf(int argc, char** argv) {
   } else if (o.mem == "braid") {
     void* s = nullptr;
     void* rv = nullptr;
-    if (braidMemAlloc(&s, o.maxBytes + 64) != braidSuccess || braidMemAlloc(&rv, o.maxBytes + 64) != braidSuccess) {
+    if (braidMemAlloc(&s, run.capacity) != braidSuccess || braidMemAlloc(&rv, run.capacity) != braidSuccess) {
       std::fprintf(stderr, "braid perf: braidMemAlloc failed: %s\n", braidGetLastError(nullptr));
       return 1;
     }
     run.sendBuf = static_cast<std::byte*>(s);
     run.recvBuf = static_cast<std::byte*>(rv);
   } else {
-    run.sendStore.resize(o.maxBytes + 64);  // zero-filled: every page touched once, before timing
-    run.recvStore.resize(o.maxBytes + 64);
+    run.sendStore.resize(o.maxBytes + 128);  // zero-filled: every page touched once, before timing
+    run.recvStore.resize(o.maxBytes + 128);
     run.sendBuf = run.sendStore.data();
     run.recvBuf = run.recvStore.data();
   }
+  std::byte* const sendBase = run.sendBuf;
+  std::byte* const recvBase = run.recvBuf;
+  // -u: the first byte at `misalign` past a 64-byte boundary (the buffers have 64 bytes to spare).
+  auto at = [&](std::byte* p) {
+    const auto addr = reinterpret_cast<std::uintptr_t>(p);
+    return p + ((o.misalign + 64 - addr % 64) % 64);
+  };
+  run.sendBuf = at(sendBase);
+  run.recvBuf = at(recvBase);
+  run.capacity -= 64;
 
-  PerfHeader h = describeRun(run.comm, rank, n, o, BRAID_VERSION_TAG, kernels::isaName());
+  PerfHeader h = describeRun(run.world, run.wrank, run.wn, o, BRAID_VERSION_TAG, kernels::isaName());
+  h.groupRanks = n;
+  if (o.split.op != Split::kNone) {
+    std::set<int> colors;
+    for (int q = 0; q < run.wn; ++q) colors.insert(o.split.colorOf(q));
+    h.groups = static_cast<int>(colors.size());
+  }
   h.copies = kernels::plainCopyName();
   PerfReport report(h);
   bool plotFailed = false;
-  if (rank == 0) report.printHeader();
+  if (run.wrank == 0) report.printHeader();
   for (DataType dt : types)
     for (ReduceOp op : ops)
       for (std::size_t bytes = o.minBytes; bytes <= o.maxBytes;) {
@@ -384,12 +549,12 @@ int runPerf(int argc, char** argv) {
                        run.error == braidCudaError && !device::error().empty() ? device::error().c_str() : braidGetLastError(run.comm));
           return 1;
         }
-        if (rank == 0) report.addRow(row);
+        if (run.wrank == 0) report.addRow(row);
         std::size_t next = o.step ? bytes + o.step : static_cast<std::size_t>(std::ceil(static_cast<double>(bytes) * o.factor));
         if (next <= bytes) break;
         bytes = next;
       }
-  if (rank == 0) {
+  if (run.wrank == 0) {
     report.printFooter(run.totalWrong);
     if (o.device == "cuda") {
       // Which path the device calls took: the figures mean different things for the two.
@@ -401,13 +566,14 @@ int runPerf(int argc, char** argv) {
       std::fprintf(stderr, "braid perf: cannot write %s\n", o.json.c_str());
     if (!o.plot.empty() && !writePlot(o, report)) plotFailed = true;
   }
-  braidCommDestroy(run.comm);
+  if (run.comm != run.world) braidCommDestroy(run.comm);
+  braidCommDestroy(run.world);
   if (o.device == "cuda") {
-    device::release(run.sendBuf);
-    device::release(run.recvBuf);
+    device::release(sendBase);
+    device::release(recvBase);
   } else if (o.mem == "braid") {
-    braidMemFree(run.sendBuf);
-    braidMemFree(run.recvBuf);
+    braidMemFree(sendBase);
+    braidMemFree(recvBase);
   }
   return run.totalWrong || plotFailed ? 1 : 0;
 }

@@ -21,10 +21,35 @@ std::string wrongText(std::uint64_t wrong, bool checked, const char* unknown) {
 }
 
 std::string cellJson(const PerfCell& c, bool checked) {
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "{\"time_us\": %.3f, \"algbw_gbps\": %.6g, \"busbw_gbps\": %.6g, \"wrong\": %s}",
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "{\"time_us\": %.3f, \"algbw_gbps\": %.6g, \"busbw_gbps\": %.6g, \"wrong\": %s",
                 c.timeUs, c.algbw, c.busbw, wrongText(c.wrong, checked, "null").c_str());
-  return buf;
+  std::string out = buf;
+  if (c.iters.samples) {
+    std::snprintf(buf, sizeof(buf), ", \"iterations\": {\"samples\": %zu, \"min_us\": %.3f, \"p50_us\": %.3f, "
+                  "\"p99_us\": %.3f, \"max_us\": %.3f, \"cv\": %.4f}", c.iters.samples, c.iters.min, c.iters.p50,
+                  c.iters.p99, c.iters.max, c.iters.cv);
+    out += buf;
+  }
+  auto list = [&](const char* name, const std::vector<double>& v) {
+    if (v.empty()) return;
+    out += std::string(", \"") + name + "\": [";
+    for (std::size_t r = 0; r < v.size(); ++r) {
+      std::snprintf(buf, sizeof(buf), "%s%.3f", r ? ", " : "", v[r]);
+      out += buf;
+    }
+    out += "]";
+  };
+  list("per_rank_us", c.perRankUs);
+  list("per_rank_busy_us", c.perRankBusyUs);
+  return out + "}";
+}
+
+// "min 10.1 p50 11.0 p99 14.2 max 15.0 us, cv 3.2%"
+std::string statsText(const IterStats& s) {
+  char b[160];
+  std::snprintf(b, sizeof(b), "min %.2f p50 %.2f p99 %.2f max %.2f us, cv %.1f%%", s.min, s.p50, s.p99, s.max, s.cv * 100);
+  return b;
 }
 }  // namespace
 
@@ -66,12 +91,11 @@ PerfHeader describeRun(braidComm_t comm, int rank, int nranks, const PerfOptions
   std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   h.startedAt = when;
   std::vector<std::string> lines = transportLines(comm, rank, nranks);
+  h.transports = lines;
+  const PerfReport names(h);
   std::map<std::string, int> hosts;
-  for (const std::string& l : lines) {
-    h.transports.push_back(l);
-    const std::size_t on = l.find(" on "), colon = l.find(':', on == std::string::npos ? 0 : on);
-    if (on != std::string::npos && colon != std::string::npos) hosts[l.substr(on + 4, colon - on - 4)]++;
-  }
+  for (int r = 0; r < static_cast<int>(lines.size()); ++r)
+    if (std::string host = names.hostOf(r); !host.empty()) hosts[host]++;
   h.hosts = static_cast<int>(hosts.size());
   return h;
 }
@@ -83,6 +107,13 @@ void PerfReport::printHeader() const {
               o.device == "cuda" ? ("cuda device: " + o.deviceName).c_str() : o.mem.c_str());
   std::printf("# algorithm: %s; reduce kernels: %s; copies: %s; commit %s\n", h_.algo.c_str(), h_.isa.c_str(),
               h_.copies.c_str(), h_.commit.c_str());
+  std::printf("# time: %s per call, %s (-a %d)%s%s%s%s\n", o.cputime ? "CPU time" : "wall time",
+              timeOfName(o.timeOf), static_cast<int>(o.timeOf), o.agg > 1 ? (", " + std::to_string(o.agg) + " calls per timed iteration").c_str() : "",
+              o.blocking ? ", each call waited for" : "", o.misalign ? (", buffers " + std::to_string(o.misalign) + " B past 64 B").c_str() : "",
+              o.perIteration() ? (", statistics without the first " + std::to_string(o.skip) + " iteration(s)").c_str() : "");
+  if (o.split.op != Split::kNone)
+    std::printf("# split %s: %d parallel communicators, rank 0's of %d ranks; every group times its calls at once\n",
+                o.split.text().c_str(), h_.groups, h_.groupRanks);
   for (const std::string& t : h_.transports) std::printf("#   %s\n", t.c_str());
   std::printf("#\n# %10s %12s %8s %6s %6s %9s %8s %8s %6s %9s %8s %8s %6s\n", "", "", "", "", "", "out-of-place", "", "",
               "", "in-place", "", "", "");
@@ -99,6 +130,15 @@ void PerfReport::addRow(const PerfRow& r) {
               r.type.c_str(), r.op.c_str(), r.root, r.out.timeUs, r.out.algbw, r.out.busbw,
               wrongText(r.out.wrong, checked, "N/A").c_str(), r.in.timeUs, r.in.algbw, r.in.busbw,
               wrongText(r.in.wrong, checked, "N/A").c_str());
+  if (r.out.iters.samples)
+    std::printf("#   iterations: out-of-place %s; in-place %s\n", statsText(r.out.iters).c_str(), statsText(r.in.iters).c_str());
+  if (!r.out.perRankBusyUs.empty()) {
+    const Straggler s = findStraggler({r.out.perRankBusyUs});
+    const std::string host = hostOf(s.rank);
+    const auto k = static_cast<std::size_t>(s.rank);
+    std::printf("#   slowest rank %d%s: busy %.2f us per call (median; its mean time %.2f us), %.2fx the median rank's busy time\n",
+                s.rank, host.empty() ? "" : (" (host " + host + ")").c_str(), r.out.perRankBusyUs[k], r.out.perRankUs[k], s.ratio);
+  }
   std::fflush(stdout);
   busSum_ += r.out.busbw + r.in.busbw;
   busCount_ += 2;
@@ -110,22 +150,49 @@ void PerfReport::printFooter(std::uint64_t wrong) const {
     std::printf("# Out of bounds values : N/A (not checked: -c 0)\n");
   else
     std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(wrong), wrong ? "FAILED" : "OK");
-  std::printf("# Avg bus bandwidth    : %g\n#\n", busCount_ ? busSum_ / busCount_ : 0.0);
+  std::printf("# Avg bus bandwidth    : %g\n", busCount_ ? busSum_ / busCount_ : 0.0);
+  if (h_.options.perIteration()) {
+    const Straggler s = straggler();
+    const std::string host = hostOf(s.rank);
+    if (s.rank >= 0)
+      std::printf("# Straggler            : rank %d%s, slowest in %d of %d sizes, busy %.2fx the median rank's\n", s.rank,
+                  host.empty() ? "" : (" (host " + host + ")").c_str(), s.slowestIn, s.sizes, s.ratio);
+  }
+  std::printf("#\n");
+}
+
+std::string PerfReport::hostOf(int rank) const {
+  if (rank < 0 || static_cast<std::size_t>(rank) >= h_.transports.size()) return "";
+  const std::string& l = h_.transports[static_cast<std::size_t>(rank)];  // "rank R on HOST: ..."
+  const std::size_t on = l.find(" on "), colon = l.find(':', on == std::string::npos ? 0 : on);
+  return on == std::string::npos || colon == std::string::npos ? "" : l.substr(on + 4, colon - on - 4);
+}
+
+// Over every row's out-of-place per-rank medians.
+Straggler PerfReport::straggler() const {
+  std::vector<std::vector<double>> sizes;
+  for (const PerfRow& r : rows_)
+    if (!r.out.perRankBusyUs.empty()) sizes.push_back(r.out.perRankBusyUs);
+  return findStraggler(sizes);
 }
 
 bool PerfReport::writeJson(const std::string& path, std::uint64_t wrong) const {
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return false;
   const PerfOptions& o = h_.options;
-  std::fprintf(f, "{\n  \"schema\": \"braid.perf/1\",\n  \"tool\": \"braid perf\",\n  \"collective\": %s,\n  \"nranks\": %d,\n  \"hosts\": %d,\n",
+  std::fprintf(f, "{\n  \"schema\": \"braid.perf/2\",\n  \"tool\": \"braid perf\",\n  \"collective\": %s,\n  \"nranks\": %d,\n  \"hosts\": %d,\n",
                jsonString(o.coll).c_str(), h_.nranks, h_.hosts);
   std::fprintf(f, "  \"host\": %s,\n  \"commit\": %s,\n  \"started_at\": %s,\n  \"algorithm\": %s,\n  \"reduce_isa\": %s,\n  \"copies\": %s,\n",
                jsonString(h_.host).c_str(), jsonString(h_.commit).c_str(), jsonString(h_.startedAt).c_str(),
                jsonString(h_.algo).c_str(), jsonString(h_.isa).c_str(), jsonString(h_.copies).c_str());
   std::fprintf(f, "  \"settings\": {\"iters\": %d, \"warmup\": %d, \"check\": %d, \"root\": %d, \"transport\": %s, "
-               "\"mem\": %s, \"device\": %s},\n", o.iters, o.warmup, o.check, o.root,
+               "\"mem\": %s, \"device\": %s, \"time_of\": %d, \"agg_iters\": %d, \"blocking\": %d, \"cputime\": %d, "
+               "\"timeout_s\": %g, \"misalign\": %zu, \"iter_stats\": %d, \"skip\": %d, \"per_rank\": %s, \"split\": %s, "
+               "\"groups\": %d},\n", o.iters, o.warmup, o.check, o.root,
                jsonString(o.transport.empty() ? "auto" : o.transport).c_str(), jsonString(o.mem).c_str(),
-               jsonString(o.device == "cuda" ? "cuda " + o.deviceName : "host").c_str());
+               jsonString(o.device == "cuda" ? "cuda " + o.deviceName : "host").c_str(), static_cast<int>(o.timeOf), o.agg,
+               o.blocking, o.cputime, o.timeoutSec, o.misalign, o.iterStats, o.skip, o.perIteration() ? "true" : "false",
+               o.split.op == Split::kNone ? "null" : jsonString(o.split.text()).c_str(), h_.groups);
   std::fprintf(f, "  \"transports\": [");
   for (std::size_t i = 0; i < h_.transports.size(); ++i)
     std::fprintf(f, "%s%s", i ? ", " : "", jsonString(h_.transports[i]).c_str());
@@ -137,8 +204,15 @@ bool PerfReport::writeJson(const std::string& path, std::uint64_t wrong) const {
                  r.bytes, r.count, jsonString(r.type).c_str(), jsonString(r.op).c_str(), r.root,
                  cellJson(r.out, o.check != 0).c_str(), cellJson(r.in, o.check != 0).c_str(), i + 1 < rows_.size() ? "," : "");
   }
-  std::fprintf(f, "  ],\n  \"wrong\": %s,\n  \"avg_busbw_gbps\": %.4f\n}\n", wrongText(wrong, o.check != 0, "null").c_str(),
-               busCount_ ? busSum_ / busCount_ : 0.0);
+  std::string straggling = "null";
+  if (const Straggler s = straggler(); o.perIteration() && s.rank >= 0) {
+    char b[200];
+    std::snprintf(b, sizeof(b), "{\"rank\": %d, \"host\": %s, \"slowest_in\": %d, \"sizes\": %d, \"ratio\": %.4f}", s.rank,
+                  jsonString(hostOf(s.rank)).c_str(), s.slowestIn, s.sizes, s.ratio);
+    straggling = b;
+  }
+  std::fprintf(f, "  ],\n  \"wrong\": %s,\n  \"avg_busbw_gbps\": %.4f,\n  \"straggler\": %s\n}\n",
+               wrongText(wrong, o.check != 0, "null").c_str(), busCount_ ? busSum_ / busCount_ : 0.0, straggling.c_str());
   return std::fclose(f) == 0;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "braid/braid.h"
+#include "tools/perf_stats.h"
 
 namespace braid::tools {
 
@@ -21,11 +22,28 @@ struct PerfOptions {
   std::vector<std::string> plotWith;  // --plot-with RUN.json, repeatable
   std::string device = "host";  // --device: where the buffers live ("host" or "cuda")
   std::string deviceName;       // the GPU, for the header
+  TimeOf timeOf = TimeOf::kAverage;  // -a 0|1|2|3
+  int agg = 1;                  // -m: calls per timed iteration (-c 0)
+  int blocking = 0;             // -z 1: wait for each call (its stream, with --device cuda)
+  int cputime = 0;              // -C 1: the process's CPU time per call instead of the wall time
+  double timeoutSec = 0;        // -T: BRAID_TIMEOUT for the run (0: the environment's)
+  std::size_t misalign = 0;     // -u: buffers start this many bytes past a 64-byte boundary
+  int iterStats = 0;            // -I 1: per-iteration statistics and per-rank times
+  int skip = 0;                 // -K: first samples left out of the statistics
+  bool perRank = false;         // --per-rank: per-rank times and the straggler, without -I's lines
+  Split split;                  // --split
+  bool perIteration() const { return iterStats || perRank; }
 };
 
 struct PerfCell {
   double timeUs = 0, algbw = 0, busbw = 0;
   std::uint64_t wrong = 0;
+  IterStats iters;                // -I: over the slowest rank's time of each iteration
+  std::vector<double> perRankUs;  // -I or --per-rank: each rank's mean time per call (what -a combines)
+  // ... and its median busy time: the time in the call less the time it waited on a peer. A slow
+  // rank makes the others wait inside the call (their time grows, not their busy time), so the
+  // straggler is the rank with the longest busy time.
+  std::vector<double> perRankBusyUs;
 };
 
 struct PerfRow {
@@ -38,6 +56,7 @@ struct PerfRow {
 struct PerfHeader {
   PerfOptions options;
   int nranks = 0, hosts = 0;
+  int groups = 1, groupRanks = 0;  // --split: parallel communicators, rank 0's group's size
   std::vector<std::string> transports;  // one line per rank: "rank 0: shm x3"
   std::string algo, host, commit, isa, copies, startedAt;  // copies: kernels::plainCopyName()
 };
@@ -57,10 +76,12 @@ class PerfReport {
   bool writeJson(const std::string& path, std::uint64_t wrong) const;
   const std::vector<PerfRow>& rows() const { return rows_; }
   const PerfHeader& header() const { return h_; }
+  std::string hostOf(int rank) const;  // from the transport lines; "" if unknown
 
  private:
   PerfHeader h_;
   std::vector<PerfRow> rows_;
+  Straggler straggler() const;
   double busSum_ = 0;
   int busCount_ = 0;
 };

@@ -5,6 +5,7 @@
 // the same bits (as with the ring and the plan-based one-shot). An 8-byte all-reduce then costs a
 // reader one cache line per peer and no plan building, which is what the small-message latency
 // needs. The tuner decides where one-shot pays; this path takes over where it also fits a slot.
+#include <chrono>
 #include <cstring>
 #include <optional>
 
@@ -62,6 +63,17 @@ Status Comm::mailboxWait(const Fingerprint& fp, Ready ready, MailboxWait why, in
     trace_.mailboxStuck(who, posting);
     return who;
   };
+  // A wait that ends (ready, failed or timed out) counts against the peer it waited on, as the
+  // engine's do: one clock read at its first idle pass and one at its end.
+  struct StallNote {
+    LiveProgress& l;
+    Clock::time_point since{};
+    ~StallNote() {
+      if (since.time_since_epoch().count() != 0)
+        l.stalled(l.waitPeer.load(std::memory_order_relaxed),
+                  static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count()));
+    }
+  } stall{live_.progress()};
   for (std::uint32_t round = 1;; ++round) {
     if (ready()) return Status::Ok();
     if (failedFast()) {
@@ -80,6 +92,7 @@ Status Comm::mailboxWait(const Fingerprint& fp, Ready ready, MailboxWait why, in
       l.waitSending.store(posting, std::memory_order_relaxed);
       l.waitChannel.store(0, std::memory_order_relaxed);
       l.waitStep.store(0, std::memory_order_relaxed);
+      stall.since = Clock::now();
     }
     if (!deadline->expiredWhileRunning(&lastCheck)) continue;
     if (ready()) return Status::Ok();  // it came after all (checked once more, after the clock)

@@ -26,15 +26,19 @@ ENV = dict(os.environ, BRAID_SECRET="braid-schema-test-secret")
 failures = []
 
 
+VERSIONS = {"perf": 2}  # the others are at 1
+
+
 def validate(tool, doc, what):
-    with open(os.path.join(SCHEMAS, f"braid.{tool}-1.json")) as f:
+    version = VERSIONS.get(tool, 1)
+    with open(os.path.join(SCHEMAS, f"braid.{tool}-{version}.json")) as f:
         schema = json.load(f)
     jsonschema.Draft202012Validator.check_schema(schema)
     v = jsonschema.Draft202012Validator(schema)
     errors = [f"{'/'.join(map(str, e.path))}: {e.message[:160]}" for e in v.iter_errors(doc)]
     if errors:
         failures.append(f"{what}: {len(errors)} error(s): {errors[:3]}")
-    if doc.get("schema") != f"braid.{tool}/1":
+    if doc.get("schema") != f"braid.{tool}/{version}":
         failures.append(f"{what}: schema member {doc.get('schema')!r}")
     broken = copy.deepcopy(doc)
     broken.pop(schema["required"][-1])
@@ -43,15 +47,19 @@ def validate(tool, doc, what):
 
 
 with tempfile.TemporaryDirectory(prefix="braid-schemas-") as tmp:
-    for check in ("1", "0"):
-        out = os.path.join(tmp, f"perf{check}.json")
-        r = subprocess.run([BRAID, "run", "-n", "2", "--", BRAID, "perf", "allreduce", "-b", "8", "-e", "4K", "-c", check,
-                            "--json", out], env=ENV, capture_output=True, text=True, timeout=120)
+    # Checked, unchecked, and with every per-rank and per-iteration member (-I 1).
+    for k, extra in enumerate((["-c", "1"], ["-c", "0"], ["-c", "0", "-I", "1", "-K", "1", "--split", "MOD 2"])):
+        out = os.path.join(tmp, f"perf{k}.json")
+        r = subprocess.run([BRAID, "run", "-n", "2", "--", BRAID, "perf", "allreduce", "-b", "8", "-e", "4K"] + extra +
+                           ["--json", out], env=ENV, capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
-            failures.append(f"braid perf -c {check}: exit {r.returncode}: {r.stderr[-300:]}")
+            failures.append(f"braid perf {' '.join(extra)}: exit {r.returncode}: {r.stderr[-300:]}")
         else:
             with open(out) as f:
-                validate("perf", json.load(f), f"braid perf -c {check}")
+                doc = json.load(f)
+            validate("perf", doc, f"braid perf {' '.join(extra)}")
+            if "-I" in extra and not (doc["straggler"] and "iterations" in doc["rows"][0]["out_of_place"]):
+                failures.append("braid perf -I 1: no straggler or no iteration statistics in the JSON")
 
     out = os.path.join(tmp, "doctor.json")
     r = subprocess.run([BRAID, "run", "-n", "2", "--", BRAID, "doctor", "--json", out], env=ENV, capture_output=True,

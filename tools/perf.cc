@@ -31,6 +31,7 @@
 #include "kernels/reduce.h"
 #include "tools/pattern.h"
 #include "tools/perf_device.h"
+#include "tools/perf_floor.h"
 #include "tools/perf_plot.h"
 #include "tools/perf_report.h"
 #include "tools/tools.h"
@@ -41,7 +42,7 @@ namespace {
 const char* kUsage =
     "usage: braid perf COLLECTIVE [-b MINBYTES] [-e MAXBYTES] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]\n"
     "                  [-c 0|1] [-d DTYPE|all] [-o OP|all] [-r ROOT] [-a 0|1|2|3] [-m AGG] [-z 0|1] [-C 0|1]\n"
-    "                  [-T SECONDS] [-u BYTES] [-I 0|1] [-K SKIP] [--per-rank] [-R 0|1] [--split 'OP VALUE']\n"
+    "                  [-T SECONDS] [-u BYTES] [-I 0|1] [-K SKIP] [--per-rank] [--floor] [-R 0|1] [--split 'OP VALUE']\n"
     "                  [--algo ring|tree|oneshot] [--transport shm|tcp] [--mem user|braid] [--device host|cuda]\n"
     "                  [--json FILE] [--plot FILE.svg [--plot-with RUN.json ...]]\n"
     "       braid perf --compare RUN.json RUN.json ...\n"
@@ -58,6 +59,9 @@ const char* kUsage =
     "          longest busy time in most sizes, and by how much (its busy median over the median rank's)\n"
     "  -K SKIP: leave the first SKIP iterations out of -I's statistics and the busy medians\n"
     "  --per-rank: the per-rank times and the straggler line, without -I's statistics\n"
+    "  --floor: first measure the machine's limits (each rank's copy and reduce rates at each size with every\n"
+    "          rank at once, and the slowest stream between ranks of two hosts); a %floor column gives busbw\n"
+    "          as a share of what they allow the collective, whatever its algorithm\n"
     "  -R 0|1: 1 takes the buffers from braidMemAlloc (registered with Braid; as --mem braid), 0 from the heap\n"
     "  --split 'OP VALUE': parallel communicators by color = rank OP VALUE, OP one of AND OR MOD DIV\n"
     "          (nccl-tests' NCCL_TESTS_SPLIT); every group runs the sweep at once, figures over all ranks\n"
@@ -298,8 +302,8 @@ int parse(int argc, char** argv, PerfOptions& o, std::vector<std::string>* compa
       std::fputs(kUsage, stdout);
       return 0;
     }
-    if (a == "--per-rank") {
-      o.perRank = true;
+    if (a == "--per-rank" || a == "--floor") {
+      (a == "--floor" ? o.floor : o.perRank) = true;
       continue;
     }
     if (a == "--compare") {  // every argument after it is a run
@@ -382,6 +386,7 @@ int parse(int argc, char** argv, PerfOptions& o, std::vector<std::string>* compa
   else if (!o.algo.empty() && o.algo != "ring" && o.algo != "tree" && o.algo != "oneshot")
     why = "--algo (or -a with a name) takes ring, tree or oneshot";
   else if (o.skip >= o.iters && o.perIteration()) why = "-K must leave at least one of the -n iterations";
+  else if (o.floor && o.device == "cuda") why = "--floor measures host memory and links: not with --device cuda";
   else if (o.agg > 1 && o.check) why = "-m aggregates the unchecked timing loop: give -c 0 with it (-c 1 times each call alone)";
   else if (!o.transport.empty() && o.transport != "shm" && o.transport != "tcp") why = "--transport takes shm or tcp";
   else if (o.mem != "user" && o.mem != "braid") why = "--mem takes user or braid";
@@ -527,6 +532,20 @@ int runPerf(int argc, char** argv) {
     h.groups = static_cast<int>(colors.size());
   }
   h.copies = kernels::plainCopyName();
+  std::vector<std::string> hostOf;
+  for (int q = 0; q < run.wn; ++q) hostOf.push_back(PerfReport(h).hostOf(q));
+  for (const std::string& host : hostOf) h.perHost = std::max(h.perHost, static_cast<int>(std::count(hostOf.begin(), hostOf.end(), host)));
+  if (o.floor) {
+    LinkRate link;
+    h.linkBytes = std::size_t{4} << 20;  // the streams' asymptote, whatever the sweep's sizes
+    if (!measureLinks(run.world, run.wrank, hostOf, h.linkBytes, &link)) {
+      std::fprintf(stderr, "braid perf: rank %d: --floor: the link measurement failed: %s\n", run.wrank,
+                   braidGetLastError(run.world));
+      return 1;
+    }
+    h.linkGBps = link.gbps;
+    h.linkPairs = link.pairs;
+  }
   PerfReport report(h);
   bool plotFailed = false;
   if (run.wrank == 0) report.printHeader();
@@ -542,8 +561,17 @@ int runPerf(int argc, char** argv) {
         row.type = dataTypeName(dt);
         row.op = isReduction(o.coll) ? reduceOpName(op) : "none";
         row.root = (o.coll == "broadcast" || o.coll == "reduce") ? o.root : -1;
+        if (o.floor && row.bytes > 0 && o.coll != "barrier") {
+          MemoryRates mem;
+          if (!measureMemory(run.world, hostOf, run.sendBuf, run.recvBuf, row.bytes, dt, op, &mem)) run.error = braidRemoteError;
+          row.copyGBps = mem.copyGBps;
+          row.reduceGBps = mem.reduceGBps;
+          row.floorGBps = busbwFloor(o.coll, n, h.hosts, h.perHost, mem.copyGBps, mem.reduceGBps, h.linkGBps);
+        }
         row.out = run.measure(dt, op, row.count, false);
         row.in = run.measure(dt, op, row.count, true);
+        for (PerfCell* c : {&row.out, &row.in})
+          if (row.floorGBps > 0) c->floorShare = c->busbw / row.floorGBps;
         if (run.error != braidSuccess) {
           std::fprintf(stderr, "braid perf: rank %d: %s failed: %s\n", rank, o.coll.c_str(),
                        run.error == braidCudaError && !device::error().empty() ? device::error().c_str() : braidGetLastError(run.comm));

@@ -25,6 +25,10 @@ std::string cellJson(const PerfCell& c, bool checked) {
   std::snprintf(buf, sizeof(buf), "{\"time_us\": %.3f, \"algbw_gbps\": %.6g, \"busbw_gbps\": %.6g, \"wrong\": %s",
                 c.timeUs, c.algbw, c.busbw, wrongText(c.wrong, checked, "null").c_str());
   std::string out = buf;
+  if (c.floorShare >= 0) {
+    std::snprintf(buf, sizeof(buf), ", \"floor_share\": %.4f", c.floorShare);
+    out += buf;
+  }
   if (c.iters.samples) {
     std::snprintf(buf, sizeof(buf), ", \"iterations\": {\"samples\": %zu, \"min_us\": %.3f, \"p50_us\": %.3f, "
                   "\"p99_us\": %.3f, \"max_us\": %.3f, \"cv\": %.4f}", c.iters.samples, c.iters.min, c.iters.p50,
@@ -43,6 +47,19 @@ std::string cellJson(const PerfCell& c, bool checked) {
   list("per_rank_us", c.perRankUs);
   list("per_rank_busy_us", c.perRankBusyUs);
   return out + "}";
+}
+
+// %floor as a share of the floor ("0.82"), or N/A where the row has none.
+std::string shareText(double share) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.2f", share);
+  return share < 0 ? "N/A" : b;
+}
+
+std::string gbpsText(double gbps) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.3g", gbps);
+  return b;
 }
 
 // "min 10.1 p50 11.0 p99 14.2 max 15.0 us, cv 3.2%"
@@ -114,22 +131,32 @@ void PerfReport::printHeader() const {
   if (o.split.op != Split::kNone)
     std::printf("# split %s: %d parallel communicators, rank 0's of %d ranks; every group times its calls at once\n",
                 o.split.text().c_str(), h_.groups, h_.groupRanks);
+  if (o.floor)
+    std::printf("# floor: memory, each rank's copy and reduce at each size with every rank at once%s\n",
+                h_.linkPairs ? (("; links between hosts: " + gbpsText(h_.linkGBps) + " GB/s each way, the slowest of " +
+                                 std::to_string(h_.linkPairs) + " rank pair(s) streaming " + std::to_string(h_.linkBytes >> 20) +
+                                 " MiB both ways at once").c_str())
+                             : "; one host: no link between hosts");
   for (const std::string& t : h_.transports) std::printf("#   %s\n", t.c_str());
-  std::printf("#\n# %10s %12s %8s %6s %6s %9s %8s %8s %6s %9s %8s %8s %6s\n", "", "", "", "", "", "out-of-place", "", "",
-              "", "in-place", "", "", "");
-  std::printf("# %10s %12s %8s %6s %6s %9s %8s %8s %6s %9s %8s %8s %6s\n", "size", "count", "type", "redop", "root", "time",
-              "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-  std::printf("# %10s %12s %8s %6s %6s %9s %8s %8s %6s %9s %8s %8s %6s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)",
-              "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  // The floor's column after each group's #wrong (with --floor only: the table is nccl-tests' otherwise).
+  const char* f = o.floor ? " %7s" : "%.0s";
+  const std::string line = std::string("# %10s %12s %8s %6s %6s %9s %8s %8s %6s") + f + " %9s %8s %8s %6s" + f + "\n";
+  std::printf("#\n");
+  std::printf(line.c_str(), "", "", "", "", "", "out-of-place", "", "", "", "", "in-place", "", "", "", "");
+  std::printf(line.c_str(), "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "%floor", "time",
+              "algbw", "busbw", "#wrong", "%floor");
+  std::printf(line.c_str(), "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(us)", "(GB/s)",
+              "(GB/s)", "", "");
   std::fflush(stdout);
 }
 
 void PerfReport::addRow(const PerfRow& r) {
   const bool checked = h_.options.check != 0;
-  std::printf("  %10zu %12zu %8s %6s %6d %9.2f %8.2f %8.2f %6s %9.2f %8.2f %8.2f %6s\n", r.bytes, r.count,
-              r.type.c_str(), r.op.c_str(), r.root, r.out.timeUs, r.out.algbw, r.out.busbw,
-              wrongText(r.out.wrong, checked, "N/A").c_str(), r.in.timeUs, r.in.algbw, r.in.busbw,
-              wrongText(r.in.wrong, checked, "N/A").c_str());
+  const char* f = h_.options.floor ? " %7s" : "%.0s";
+  const std::string line = std::string("  %10zu %12zu %8s %6s %6d %9.2f %8.2f %8.2f %6s") + f + " %9.2f %8.2f %8.2f %6s" + f + "\n";
+  std::printf(line.c_str(), r.bytes, r.count, r.type.c_str(), r.op.c_str(), r.root, r.out.timeUs, r.out.algbw, r.out.busbw,
+              wrongText(r.out.wrong, checked, "N/A").c_str(), shareText(r.out.floorShare).c_str(), r.in.timeUs, r.in.algbw,
+              r.in.busbw, wrongText(r.in.wrong, checked, "N/A").c_str(), shareText(r.in.floorShare).c_str());
   if (r.out.iters.samples)
     std::printf("#   iterations: out-of-place %s; in-place %s\n", statsText(r.out.iters).c_str(), statsText(r.in.iters).c_str());
   if (!r.out.perRankBusyUs.empty()) {
@@ -199,9 +226,13 @@ bool PerfReport::writeJson(const std::string& path, std::uint64_t wrong) const {
   std::fprintf(f, "],\n  \"rows\": [\n");
   for (std::size_t i = 0; i < rows_.size(); ++i) {
     const PerfRow& r = rows_[i];
-    std::fprintf(f, "    {\"size\": %zu, \"count\": %zu, \"type\": %s, \"redop\": %s, \"root\": %d, \"out_of_place\": %s, "
+    char floors[160] = "";
+    if (o.floor)
+      std::snprintf(floors, sizeof(floors), ", \"floor_gbps\": %.6g, \"copy_gbps\": %.6g, \"reduce_gbps\": %.6g", r.floorGBps,
+                    r.copyGBps, r.reduceGBps);
+    std::fprintf(f, "    {\"size\": %zu, \"count\": %zu, \"type\": %s, \"redop\": %s, \"root\": %d%s, \"out_of_place\": %s, "
                     "\"in_place\": %s}%s\n",
-                 r.bytes, r.count, jsonString(r.type).c_str(), jsonString(r.op).c_str(), r.root,
+                 r.bytes, r.count, jsonString(r.type).c_str(), jsonString(r.op).c_str(), r.root, floors,
                  cellJson(r.out, o.check != 0).c_str(), cellJson(r.in, o.check != 0).c_str(), i + 1 < rows_.size() ? "," : "");
   }
   std::string straggling = "null";
@@ -211,8 +242,16 @@ bool PerfReport::writeJson(const std::string& path, std::uint64_t wrong) const {
                   jsonString(hostOf(s.rank)).c_str(), s.slowestIn, s.sizes, s.ratio);
     straggling = b;
   }
-  std::fprintf(f, "  ],\n  \"wrong\": %s,\n  \"avg_busbw_gbps\": %.4f,\n  \"straggler\": %s\n}\n",
-               wrongText(wrong, o.check != 0, "null").c_str(), busCount_ ? busSum_ / busCount_ : 0.0, straggling.c_str());
+  std::string floor = "null";
+  if (o.floor) {
+    char b[160];
+    std::snprintf(b, sizeof(b), "{\"link_gbps\": %.6g, \"link_pairs\": %d, \"link_bytes\": %zu}", h_.linkGBps, h_.linkPairs,
+                  h_.linkBytes);
+    floor = b;
+  }
+  std::fprintf(f, "  ],\n  \"wrong\": %s,\n  \"avg_busbw_gbps\": %.4f,\n  \"straggler\": %s,\n  \"floor\": %s\n}\n",
+               wrongText(wrong, o.check != 0, "null").c_str(), busCount_ ? busSum_ / busCount_ : 0.0, straggling.c_str(),
+               floor.c_str());
   return std::fclose(f) == 0;
 }
 

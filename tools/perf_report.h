@@ -31,6 +31,7 @@ struct PerfOptions {
   int iterStats = 0;            // -I 1: per-iteration statistics and per-rank times
   int skip = 0;                 // -K: first samples left out of the statistics
   bool perRank = false;         // --per-rank: per-rank times and the straggler, without -I's lines
+  bool floor = false;           // --floor: the machine's limits measured first, %floor per cell
   Split split;                  // --split
   bool perIteration() const { return iterStats || perRank; }
 };
@@ -44,6 +45,7 @@ struct PerfCell {
   // rank makes the others wait inside the call (their time grows, not their busy time), so the
   // straggler is the rank with the longest busy time.
   std::vector<double> perRankBusyUs;
+  double floorShare = -1;  // --floor: busbw over the row's floor (-1: no floor for it)
 };
 
 struct PerfRow {
@@ -51,12 +53,17 @@ struct PerfRow {
   std::string type, op;
   int root = -1;
   PerfCell out, in;
+  double floorGBps = 0, copyGBps = 0, reduceGBps = 0;  // --floor: the busbw floor and the memory rates under it
 };
 
 struct PerfHeader {
   PerfOptions options;
   int nranks = 0, hosts = 0;
   int groups = 1, groupRanks = 0;  // --split: parallel communicators, rank 0's group's size
+  int perHost = 0;                 // the most ranks on one host
+  double linkGBps = 0;             // --floor: the slowest stream between hosts (0: one host)
+  int linkPairs = 0;
+  std::size_t linkBytes = 0;
   std::vector<std::string> transports;  // one line per rank: "rank 0: shm x3"
   std::string algo, host, commit, isa, copies, startedAt;  // copies: kernels::plainCopyName()
 };

@@ -88,6 +88,25 @@ Straggler findStraggler(const std::vector<std::vector<double>>& perSize) {
   return st;
 }
 
+double busbwFloor(const std::string& coll, int n, int hosts, int perHost, double copyGBps, double reduceGBps,
+                  double linkGBps) {
+  if (coll == "barrier" || n < 2) return 0;
+  const double N = n;
+  double mem = copyGBps;
+  if (coll == "allreduce") mem = copyGBps > 0 && reduceGBps > 0 ? 2 / (1 / reduceGBps + 1 / copyGBps) : 0;
+  else if (coll == "reducescatter") mem = reduceGBps;
+  else if (coll == "reduce") mem = reduceGBps * N / (N - 1);
+  else if (coll == "broadcast") mem = copyGBps * N / (N - 1);
+  else if (coll == "sendrecv") mem = copyGBps * N / (n / 2);
+  if (hosts < 2 || linkGBps <= 0) return mem;
+  const double H = hosts, k = std::max(1, perHost);
+  // busbw's bytes per rank over the bytes that must cross into (or out of) the busiest host.
+  double share = 1;  // broadcast, reduce, sendrecv: the whole array
+  if (coll == "allreduce" || coll == "allgather" || coll == "reducescatter") share = (N - 1) / N / ((H - 1) / H);
+  else if (coll == "alltoall") share = (N - 1) / N / (k * (N - k) / N);
+  return std::min(mem, linkGBps * share);
+}
+
 int Split::colorOf(int rank) const {
   switch (op) {
     case kAnd: return static_cast<int>(rank & value);

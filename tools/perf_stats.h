@@ -36,6 +36,22 @@ struct Straggler {
 };
 Straggler findStraggler(const std::vector<std::vector<double>>& perSizePerRankMedian);
 
+// --floor: the busbw that the machine allows a collective of `n` ranks on `hosts` hosts (at most
+// `perHost` ranks on one), whatever its algorithm, from rates measured with every rank at once: a
+// rank's share of its host's `copyGBps` (memcpy) and `reduceGBps` (a op b -> c, output bytes) at the
+// row's size, and `linkGBps`, the slowest stream between ranks of two hosts with both directions
+// busy (0: one host). Memory: the ranks together must at least copy what they receive and reduce
+// what they combine. All-gather and all-to-all copy (n-1)/n of the array on every rank, so busbw <=
+// copy; reduce-scatter reduces as much (busbw <= reduce); all-reduce does both (busbw <= 2 / (1/reduce
+// + 1/copy)). Broadcast copies the array on n-1 ranks, reduce combines n-1 arrays (busbw <= n/(n-1)
+// of the rate), sendrecv copies it on the n/2 receivers (busbw <= n/(n/2) copy). Links: a host must
+// take in at least (H-1)/H of the array for all-gather (twice for all-reduce, as much out for
+// reduce-scatter), all of it for broadcast and reduce, and k(n-k)/n of it for all-to-all (k ranks
+// on it): busbw is at most the link's rate times busbw's bytes over those. 0 where there is no
+// floor (barrier, one rank).
+double busbwFloor(const std::string& coll, int n, int hosts, int perHost, double copyGBps, double reduceGBps,
+                  double linkGBps);
+
 // --split "MOD 2" (nccl-tests' NCCL_TESTS_SPLIT): the ranks are split into parallel
 // communicators by color = rank OP value; OP is AND, OR, MOD or DIV (also "%" and "/" for the
 // last two). Empty `text`: no split.

@@ -19,6 +19,8 @@
 #   7. ib across hosts over the verbs emulation (tests/fakeibv, which works across test hosts):
 #      2 hosts x 2 ranks, every collective exact with shm inside a host and ib across; then a host
 #      without an ib device: the pairs across agree on tcp, on every rank, and stay exact
+#   7b. braid perf --floor on 2 hosts x 2 with the link capped: the link's rate measured within
+#      0.6x-1.2x of the cap, every cell's busbw within 1.1 of the floor it sets
 #   8. braid doctor: healthy on 3 x 1 and 2 x 2 (exit 0, no finding); each injected fault named with
 #      its host or link and nothing else: one link capped, one host's links capped, an MTU mismatch,
 #      a 1 MiB /dev/shm, memlock lowered where ib is used, an ib port DOWN, a blackholed interface
@@ -371,6 +373,27 @@ status_capped() {
   return "$st"
 }
 check "braid status, 2 hosts x 2 with the link between them capped: progressing, not stalled" status_capped
+
+# braid perf --floor across 2 hosts x 2 with the link between them capped at 400 Mbit/s (0.05 GB/s):
+# the header's link rate is that of the cap (within 0.6x-1.2x: tcp over tbf), and every cell's busbw
+# stays within 1.1 of the floor it sets, the largest share at least 0.3 (the link is the limit).
+floor_capped() {
+  "$testhosts" link h1 rate 400mbit to h2 || return 1
+  run_on_hosts 2 2 120 "$braid" perf allreduce -b 1M -e 4M -f 4 -n 4 -w 1 -c 0 --floor --json "$work/floor.json"
+  local st=$?
+  "$testhosts" link h1 clear; "$testhosts" link h2 clear
+  [ "$st" = 0 ] || { echo "  braid perf --floor failed"; return 1; }
+  grep "^# floor" "$work/h1.log" | cut -c1-200 | sed 's/^/  /'
+  /usr/bin/python3 - "$work/floor.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+link = d["floor"]["link_gbps"]
+shares = [r[c]["floor_share"] for r in d["rows"] for c in ("out_of_place", "in_place")]
+print(f"  link {link:.4f} GB/s from {d['floor']['link_pairs']} pair(s); busbw over the floor {min(shares):.2f} to {max(shares):.2f}")
+sys.exit(0 if 0.03 <= link <= 0.06 and 0 <= min(shares) and max(shares) <= 1.1 and max(shares) >= 0.3 else 1)
+PY
+}
+check "braid perf --floor, 2 hosts x 2 with the link capped: the link's rate measured, busbw held to it" floor_capped
 doctor_host() {
   "$testhosts" link h3 rate 200mbit && doctor 3 1 1 "host braid-h3"
   local st=$?

@@ -12,6 +12,8 @@
   -R 1         buffers from braidMemAlloc
   --split      parallel communicators (MOD 2, DIV 3): exact, the header says how many
   --compare    two runs side by side with the ratio; a file that is not a run is refused
+  --floor      every collective on 2 and 4 ranks: busbw over the floor within [0, 1.1], at least 0.05
+               at its highest
   straggler    one rank's core shared with a busy loop (SCHED_FIFO, half of every 0.2 ms): that rank
                is named, by its busy time
 Usage: test_perf_options.py BRAID
@@ -185,6 +187,24 @@ with tempfile.TemporaryDirectory(prefix="braid-perf-options-") as tmp:
     r = subprocess.run([BRAID, "perf", "--compare", os.path.join(tmp, "nothing.json")], capture_output=True, text=True)
     expect(r.returncode == 2 and "cannot read" in r.stderr, f"--compare of a missing file: {r.stderr[-200:]}")
     n = done(n, "--compare: 3 sizes side by side with the ratio of busbw; a missing file refused")
+
+    # --floor: every cell's busbw within 1.1 of what the memory allows (the floor is a limit), and
+    # the largest share at least 0.05 (a floor far above any busbw says nothing).
+    shares = {}
+    for ranks in (2, 4):
+        for coll in ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "sendrecv"):
+            out = os.path.join(tmp, "f.json")
+            r = perf(ranks, [coll, "-b", "8", "-e", "16M", "-f", "8", "-n", "8", "-w", "2", "-c", "0", "--floor", "--json", out])
+            if not expect(r.returncode == 0 and "%floor" in r.stdout and "# floor: memory" in r.stdout,
+                          f"--floor {coll} on {ranks}: exit {r.returncode}: {r.stderr[-300:]}"):
+                continue
+            s = [c["floor_share"] for _, c in cells(json.load(open(out))) if "floor_share" in c]
+            shares[(ranks, coll)] = (min(s), max(s))
+            expect(s and 0 <= min(s) and max(s) <= 1.1 and max(s) >= 0.05,
+                   f"--floor {coll} on {ranks} ranks: busbw over the floor from {min(s):.3f} to {max(s):.3f}")
+    top = max(shares.items(), key=lambda kv: kv[1][1]) if shares else None
+    n = done(n, f"--floor: 14 runs, every cell's busbw/floor in [0, 1.1]; the highest {top[1][1]:.2f} ({top[0][1]} on {top[0][0]})"
+             if top else "--floor: no run")
 
     # The straggler: rank 1's core is shared with a busy loop that takes half of every 0.2 ms at a
     # real-time priority, so every call of rank 1's is slowed alike. (braid run pins rank i to the

@@ -48,7 +48,7 @@ def validate(tool, doc, what):
 
 with tempfile.TemporaryDirectory(prefix="braid-schemas-") as tmp:
     # Checked, unchecked, and with every per-rank and per-iteration member (-I 1).
-    for k, extra in enumerate((["-c", "1"], ["-c", "0"], ["-c", "0", "-I", "1", "-K", "1", "--split", "MOD 2"])):
+    for k, extra in enumerate((["-c", "1"], ["-c", "0"], ["-c", "0", "-I", "1", "-K", "1", "--floor"])):
         out = os.path.join(tmp, f"perf{k}.json")
         r = subprocess.run([BRAID, "run", "-n", "2", "--", BRAID, "perf", "allreduce", "-b", "8", "-e", "4K"] + extra +
                            ["--json", out], env=ENV, capture_output=True, text=True, timeout=120)
@@ -58,8 +58,9 @@ with tempfile.TemporaryDirectory(prefix="braid-schemas-") as tmp:
             with open(out) as f:
                 doc = json.load(f)
             validate("perf", doc, f"braid perf {' '.join(extra)}")
-            if "-I" in extra and not (doc["straggler"] and "iterations" in doc["rows"][0]["out_of_place"]):
-                failures.append("braid perf -I 1: no straggler or no iteration statistics in the JSON")
+            if "-I" in extra and not (doc["straggler"] and "iterations" in doc["rows"][0]["out_of_place"] and
+                                      doc["floor"] and "floor_share" in doc["rows"][-1]["in_place"]):
+                failures.append("braid perf -I 1 --floor: no straggler, iteration statistics or floor in the JSON")
 
     out = os.path.join(tmp, "doctor.json")
     r = subprocess.run([BRAID, "run", "-n", "2", "--", BRAID, "doctor", "--json", out], env=ENV, capture_output=True,

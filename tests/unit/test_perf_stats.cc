@@ -88,6 +88,28 @@ TEST(PerfStats, SplitColorsAreNcclTestsOperations) {
   EXPECT_FALSE(parseSplit("MOD 2 3", &s, &error));
 }
 
+TEST(PerfStats, TheFloorIsWhatMemoryAndLinksAllowEachCollective) {
+  // One host, copy 10 GB/s and reduce 40 GB/s per rank (every rank at once), 4 ranks.
+  EXPECT_DOUBLE_EQ(busbwFloor("allgather", 4, 1, 4, 10, 40, 0), 10);
+  EXPECT_DOUBLE_EQ(busbwFloor("alltoall", 4, 1, 4, 10, 40, 0), 10);
+  EXPECT_DOUBLE_EQ(busbwFloor("reducescatter", 4, 1, 4, 10, 40, 0), 40);
+  EXPECT_DOUBLE_EQ(busbwFloor("allreduce", 4, 1, 4, 10, 40, 0), 16);        // 2 / (1/40 + 1/10)
+  EXPECT_DOUBLE_EQ(busbwFloor("broadcast", 4, 1, 4, 10, 40, 0), 40.0 / 3);  // 3 of 4 ranks copy
+  EXPECT_DOUBLE_EQ(busbwFloor("reduce", 4, 1, 4, 10, 40, 0), 160.0 / 3);    // 3 reductions of the array
+  EXPECT_DOUBLE_EQ(busbwFloor("sendrecv", 4, 1, 4, 10, 40, 0), 20);         // 2 receivers of 4
+  EXPECT_DOUBLE_EQ(busbwFloor("sendrecv", 5, 1, 5, 10, 40, 0), 25);         // the 5th sits out
+  EXPECT_EQ(busbwFloor("barrier", 4, 1, 4, 10, 40, 0), 0);
+  EXPECT_EQ(busbwFloor("allreduce", 1, 1, 1, 10, 40, 0), 0);
+  // 4 hosts x 2 ranks, links of 1 GB/s: a host takes in 3/4 of the array (all-gather), busbw's bytes
+  // are 7/8 of it: busbw <= 7/6 GB/s; all-to-all: 2 ranks x 6 peers x 1/8 of the array in.
+  EXPECT_DOUBLE_EQ(busbwFloor("allgather", 8, 4, 2, 10, 40, 1), 7.0 / 6);
+  EXPECT_DOUBLE_EQ(busbwFloor("allreduce", 8, 4, 2, 10, 40, 1), 7.0 / 6);
+  EXPECT_DOUBLE_EQ(busbwFloor("broadcast", 8, 4, 2, 10, 40, 1), 1);
+  EXPECT_DOUBLE_EQ(busbwFloor("alltoall", 8, 4, 2, 10, 40, 1), (7.0 / 8) / (2.0 * 6 / 8));
+  // Memory stays the limit where it is lower than the links'.
+  EXPECT_DOUBLE_EQ(busbwFloor("allgather", 8, 4, 2, 0.5, 40, 1), 0.5);
+}
+
 std::string writeRun(const std::string& name, const std::string& rows) {
   const std::string path = "/tmp/braid-perf-stats-" + std::to_string(getpid()) + "-" + name + ".json";
   std::ofstream(path) << "{\"schema\": \"braid.perf/2\", \"collective\": \"allreduce\", \"nranks\": 4, "

@@ -1,0 +1,97 @@
+#include "tools/perf_floor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <map>
+
+#include "kernels/copy.h"
+#include "kernels/reduce.h"
+
+namespace braid::tools {
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// `work` (over `bytes`) again and again for a window of wall time that every rank of a host spends
+// at once, so that ranks sharing a core (or the memory) share it as they do in a collective: 20 ms,
+// or four of the untimed first run's duration if that is longer. GB/s of the runs completed.
+double windowRate(std::size_t bytes, const std::function<void()>& work) {
+  double t0 = now();
+  work();
+  const double window = std::max(0.02, 4 * (now() - t0));
+  std::size_t runs = 0;
+  t0 = now();
+  double t = t0;
+  while (t - t0 < window) {
+    work();
+    ++runs;
+    t = now();
+  }
+  return static_cast<double>(bytes * runs) / (t - t0) / 1e9;
+}
+
+// Each host's mean of its ranks' `mine` (what the host as a whole does, shared out), the smallest over
+// the hosts: a collective's ranks on that host cannot together go faster.
+bool slowestHost(braidComm_t world, const std::vector<std::string>& hostOf, double mine, double* out) {
+  std::vector<double> all(hostOf.size());
+  if (braidAllGather(&mine, all.data(), 1, braidFloat64, world, nullptr) != braidSuccess) return false;
+  std::map<std::string, std::pair<double, int>> hosts;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    auto& [sum, k] = hosts[hostOf[r]];
+    sum += all[r];
+    ++k;
+  }
+  *out = 1e300;
+  for (const auto& [host, h] : hosts) *out = std::min(*out, h.first / h.second);
+  return true;
+}
+
+// The slowest rank's value of `mine`.
+bool slowest(braidComm_t world, double mine, double* out) {
+  return braidAllReduce(&mine, out, 1, braidFloat64, braidMin, world, nullptr) == braidSuccess;
+}
+
+}  // namespace
+
+bool measureMemory(braidComm_t world, const std::vector<std::string>& hostOf, std::byte* a, std::byte* b,
+                   std::size_t bytes, DataType dt, ReduceOp op, MemoryRates* out) {
+  const std::size_t es = dataTypeSize(dt);
+  const std::size_t count = bytes / es;
+  double copy = 0;
+  for (bool streaming : {false, true}) {  // the faster of the two ways to copy
+    if (braidBarrier(world) != braidSuccess) return false;
+    copy = std::max(copy, windowRate(bytes, [&] { kernels::copy(b, a, bytes, streaming); }));
+  }
+  if (braidBarrier(world) != braidSuccess) return false;
+  // b = a op b, in place as a reduction step writes its output over one input.
+  const double reduce = count ? windowRate(count * es, [&] { kernels::reduce(b, a, b, count, dt, op); }) : 0;
+  return slowestHost(world, hostOf, copy, &out->copyGBps) && slowestHost(world, hostOf, reduce, &out->reduceGBps);
+}
+
+bool measureLinks(braidComm_t world, int rank, const std::vector<std::string>& hostOf, std::size_t bytes, LinkRate* out) {
+  const int n = static_cast<int>(hostOf.size());
+  const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  const auto host = [&](int r) { return hostOf[static_cast<std::size_t>(r)]; };
+  const bool sends = n > 1 && host(next) != host(rank), receives = n > 1 && host(prev) != host(rank);
+  std::vector<std::byte> s(sends ? bytes : 0), r(receives ? bytes : 0);
+  double best = 1e300;
+  for (int rep = -1; rep < 3 && (sends || receives); ++rep) {
+    const double t0 = now();
+    if (braidGroupStart() != braidSuccess) return false;
+    if (sends && braidSend(s.data(), bytes, braidUint8, next, world, nullptr) != braidSuccess) return false;
+    if (receives && braidRecv(r.data(), bytes, braidUint8, prev, world, nullptr) != braidSuccess) return false;
+    if (braidGroupEnd() != braidSuccess) return false;
+    if (rep >= 0) best = std::min(best, now() - t0);
+  }
+  const double mine = sends || receives ? static_cast<double>(bytes) / best / 1e9 : 1e300;
+  double pairs = sends ? 1 : 0, all = 0;
+  if (!slowest(world, mine, &out->gbps) ||
+      braidAllReduce(&pairs, &all, 1, braidFloat64, braidSum, world, nullptr) != braidSuccess)
+    return false;
+  out->pairs = static_cast<int>(all);
+  if (out->pairs == 0) out->gbps = 0;
+  return true;
+}
+
+}  // namespace braid::tools

@@ -12,108 +12,6 @@
 namespace braid::tools {
 namespace {
 
-// Just enough JSON to read back what PerfReport::writeJson writes (and any JSON like it).
-struct Json {
-  enum Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = kNull;
-  double number = 0;
-  std::string text;
-  std::vector<Json> items;
-  std::map<std::string, Json> fields;
-
-  const Json* get(const std::string& key) const {
-    auto it = fields.find(key);
-    return kind == kObject && it != fields.end() ? &it->second : nullptr;
-  }
-};
-
-class JsonParser {
- public:
-  explicit JsonParser(const std::string& s) : s_(s) {}
-  bool parse(Json* out) {
-    if (!value(out, 0)) return false;
-    space();
-    return i_ == s_.size();
-  }
-
- private:
-  void space() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\t' || s_[i_] == '\r')) ++i_;
-  }
-  bool eat(char c) {
-    space();
-    if (i_ < s_.size() && s_[i_] == c) {
-      ++i_;
-      return true;
-    }
-    return false;
-  }
-  bool string(std::string* out) {
-    if (!eat('"')) return false;
-    while (i_ < s_.size() && s_[i_] != '"') {
-      char c = s_[i_++];
-      if (c == '\\') {
-        if (i_ >= s_.size()) return false;
-        c = s_[i_++];
-        if (c == 'n') c = '\n';
-        else if (c == 't') c = '\t';
-        else if (c == 'u') {  // not written by braid perf: keep a placeholder
-          i_ += 4;
-          c = '?';
-        }
-      }
-      out->push_back(c);
-    }
-    return eat('"');
-  }
-  bool value(Json* v, int depth) {
-    if (depth > 32) return false;
-    space();
-    if (i_ >= s_.size()) return false;
-    const char c = s_[i_];
-    if (c == '{') {
-      ++i_;
-      v->kind = Json::kObject;
-      if (eat('}')) return true;
-      do {
-        std::string key;
-        if (!string(&key) || !eat(':') || !value(&v->fields[key], depth + 1)) return false;
-      } while (eat(','));
-      return eat('}');
-    }
-    if (c == '[') {
-      ++i_;
-      v->kind = Json::kArray;
-      if (eat(']')) return true;
-      do {
-        v->items.emplace_back();
-        if (!value(&v->items.back(), depth + 1)) return false;
-      } while (eat(','));
-      return eat(']');
-    }
-    if (c == '"') {
-      v->kind = Json::kString;
-      return string(&v->text);
-    }
-    for (const char* word : {"true", "false", "null"})
-      if (s_.compare(i_, std::strlen(word), word) == 0) {
-        i_ += std::strlen(word);
-        v->kind = word[0] == 'n' ? Json::kNull : Json::kBool;
-        v->number = word[0] == 't';
-        return true;
-      }
-    const char* start = s_.c_str() + i_;
-    char* end = nullptr;
-    v->number = std::strtod(start, &end);
-    if (end == start) return false;
-    v->kind = Json::kNumber;
-    i_ += static_cast<std::size_t>(end - start);
-    return true;
-  }
-
-  const std::string& s_;
-  std::size_t i_ = 0;
-};
-
 std::string baseName(const std::string& path) {
   const std::size_t slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
@@ -153,52 +51,16 @@ const char* kColors[] = {"#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", 
 }  // namespace
 
 bool loadPerfJson(const std::string& path, PlotSeries* out, std::string* error) {
-  std::ifstream in(path);
-  if (!in) {
-    *error = "cannot read " + path;
-    return false;
-  }
-  std::stringstream buf;
-  buf << in.rdbuf();
-  const std::string text = buf.str();
-  Json doc;
-  if (!JsonParser(text).parse(&doc) || doc.kind != Json::kObject) {
-    *error = path + " is not JSON";
-    return false;
-  }
-  const Json* rows = doc.get("rows");
-  if (!rows || rows->kind != Json::kArray) {
-    *error = path + " has no \"rows\": not written by braid perf --json";
-    return false;
-  }
+  CompareRun run;
+  if (!loadCompareRun(path, &run, error)) return false;
   out->points.clear();
-  std::string type, op;
-  for (const Json& r : rows->items) {
-    const Json* size = r.get("size");
-    const Json* cell = r.get("out_of_place");
-    const Json* bw = cell ? cell->get("busbw_gbps") : nullptr;
-    if (!size || !bw || size->kind != Json::kNumber || bw->kind != Json::kNumber) {
-      *error = path + ": a row lacks size or out_of_place.busbw_gbps";
-      return false;
-    }
-    const Json* t = r.get("type");
-    const Json* o = r.get("redop");
-    const std::string rt = t ? t->text : "", ro = o ? o->text : "";
-    if (out->points.empty() && type.empty() && op.empty()) {
-      type = rt;
-      op = ro;
-    }
-    if (rt != type || ro != op) continue;
-    out->points.emplace_back(size->number, bw->number);
-  }
-  std::string settings;
-  if (const Json* c = doc.get("collective")) settings += c->text;
-  if (const Json* n = doc.get("nranks")) settings += ", " + std::to_string(static_cast<int>(n->number)) + " ranks";
-  if (const Json* s = doc.get("settings")) {
-    if (const Json* tr = s->get("transport"); tr && tr->text != "auto") settings += ", " + tr->text;
-    if (const Json* m = s->get("mem"); m && m->text == "braid") settings += ", braidMemAlloc";
-  }
-  out->label = baseName(path) + (settings.empty() ? "" : " (" + settings + ")");
+  for (const CompareRow& r : run.rows)  // the first row's type and op
+    if (r.type == run.rows.front().type && r.op == run.rows.front().op)
+      out->points.emplace_back(static_cast<double>(r.size), r.busbw[0]);
+  std::string settings = run.collective + ", " + std::to_string(run.nranks) + " ranks";
+  if (!run.transport.empty() && run.transport != "auto") settings += ", " + run.transport;
+  if (run.mem == "braid") settings += ", braidMemAlloc";
+  out->label = baseName(path) + " (" + settings + ")";
   return true;
 }
 

@@ -188,8 +188,14 @@ bool loadCompareRun(const std::string& path, CompareRun* out, std::string* error
     row.timeUs = {doubleOf(cell->get("time_us"))};
     out->rows.push_back(row);
   }
-  out->label = path + " (" + strOf(doc->get("collective")) + ", " + std::to_string(intOf(doc->get("nranks"))) +
-               " ranks, " + strOf(doc->get("host")) + ", " + strOf(doc->get("commit")) + ")";
+  out->collective = strOf(doc->get("collective"));
+  out->nranks = static_cast<int>(intOf(doc->get("nranks")));
+  if (const Json* st = doc->get("settings")) {
+    out->transport = strOf(st->get("transport"));
+    out->mem = strOf(st->get("mem"));
+  }
+  out->label = path + " (" + out->collective + ", " + std::to_string(out->nranks) + " ranks, " + strOf(doc->get("host")) +
+               ", " + strOf(doc->get("commit")) + ")";
   return true;
 }
 

@@ -73,6 +73,8 @@ struct CompareRow {
 };
 struct CompareRun {
   std::string label;  // the file, with the run's ranks, host and commit
+  std::string collective, transport, mem;  // the run's settings ("auto" where braid chose the transport)
+  int nranks = 0;
   std::vector<CompareRow> rows;  // one entry in busbw/timeUs each
 };
 // Parses one braid perf --json file (braid.perf/1 or /2) into a run; false with `error` if not one.

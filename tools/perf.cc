@@ -42,7 +42,8 @@ namespace {
 const char* kUsage =
     "usage: braid perf COLLECTIVE [-b MINBYTES] [-e MAXBYTES] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]\n"
     "                  [-c 0|1] [-d DTYPE|all] [-o OP|all] [-r ROOT] [-a 0|1|2|3] [-m AGG] [-z 0|1] [-C 0|1]\n"
-    "                  [-T SECONDS] [-u BYTES] [-I 0|1] [-K SKIP] [--per-rank] [--floor] [-R 0|1] [--split 'OP VALUE']\n"
+    "                  [-T SECONDS] [-u BYTES] [-I 0|1] [-K SKIP] [--per-rank] [--floor] [-G LAUNCHES] [-R 0|1]\n"
+    "                  [--split 'OP VALUE']\n"
     "                  [--algo ring|tree|oneshot] [--transport shm|tcp] [--mem user|braid] [--device host|cuda]\n"
     "                  [--json FILE] [--plot FILE.svg [--plot-with RUN.json ...]]\n"
     "       braid perf --compare RUN.json RUN.json ...\n"
@@ -62,6 +63,8 @@ const char* kUsage =
     "  --floor: first measure the machine's limits (each rank's copy and reduce rates at each size with every\n"
     "          rank at once, and the slowest stream between ranks of two hosts); a %floor column gives busbw\n"
     "          as a share of what they allow the collective, whatever its algorithm\n"
+    "  -G LAUNCHES: with --device cuda and -c 0, the -n iterations' calls are captured into one CUDA graph,\n"
+    "          launched LAUNCHES times (the time per call over all of them)\n"
     "  -R 0|1: 1 takes the buffers from braidMemAlloc (registered with Braid; as --mem braid), 0 from the heap\n"
     "  --split 'OP VALUE': parallel communicators by color = rank OP VALUE, OP one of AND OR MOD DIV\n"
     "          (nccl-tests' NCCL_TESTS_SPLIT); every group runs the sweep at once, figures over all ranks\n"
@@ -207,15 +210,43 @@ struct Run {
     const CommView view(comm);
     std::uint64_t stallAt = view.stallNs();
     double wallAt = now();
-    const int calls = check ? 1 : o.agg;  // per timed iteration (-m times -c 0 only)
-    auto noteBusy = [&] {  // one iteration ended now: its wall time less its waits, per call
+    // One iteration (or -G launch) of `calls` calls ended now: its wall time less its waits, per call.
+    auto noteBusy = [&](int calls) {
       const std::uint64_t stall = view.stallNs();
       const double wall = now();
       busyUs.push_back(std::max(0.0, (wall - wallAt) * 1e6 - static_cast<double>(stall - stallAt) * 1e-3) / calls);
       stallAt = stall, wallAt = wall;
     };
     std::uint64_t wrong = 0;
-    if (!check) {
+    if (!check && o.graphs > 0) {
+      // -G: the iterations' calls captured into one CUDA graph, launched o.graphs times.
+      void* graph = device::capture(stream, [&] {
+        for (int it = 0; it < o.iters && error == braidSuccess; ++it)
+          for (int m = 0; m < o.agg && error == braidSuccess; ++m) error = call(dt, op, send, out, count);
+        return error == braidSuccess;
+      });
+      if (!graph) {
+        if (error == braidSuccess) error = braidCudaError;
+        return PerfCell();
+      }
+      if (error == braidSuccess) error = braidBarrier(world);
+      const double t0 = stamp();
+      double last = t0;
+      stallAt = view.stallNs(), wallAt = now();
+      for (int g = 0; g < o.graphs && error == braidSuccess; ++g) {
+        if (!device::launch(graph, stream)) error = braidCudaError;
+        if (o.perIteration()) {  // one sample a launch
+          sync();
+          const double t = stamp();
+          iterUs.push_back((t - last) / (o.agg * o.iters) * 1e6);
+          noteBusy(o.agg * o.iters);
+          last = t;
+        }
+      }
+      sync();
+      total = (stamp() - t0) / o.agg / o.graphs;
+      device::releaseGraph(graph);
+    } else if (!check) {
       // Every group starts together (--split), then the iterations back to back.
       if (error == braidSuccess) error = braidBarrier(world);
       const double t0 = stamp();
@@ -230,7 +261,7 @@ struct Run {
           sync();
           const double t = stamp();
           iterUs.push_back((t - last) / o.agg * 1e6);
-          noteBusy();
+          noteBusy(o.agg);
           last = t;
         }
       }
@@ -245,7 +276,7 @@ struct Run {
         if (error == braidSuccess) error = call(dt, op, send, out, count);
         sync();
         const double t = stamp() - t0;
-        noteBusy();
+        noteBusy(1);
         total += t;
         iterUs.push_back(t * 1e6);
         if (error == braidSuccess) wrong += wrongNow();
@@ -353,6 +384,7 @@ int parse(int argc, char** argv, PerfOptions& o, std::vector<std::string>* compa
     else if (a == "-I") ok = whole(0, 1, &o.iterStats);
     else if (a == "-K") ok = whole(0, 1 << 30, &o.skip);
     else if (a == "-R") ok = whole(0, 1, &k), o.mem = k ? "braid" : "user";
+    else if (a == "-G") ok = whole(0, 1 << 20, &o.graphs);
     else if (a == "--split") {
       std::string why;
       ok = parseSplit(v, &o.split, &why);
@@ -386,6 +418,8 @@ int parse(int argc, char** argv, PerfOptions& o, std::vector<std::string>* compa
   else if (!o.algo.empty() && o.algo != "ring" && o.algo != "tree" && o.algo != "oneshot")
     why = "--algo (or -a with a name) takes ring, tree or oneshot";
   else if (o.skip >= o.iters && o.perIteration()) why = "-K must leave at least one of the -n iterations";
+  else if (o.graphs && o.device != "cuda") why = "-G replays CUDA graphs: it needs --device cuda";
+  else if (o.graphs && o.check) why = "-G times graph launches unchecked: give -c 0 with it";
   else if (o.floor && o.device == "cuda") why = "--floor measures host memory and links: not with --device cuda";
   else if (o.agg > 1 && o.check) why = "-m aggregates the unchecked timing loop: give -c 0 with it (-c 1 times each call alone)";
   else if (!o.transport.empty() && o.transport != "shm" && o.transport != "tcp") why = "--transport takes shm or tcp";

@@ -47,6 +47,27 @@ bool download(void* dst, const void* src, std::size_t bytes) {
 }
 void* stream() { return gStream; }
 bool sync(void* s) { return ok(cudaStreamSynchronize(static_cast<cudaStream_t>(s)), "cudaStreamSynchronize"); }
+void* capture(void* s, const std::function<bool()>& body) {
+  auto st = static_cast<cudaStream_t>(s);
+  if (!ok(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture")) return nullptr;
+  const bool made = body();
+  cudaGraph_t graph = nullptr;
+  if (!ok(cudaStreamEndCapture(st, &graph), "cudaStreamEndCapture") || !made) {
+    if (!made && gError.empty()) gError = "a call failed during the capture";
+    if (graph) cudaGraphDestroy(graph);
+    return nullptr;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const bool instantiated = ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  cudaGraphDestroy(graph);
+  return instantiated ? exec : nullptr;
+}
+bool launch(void* g, void* s) {
+  return ok(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g), static_cast<cudaStream_t>(s)), "cudaGraphLaunch");
+}
+void releaseGraph(void* g) {
+  if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
+}
 std::string describe() {
   int dev = 0;
   cudaDeviceProp p{};
@@ -64,6 +85,9 @@ bool upload(void*, const void*, std::size_t) { gError = kNoCuda; return false; }
 bool download(void*, const void*, std::size_t) { gError = kNoCuda; return false; }
 void* stream() { return nullptr; }
 bool sync(void*) { gError = kNoCuda; return false; }
+void* capture(void*, const std::function<bool()>&) { gError = kNoCuda; return nullptr; }
+bool launch(void*, void*) { gError = kNoCuda; return false; }
+void releaseGraph(void*) {}
 std::string describe() { return ""; }
 #endif
 

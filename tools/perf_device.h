@@ -2,6 +2,7 @@
 // compiles without CUDA (every call then fails with a message saying so).
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace braid::tools::device {
@@ -18,6 +19,12 @@ bool download(void* dst, const void* src, std::size_t bytes);
 void* stream();
 bool sync(void* stream);
 std::string error();
+// -G: the calls `body` makes on `stream` captured into a CUDA graph (relaxed capture mode: Braid's
+// proxy thread may use CUDA meanwhile), instantiated; launched by launch(), freed by releaseGraph().
+// nullptr on failure (error() says why; a body that returned false fails it too).
+void* capture(void* stream, const std::function<bool()>& body);
+bool launch(void* graph, void* stream);
+void releaseGraph(void* graph);
 // "NVIDIA H200 (device 0)" or "".
 std::string describe();
 

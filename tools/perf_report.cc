@@ -124,8 +124,10 @@ void PerfReport::printHeader() const {
               o.device == "cuda" ? ("cuda device: " + o.deviceName).c_str() : o.mem.c_str());
   std::printf("# algorithm: %s; reduce kernels: %s; copies: %s; commit %s\n", h_.algo.c_str(), h_.isa.c_str(),
               h_.copies.c_str(), h_.commit.c_str());
-  std::printf("# time: %s per call, %s (-a %d)%s%s%s%s\n", o.cputime ? "CPU time" : "wall time",
-              timeOfName(o.timeOf), static_cast<int>(o.timeOf), o.agg > 1 ? (", " + std::to_string(o.agg) + " calls per timed iteration").c_str() : "",
+  std::printf("# time: %s per call, %s (-a %d)%s%s%s%s%s\n", o.cputime ? "CPU time" : "wall time",
+              timeOfName(o.timeOf), static_cast<int>(o.timeOf),
+              o.graphs ? (", " + std::to_string(o.graphs) + " launches of a CUDA graph of the iterations' calls").c_str() : "",
+              o.agg > 1 ? (", " + std::to_string(o.agg) + " calls per timed iteration").c_str() : "",
               o.blocking ? ", each call waited for" : "", o.misalign ? (", buffers " + std::to_string(o.misalign) + " B past 64 B").c_str() : "",
               o.perIteration() ? (", statistics without the first " + std::to_string(o.skip) + " iteration(s)").c_str() : "");
   if (o.split.op != Split::kNone)
@@ -215,11 +217,11 @@ bool PerfReport::writeJson(const std::string& path, std::uint64_t wrong) const {
   std::fprintf(f, "  \"settings\": {\"iters\": %d, \"warmup\": %d, \"check\": %d, \"root\": %d, \"transport\": %s, "
                "\"mem\": %s, \"device\": %s, \"time_of\": %d, \"agg_iters\": %d, \"blocking\": %d, \"cputime\": %d, "
                "\"timeout_s\": %g, \"misalign\": %zu, \"iter_stats\": %d, \"skip\": %d, \"per_rank\": %s, \"split\": %s, "
-               "\"groups\": %d},\n", o.iters, o.warmup, o.check, o.root,
+               "\"groups\": %d, \"graph_launches\": %d},\n", o.iters, o.warmup, o.check, o.root,
                jsonString(o.transport.empty() ? "auto" : o.transport).c_str(), jsonString(o.mem).c_str(),
                jsonString(o.device == "cuda" ? "cuda " + o.deviceName : "host").c_str(), static_cast<int>(o.timeOf), o.agg,
                o.blocking, o.cputime, o.timeoutSec, o.misalign, o.iterStats, o.skip, o.perIteration() ? "true" : "false",
-               o.split.op == Split::kNone ? "null" : jsonString(o.split.text()).c_str(), h_.groups);
+               o.split.op == Split::kNone ? "null" : jsonString(o.split.text()).c_str(), h_.groups, o.graphs);
   std::fprintf(f, "  \"transports\": [");
   for (std::size_t i = 0; i < h_.transports.size(); ++i)
     std::fprintf(f, "%s%s", i ? ", " : "", jsonString(h_.transports[i]).c_str());

@@ -32,6 +32,7 @@ struct PerfOptions {
   int skip = 0;                 // -K: first samples left out of the statistics
   bool perRank = false;         // --per-rank: per-rank times and the straggler, without -I's lines
   bool floor = false;           // --floor: the machine's limits measured first, %floor per cell
+  int graphs = 0;               // -G: launches of a CUDA graph holding the -n iterations' calls (--device cuda)
   Split split;                  // --split
   bool perIteration() const { return iterStats || perRank; }
 };

@@ -147,15 +147,17 @@ Status enqueueDevice(Comm& comm, const CollArgs& a, void* stream, std::shared_pt
     if (work) work->finish(s);
     return s;
   }
-  // A stream being captured into a CUDA graph would record the call's hold and ready event as graph
-  // nodes, which the proxy cannot wait on, and replay them without the proxy: refused instead.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture) != cudaSuccess) cudaGetLastError();
-  if (capture != cudaStreamCaptureStatusNone)
-    return Status::InvalidUsage(std::string(collName(a.kind)) + ": the stream is being captured into a CUDA graph, and "
-                                "Braid calls cannot be captured yet: make the call outside the capture");
   auto p = comm.cudaProxy(true);
   if (!p) return Status::CudaError("rank " + std::to_string(comm.rank()) + ": the CUDA proxy could not start: " + comm.lastError());
+  // A stream being captured into a CUDA graph gets one host-function node that queues the call each
+  // time the graph runs it (CudaProxy::enqueueCaptured): the call is made at replay, not now.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture) != cudaSuccess) cudaGetLastError();
+  if (capture != cudaStreamCaptureStatusNone) {
+    Status s = p->enqueueCaptured(a, stream);
+    if (work) work->finish(s);  // the handle stands for the capture: the replays report through the communicator
+    return s;
+  }
   return p->enqueue(a, stream, std::move(work));
 #else
   (void)comm, (void)a, (void)stream, (void)work;

@@ -177,7 +177,7 @@ CudaProxy::~CudaProxy() {
   if (outStream_) cudaStreamDestroy(static_cast<cudaStream_t>(outStream_));
 }
 
-Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkState> work) {
+std::shared_ptr<CudaProxy::Op> CudaProxy::prepare(const CollArgs& a) const {
   const int n = comm_.nranks(), me = comm_.rank();
   const std::size_t es = dataTypeSize(a.dtype);
   std::size_t sendBytes = a.count * es, recvBytes = a.count * es;
@@ -190,7 +190,6 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
   if (!a.recv) needRecv = false;
 
   auto op = std::make_shared<Op>();
-  op->work = std::move(work);
   op->dev = a;
   op->host = a;
   op->holdSec = 3 * comm_.timeoutSec() + 60;  // the proxy gives up after ~2 timeouts; this is the backstop
@@ -226,7 +225,13 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
   op->recvDev = needRecv ? a.recv : nullptr;
   op->sendBytes = needSend ? sendBytes : 0;
   op->recvBytes = needRecv ? recvBytes : 0;
+  return op;
+}
 
+Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkState> work) {
+  std::shared_ptr<Op> op = prepare(a);
+  op->work = std::move(work);
+  const std::size_t total = op->stagingBytes;
   std::unique_lock<std::mutex> g(mu_);
   if (stopping_) return Status::InvalidUsage("the communicator was destroyed or aborted");
   if (!busy_ && queue_.empty()) retired_.clear();  // no stream is held: outgrown buffers may go now
@@ -249,6 +254,46 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
   queue_.push_back(op);
   cv_.notify_all();
   return Status::Ok();
+}
+
+namespace {
+// A captured call's node, each time a launch of its graph reaches it (CUDA's callback thread).
+void CUDART_CB replayCaptured(void* arg) {
+  auto* c = static_cast<CudaProxy::Captured*>(arg);
+  c->proxy->replay(c->args);
+}
+}  // namespace
+
+Status CudaProxy::enqueueCaptured(const CollArgs& a, void* stream) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (stopping_) return Status::InvalidUsage("the communicator was destroyed or aborted");
+  // No pinned memory now: allocating it during a capture would end the capture with an error. A
+  // staged replay grows it on the proxy's thread (placeStaging).
+  captured_.push_back(std::make_unique<Captured>(Captured{this, a}));
+  cudaError_t e = cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), replayCaptured, captured_.back().get());
+  if (e != cudaSuccess) {
+    captured_.pop_back();
+    return failed("cudaLaunchHostFunc (capturing the call into the graph)", e);
+  }
+  return Status::Ok();
+}
+
+void CudaProxy::replay(const CollArgs& a) {
+  std::shared_ptr<Op> op = prepare(a);
+  op->ready = true;  // this node is the hold: the stream has reached the call
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (stopping_) {
+      BRAID_LOG(kWarn, kColl, "rank %d: a CUDA graph launched a %s of a destroyed communicator: skipped", comm_.rank(),
+                collName(a.kind));
+      return;
+    }
+    op->seq = ++seq_;
+    queue_.push_back(op);
+    cv_.notify_all();
+  }
+  std::unique_lock<std::mutex> g(op->mu);
+  if (!op->cv.wait_for(g, std::chrono::duration<double>(op->holdSec), [&] { return op->done; })) op->abandoned = true;
 }
 
 Status CudaProxy::holdWithValue(Op& op, void* stream, bool* held) {

@@ -37,6 +37,10 @@ class CudaProxy {
  public:
   struct Op;
   struct Pinned;
+  struct Captured {  // a captured call: its graph node's argument
+    CudaProxy* proxy;
+    CollArgs args;
+  };
 
   // Starts the proxy thread for `device` (its copies run on a non-blocking stream of that device).
   static Result<std::shared_ptr<CudaProxy>> start(Comm& comm, int device);
@@ -46,6 +50,14 @@ class CudaProxy {
   // Queues `a` (device buffers, already validated) behind the work on `stream`. Returns at once; an
   // error here means nothing was queued. `work`, if given, finishes with the call's status.
   Status enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkState> work);
+  // `stream` is being captured into a CUDA graph: puts one host-function node there that, each time
+  // the graph reaches it, queues `a` as a new call and holds the stream until the proxy has run it
+  // (replay()). Nothing runs now. A replay's failure fails the communicator (later calls report it).
+  // The graph must not be launched after the communicator is destroyed.
+  Status enqueueCaptured(const CollArgs& a, void* stream);
+  // From the captured node, on CUDA's callback thread: queues `a` and waits until it is done
+  // (bounded like every hold). Touches host state only: a host function must not call CUDA.
+  void replay(const CollArgs& a);
   // Waits until every queued call has finished, at most `seconds`.
   Status drain(double seconds);
   // Ends the thread. abortive: queued calls fail at once (their streams are released); otherwise
@@ -54,6 +66,8 @@ class CudaProxy {
 
  private:
   CudaProxy(Comm& comm, int device) : comm_(comm), device_(device) {}
+  // The op for `a`: its pinned layout, and how many pieces a staged run takes. Host state only.
+  std::shared_ptr<Op> prepare(const CollArgs& a) const;
   void loop();
   void process(Op& op);
   // The staged path (see cuda_proxy.cc): pinned memory placed, then copies in, runHost per piece,
@@ -98,6 +112,9 @@ class CudaProxy {
   std::shared_ptr<Pinned> pinned_;
   std::vector<std::shared_ptr<Pinned>> retired_;
   bool shareStaging_ = true;  // false once cudaHostRegister refused braidMemAlloc memory (see Pinned)
+  // The calls captured into CUDA graphs (the nodes' arguments): kept while the proxy lives, as a
+  // graph may be launched any number of times.
+  std::vector<std::unique_ptr<Captured>> captured_;
 };
 
 }  // namespace braid

@@ -34,6 +34,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -44,7 +45,8 @@ struct Stream {
   std::condition_variable cv;
   std::deque<std::function<void()>> ops;
   std::uint64_t pushed = 0, done = 0;
-  bool capturing = false;  // between cudaStreamBeginCapture and cudaStreamEndCapture (nothing is recorded)
+  bool capturing = false;  // between cudaStreamBeginCapture and cudaStreamEndCapture: push() records
+  std::vector<std::function<void()>> captured;  // the operations recorded, for the graph
   bool stopping = false;
   std::thread thread;
 
@@ -77,6 +79,10 @@ struct Stream {
   }
   void push(std::function<void()> op) {
     std::lock_guard<std::mutex> g(mu);
+    if (capturing) {  // recorded into the graph, not run
+      captured.push_back(std::move(op));
+      return;
+    }
     ops.push_back(std::move(op));
     ++pushed;
     cv.notify_all();
@@ -406,21 +412,53 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   st->stop();  // (not deleted: see Stream::stop)
   return cudaSuccess;
 }
-// Graph capture: only the state (the gpu test checks that Braid refuses a capturing stream).
+// Graph capture: the operations pushed on a capturing stream are recorded, in order, as the graph;
+// an instantiated graph is a copy of them, and a launch pushes them on the stream it is given (one
+// stream: no branches, which a capture of one stream does not make either).
+struct FakeGraph {
+  std::vector<std::function<void()>> ops;
+};
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
-  streamOf(s)->capturing = true;
+  Stream* st = streamOf(s);
+  std::lock_guard<std::mutex> g(st->mu);
+  if (st->capturing) return fail(cudaErrorIllegalState);
+  st->capturing = true;
+  st->captured.clear();
   return cudaSuccess;
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
-  streamOf(s)->capturing = false;
-  *graph = nullptr;
+  Stream* st = streamOf(s);
+  std::lock_guard<std::mutex> g(st->mu);
+  if (!st->capturing) return fail(cudaErrorIllegalState);
+  st->capturing = false;
+  *graph = reinterpret_cast<cudaGraph_t>(new FakeGraph{std::move(st->captured)});
+  st->captured.clear();
   return cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
-  *status = streamOf(s)->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  Stream* st = streamOf(s);
+  std::lock_guard<std::mutex> g(st->mu);
+  *status = st->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
-cudaError_t cudaGraphDestroy(cudaGraph_t) { return cudaSuccess; }
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<FakeGraph*>(graph);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (!graph) return fail(cudaErrorInvalidValue);
+  *exec = reinterpret_cast<cudaGraphExec_t>(new FakeGraph(*reinterpret_cast<FakeGraph*>(graph)));
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  if (!exec) return fail(cudaErrorInvalidValue);
+  for (const auto& op : reinterpret_cast<FakeGraph*>(exec)->ops) streamOf(s)->push(op);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<FakeGraph*>(exec);
+  return cudaSuccess;
+}
 // "Not ready" is kept as the thread's last error, as the real runtime does.
 cudaError_t cudaStreamQuery(cudaStream_t s) { return streamOf(s)->idle() ? cudaSuccess : fail(cudaErrorNotReady); }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {

@@ -339,32 +339,60 @@ TEST(GpuArguments, MixedMemoryTypesAreInvalidArguments) {
   expectEveryRankSucceeded(outcome);
 }
 
-// A stream being captured into a CUDA graph: the call is refused (nothing was sent, so every rank
-// refusing it leaves the communicator usable), and the same call after the capture works.
-TEST(GpuArguments, CallsOnACapturingStreamAreRefused) {
+// Calls made on a stream being captured into a CUDA graph run each time the graph is launched,
+// not at the capture: an in-place all-reduce of 1 and 2 captured once and launched three times
+// gives 3, 6, 12; an all-gather captured after it in the same graph gathers each launch's sums.
+// The communicator serves ordinary calls on the same stream before and after.
+TEST(GpuGraphs, CapturedCallsRunAtEveryLaunch) {
   auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
     const std::size_t n = 1000;
-    void* dev = nullptr;
+    float* dev = nullptr;
+    float* gathered = nullptr;
     cudaStream_t s = nullptr;
-    if (cudaMalloc(&dev, n * sizeof(float)) != cudaSuccess) return 10;
+    if (cudaMalloc(&dev, n * sizeof(float)) != cudaSuccess || cudaMalloc(&gathered, 2 * n * sizeof(float)) != cudaSuccess)
+      return 10;
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return 11;
     std::vector<float> host(n, static_cast<float>(rank + 1));
     if (cudaMemcpy(dev, host.data(), n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) return 12;
-    if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return 13;
-    const braidResult_t res = braidAllReduce(dev, dev, n, braidFloat32, braidSum, comm, s);
-    const std::string why = braidGetLastError(comm);
+    // The first device call outside the capture: it starts the communicator's CUDA proxy.
+    if (braidBroadcast(gathered, gathered, n, braidFloat32, 0, comm, s) != braidSuccess) return 13;
+    if (cudaStreamSynchronize(s) != cudaSuccess) return 14;
+    if (cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) != cudaSuccess) return 15;
+    const braidResult_t r1 = braidAllReduce(dev, dev, n, braidFloat32, braidSum, comm, s);
+    const braidResult_t r2 = braidAllGather(dev, gathered, n, braidFloat32, comm, s);
     cudaGraph_t graph = nullptr;
-    if (cudaStreamEndCapture(s, &graph) != cudaSuccess) return 14;
-    if (graph) cudaGraphDestroy(graph);
-    report(rank, std::string("as expected: ") + braidGetErrorString(res) + ": " + why);
-    if (res != braidInvalidUsage || why.find("captured into a CUDA graph") == std::string::npos) return 15;
-    if (braidAllReduce(dev, dev, n, braidFloat32, braidSum, comm, s) != braidSuccess) return 16;
-    if (cudaStreamSynchronize(s) != cudaSuccess) return 17;
-    if (cudaMemcpy(host.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) return 18;
+    if (cudaStreamEndCapture(s, &graph) != cudaSuccess || r1 != braidSuccess || r2 != braidSuccess) {
+      report(rank, std::string("capture: ") + braidGetLastError(comm));
+      return 16;
+    }
+    // Nothing ran at the capture.
+    if (cudaMemcpy(host.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) return 17;
+    if (host[0] != static_cast<float>(rank + 1)) return 18;
+    cudaGraphExec_t exec = nullptr;
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return 19;
+    std::vector<float> all(2 * n);
+    float sum = 3.0f;
+    for (int launch = 0; launch < 3; ++launch, sum *= 2) {
+      if (cudaGraphLaunch(exec, s) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess) return 20;
+      if (cudaMemcpy(all.data(), gathered, 2 * n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) return 21;
+      for (std::size_t i = 0; i < 2 * n; ++i)
+        if (all[i] != sum) {
+          report(rank, "launch " + std::to_string(launch) + ": element " + std::to_string(i) + " is " +
+                           std::to_string(all[i]) + ", expected " + std::to_string(sum));
+          return 22;
+        }
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    // An ordinary call afterwards: 12 + 12.
+    if (braidAllReduce(dev, dev, n, braidFloat32, braidSum, comm, s) != braidSuccess) return 23;
+    if (cudaStreamSynchronize(s) != cudaSuccess) return 24;
+    if (cudaMemcpy(host.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) return 25;
     for (std::size_t i = 0; i < n; ++i)
-      if (host[i] != 3.0f) return 19;
+      if (host[i] != 24.0f) return 26;
     cudaStreamDestroy(s);
     cudaFree(dev);
+    cudaFree(gathered);
     return 0;
   });
   expectEveryRankSucceeded(outcome);

@@ -471,6 +471,7 @@ Status Engine::run(Plan& plan, EngineHost& host) {
   std::optional<Deadline> deadline;
   Clock::time_point lastCheck{}, lastMoved{};
   bool movedSinceCheck = false;  // data moved since the last idle pass read the clock (no clock read for it)
+  std::uint64_t busyPasses = 0;  // passes that moved data
   bool waitNoted = false;        // the peer it waits on is noted for observers (LiveProgress) since it last moved
   Clock::time_point waitSince{};  // the first idle pass's clock of that wait
   const auto queues = std::span(plan.queues_.data(), plan.numQueues_);
@@ -493,6 +494,13 @@ Status Engine::run(Plan& plan, EngineHost& host) {
       waiter.progressed();
       movedSinceCheck = true;
       endWait();
+      // A call whose data never stops long enough to go idle is held to the limit too: every 4096
+      // busy passes (a clock read per few milliseconds; none for a call that ends sooner).
+      if (++busyPasses % 4096 == 0) {
+        if (!deadline) deadline = Deadline::after(host.timeoutSec());
+        if (deadline->expiredWhileRunning(&lastCheck)) return timedOut(plan, host, true);
+        lastMoved = lastCheck;
+      }
       continue;
     }
     if (plan.copyPiece()) continue;  // nothing arrived: do local work instead of waiting

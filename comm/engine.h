@@ -60,7 +60,8 @@ struct LiveProgress {
     if (peer >= 0 && peer < peers) bump(peerBytes[peer], n);
   }
   void stalled(int peer, std::uint64_t ns) {
-    if (peer >= 0 && peer < peers) bump(peerStallNs[peer], ns), bump(stallNs, ns);
+    bump(stallNs, ns);  // (a wait whose peer is not known still counts)
+    if (peer >= 0 && peer < peers) bump(peerStallNs[peer], ns);
   }
 };
 

@@ -229,6 +229,7 @@ struct Run {
         if (error == braidSuccess) error = braidCudaError;
         return PerfCell();
       }
+      sync();  // the warm-up done (braidBarrier(world) waits for world's calls only: --split)
       if (error == braidSuccess) error = braidBarrier(world);
       const double t0 = stamp();
       double last = t0;
@@ -248,6 +249,7 @@ struct Run {
       device::releaseGraph(graph);
     } else if (!check) {
       // Every group starts together (--split), then the iterations back to back.
+      sync();  // the warm-up done (braidBarrier(world) waits for world's calls only)
       if (error == braidSuccess) error = braidBarrier(world);
       const double t0 = stamp();
       double last = t0;
@@ -417,9 +419,12 @@ int parse(int argc, char** argv, PerfOptions& o, std::vector<std::string>* compa
   else if (o.minBytes > o.maxBytes) why = "-b is larger than -e";
   else if (!o.algo.empty() && o.algo != "ring" && o.algo != "tree" && o.algo != "oneshot")
     why = "--algo (or -a with a name) takes ring, tree or oneshot";
-  else if (o.skip >= o.iters && o.perIteration()) why = "-K must leave at least one of the -n iterations";
+  else if (o.skip >= (o.graphs ? o.graphs : o.iters) && o.perIteration())
+    why = o.graphs ? "-K must leave at least one of the -G launches (one sample each)" : "-K must leave at least one of the -n iterations";
   else if (o.graphs && o.device != "cuda") why = "-G replays CUDA graphs: it needs --device cuda";
   else if (o.graphs && o.check) why = "-G times graph launches unchecked: give -c 0 with it";
+  else if (o.graphs && o.warmup < 1) why = "-G needs -w 1 or more: the first device call starts Braid's CUDA proxy, outside the capture";
+  else if (o.graphs && o.coll == "barrier") why = "-G: braidBarrier runs on the host and cannot be captured";
   else if (o.floor && o.device == "cuda") why = "--floor measures host memory and links: not with --device cuda";
   else if (o.agg > 1 && o.check) why = "-m aggregates the unchecked timing loop: give -c 0 with it (-c 1 times each call alone)";
   else if (!o.transport.empty() && o.transport != "shm" && o.transport != "tcp") why = "--transport takes shm or tcp";
@@ -511,7 +516,7 @@ int runPerf(int argc, char** argv) {
   }
   braidCommUserRank(run.comm, &run.rank);
   braidCommCount(run.comm, &run.n);
-  const int rank = run.rank, n = run.n;
+  const int n = run.n;
   if (o.root < 0 || o.root >= n) {
     std::fprintf(stderr, "braid perf: root %d is outside 0..%d\n", o.root, n - 1);
     return 2;
@@ -567,8 +572,14 @@ int runPerf(int argc, char** argv) {
   }
   h.copies = kernels::plainCopyName();
   std::vector<std::string> hostOf;
-  for (int q = 0; q < run.wn; ++q) hostOf.push_back(PerfReport(h).hostOf(q));
+  {
+    const PerfReport lines(h);
+    for (int q = 0; q < run.wn; ++q) hostOf.push_back(lines.hostOf(q));
+  }
   for (const std::string& host : hostOf) h.perHost = std::max(h.perHost, static_cast<int>(std::count(hostOf.begin(), hostOf.end(), host)));
+  // sendrecv pairs 0-1, 2-3, ...: whether any pair's link is between hosts (else no link limits it).
+  bool pairsCross = false;
+  for (int q = 0; q + 1 < run.wn; q += 2) pairsCross |= hostOf[static_cast<std::size_t>(q)] != hostOf[static_cast<std::size_t>(q + 1)];
   if (o.floor) {
     LinkRate link;
     h.linkBytes = std::size_t{4} << 20;  // the streams' asymptote, whatever the sweep's sizes
@@ -595,19 +606,20 @@ int runPerf(int argc, char** argv) {
         row.type = dataTypeName(dt);
         row.op = isReduction(o.coll) ? reduceOpName(op) : "none";
         row.root = (o.coll == "broadcast" || o.coll == "reduce") ? o.root : -1;
-        if (o.floor && row.bytes > 0 && o.coll != "barrier") {
+        if (o.floor && o.coll != "barrier") {  // (on every rank alike: a --split group's row may hold 0 bytes)
           MemoryRates mem;
           if (!measureMemory(run.world, hostOf, run.sendBuf, run.recvBuf, row.bytes, dt, op, &mem)) run.error = braidRemoteError;
           row.copyGBps = mem.copyGBps;
           row.reduceGBps = mem.reduceGBps;
-          row.floorGBps = busbwFloor(o.coll, n, h.hosts, h.perHost, mem.copyGBps, mem.reduceGBps, h.linkGBps);
+          row.floorGBps = busbwFloor(o.coll, n, h.hosts, h.perHost, mem.copyGBps, mem.reduceGBps,
+                                     o.coll == "sendrecv" && !pairsCross ? 0 : h.linkGBps);
         }
         row.out = run.measure(dt, op, row.count, false);
         row.in = run.measure(dt, op, row.count, true);
         for (PerfCell* c : {&row.out, &row.in})
           if (row.floorGBps > 0) c->floorShare = c->busbw / row.floorGBps;
         if (run.error != braidSuccess) {
-          std::fprintf(stderr, "braid perf: rank %d: %s failed: %s\n", rank, o.coll.c_str(),
+          std::fprintf(stderr, "braid perf: rank %d: %s failed: %s\n", run.wrank, o.coll.c_str(),
                        run.error == braidCudaError && !device::error().empty() ? device::error().c_str() : braidGetLastError(run.comm));
           return 1;
         }

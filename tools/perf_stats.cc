@@ -145,7 +145,7 @@ bool parseSplit(const std::string& text, Split* out, std::string* error) {
   }
   char* end = nullptr;
   out->value = std::strtol(value.c_str(), &end, 0);  // 0x1 and 7 alike
-  if (!end || *end || value.empty() || out->value < 0 ||
+  if (!end || *end || value.empty() || out->value < 0 || out->value > (1L << 30) ||
       ((out->op == Split::kMod || out->op == Split::kDiv) && out->value == 0)) {
     *error = "--split: '" + value + "' is not a usable value for " + op + (out->value == 0 ? " (not 0)" : "");
     return false;
@@ -168,15 +168,17 @@ bool loadCompareRun(const std::string& path, CompareRun* out, std::string* error
   }
   const std::string schema = strOf(doc->get("schema"));
   const Json* rows = doc->get("rows");
-  if (schema.rfind("braid.perf/", 0) != 0 || !rows || rows->type != Json::kArray) {
+  // (files from before the schema member say only "tool")
+  const bool perf = schema.rfind("braid.perf/", 0) == 0 || (schema.empty() && strOf(doc->get("tool")) == "braid perf");
+  if (!perf || !rows || rows->type != Json::kArray) {
     *error = path + " was not written by braid perf --json (no braid.perf schema and rows)";
     return false;
   }
   out->rows.clear();
   for (const Json& r : rows->items) {
     const Json* cell = r.get("out_of_place");
-    if (!cell || !r.get("size")) {
-      *error = path + ": a row lacks size or out_of_place";
+    if (!cell || !r.get("size") || !cell->get("busbw_gbps")) {
+      *error = path + ": a row lacks size or out_of_place.busbw_gbps";
       return false;
     }
     CompareRow row;
@@ -210,10 +212,7 @@ std::string compareTable(const std::vector<CompareRun>& runs) {
     }
   std::string out;
   char line[256];
-  for (std::size_t k = 0; k < runs.size(); ++k) {
-    std::snprintf(line, sizeof(line), "# [%zu] %s\n", k + 1, runs[k].label.c_str());
-    out += line;
-  }
+  for (std::size_t k = 0; k < runs.size(); ++k) out += "# [" + std::to_string(k + 1) + "] " + runs[k].label + "\n";
   out += "#\n";
   std::snprintf(line, sizeof(line), "# %10s %8s %6s %5s", "size (B)", "type", "redop", "root");
   out += line;

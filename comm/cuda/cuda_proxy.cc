@@ -74,6 +74,7 @@ struct CudaProxy::Op {
   bool readyEventDone = false;  // its record completed (it may be recorded again)
   unsigned* doneWord = nullptr; // value mechanism: set to `seq` when done (releases the stream)
   unsigned seq = 0;
+  bool captured = false;  // a launch of a CUDA graph made this call
 
   std::mutex mu;
   std::condition_variable cv;
@@ -168,13 +169,20 @@ Result<std::shared_ptr<CudaProxy>> CudaProxy::start(Comm& comm, int device) {
   return p;
 }
 
-CudaProxy::~CudaProxy() {
-  stop(true);
-  for (void* ev : events_)
-    if (ev) cudaEventDestroy(static_cast<cudaEvent_t>(ev));
+CudaProxy::~CudaProxy() { stop(true); }
+
+// After the thread has ended (stop): the CUDA resources go now, on the caller's thread, so that the
+// proxy's last reference, which a graph's node may hold for a moment, frees no CUDA object on CUDA's
+// callback thread. Under mu_; safe to repeat.
+void CudaProxy::releaseCuda() {
+  for (void*& ev : events_)
+    if (void* e = std::exchange(ev, nullptr)) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   for (void* ev : spareEvents_) cudaEventDestroy(static_cast<cudaEvent_t>(ev));
-  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
-  if (outStream_) cudaStreamDestroy(static_cast<cudaStream_t>(outStream_));
+  spareEvents_.clear();
+  if (void* st = std::exchange(stream_, nullptr)) cudaStreamDestroy(static_cast<cudaStream_t>(st));
+  if (void* st = std::exchange(outStream_, nullptr)) cudaStreamDestroy(static_cast<cudaStream_t>(st));
+  retired_.clear();
+  if (pinned_) pinned_ = std::make_shared<Pinned>();  // (an empty one frees nothing)
 }
 
 std::shared_ptr<CudaProxy::Op> CudaProxy::prepare(const CollArgs& a) const {
@@ -234,13 +242,18 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
   const std::size_t total = op->stagingBytes;
   std::unique_lock<std::mutex> g(mu_);
   if (stopping_) return Status::InvalidUsage("the communicator was destroyed or aborted");
-  if (!busy_ && queue_.empty()) retired_.clear();  // no stream is held: outgrown buffers may go now
+  // No stream is held: outgrown buffers may go now (not once graphs exist: freeing may wait for a
+  // stream whose graph is about to reach one of this proxy's calls, which needs mu_, held here).
+  if (!busy_ && queue_.empty() && capturedCalls_ == 0) retired_.clear();
   // Pinned memory is allocated here, before this call's stream is held (an allocation may
   // synchronize with other streams), unless the call goes through CUDA IPC and needs none.
   if (!comm_.cudaIpcTakes(a)) {
     Status grown = growPinned(total);
     if (!grown.ok()) return grown;
   }
+  // Graphs may hold calls of this proxy that their streams have yet to reach: this call is queued
+  // when its own stream reaches it, behind any such call on that stream.
+  if (capturedCalls_ > 0) return queueWhenReached(op, stream);
   op->seq = ++seq_;
   bool held = false;
   if (waitValue_) {
@@ -257,43 +270,107 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
 }
 
 namespace {
+
+// Every captured call's node argument, for the life of the process (see CudaProxy::Captured).
+std::mutex& capturedMutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::vector<std::unique_ptr<CudaProxy::Captured>>& capturedCalls() {
+  static auto* v = new std::vector<std::unique_ptr<CudaProxy::Captured>>();
+  return *v;
+}
+
 // A captured call's node, each time a launch of its graph reaches it (CUDA's callback thread).
 void CUDART_CB replayCaptured(void* arg) {
   auto* c = static_cast<CudaProxy::Captured*>(arg);
-  c->proxy->replay(c->args);
+  if (auto p = c->proxy.lock()) {
+    p->replay(c->args);
+  } else {
+    BRAID_LOG(kWarn, kColl, "a CUDA graph reached a %s of a destroyed communicator: skipped", collName(c->args.kind));
+  }
 }
+
+// A call made once graphs exist, when its stream reaches it.
+struct Deferred {
+  std::weak_ptr<CudaProxy> proxy;
+  std::shared_ptr<CudaProxy::Op> op;
+};
+void CUDART_CB queueReached(void* arg) {
+  std::unique_ptr<Deferred> d(static_cast<Deferred*>(arg));
+  if (auto p = d->proxy.lock()) p->queueAndWait(d->op);
+  else d->op->finish(Status::Aborted("the communicator was destroyed before the stream reached this call"));
+}
+
 }  // namespace
 
 Status CudaProxy::enqueueCaptured(const CollArgs& a, void* stream) {
+  std::shared_ptr<Op> op = prepare(a);
   std::lock_guard<std::mutex> g(mu_);
   if (stopping_) return Status::InvalidUsage("the communicator was destroyed or aborted");
-  // No pinned memory now: allocating it during a capture would end the capture with an error. A
-  // staged replay grows it on the proxy's thread (placeStaging).
-  captured_.push_back(std::make_unique<Captured>(Captured{this, a}));
-  cudaError_t e = cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), replayCaptured, captured_.back().get());
-  if (e != cudaSuccess) {
-    captured_.pop_back();
-    return failed("cudaLaunchHostFunc (capturing the call into the graph)", e);
+  // A staged replay's pinned memory now: the node cannot allocate it (no CUDA call in a host
+  // function), nor should the proxy while the replay holds the stream.
+  if (!comm_.cudaIpcTakes(a)) {
+    Status grown = growPinned(op->stagingBytes);
+    if (!grown.ok())
+      return grown.withContext("capturing " + std::string(collName(a.kind)) +
+                               " (Braid allocates pinned memory while capturing: use cudaStreamCaptureModeRelaxed)");
   }
+  Captured* c = nullptr;
+  {
+    std::lock_guard<std::mutex> l(capturedMutex());
+    capturedCalls().push_back(std::make_unique<Captured>(Captured{weak_from_this(), a}));
+    c = capturedCalls().back().get();
+  }
+  cudaError_t e = cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), replayCaptured, c);
+  if (e != cudaSuccess) return failed("cudaLaunchHostFunc (capturing the call into the graph)", e);
+  ++capturedCalls_;
   return Status::Ok();
 }
 
 void CudaProxy::replay(const CollArgs& a) {
-  std::shared_ptr<Op> op = prepare(a);
-  op->ready = true;  // this node is the hold: the stream has reached the call
+  std::shared_ptr<Op> op;
   {
+    // Prepared under mu_: once stop() has begun, the communicator it reads may be gone.
     std::lock_guard<std::mutex> g(mu_);
     if (stopping_) {
-      BRAID_LOG(kWarn, kColl, "rank %d: a CUDA graph launched a %s of a destroyed communicator: skipped", comm_.rank(),
-                collName(a.kind));
+      BRAID_LOG(kWarn, kColl, "a CUDA graph reached a %s of a destroyed communicator: skipped", collName(a.kind));
       return;
     }
+    op = prepare(a);
+    op->captured = true;
+    ++deferred_;
+  }
+  queueAndWait(op);
+}
+
+void CudaProxy::queueAndWait(const std::shared_ptr<Op>& op) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    --deferred_;
+    if (stopping_) {
+      cv_.notify_all();
+      op->finish(Status::Aborted("the communicator was destroyed or aborted before this call ran"));
+      return;
+    }
+    op->ready = true;  // this node is the hold: the stream has reached the call
     op->seq = ++seq_;
     queue_.push_back(op);
     cv_.notify_all();
   }
   std::unique_lock<std::mutex> g(op->mu);
   if (!op->cv.wait_for(g, std::chrono::duration<double>(op->holdSec), [&] { return op->done; })) op->abandoned = true;
+}
+
+Status CudaProxy::queueWhenReached(const std::shared_ptr<Op>& op, void* stream) {
+  auto* d = new Deferred{weak_from_this(), op};
+  cudaError_t e = cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), queueReached, d);
+  if (e != cudaSuccess) {
+    delete d;
+    return failed("cudaLaunchHostFunc (ordering the call with the stream)", e);
+  }
+  ++deferred_;
+  return Status::Ok();
 }
 
 Status CudaProxy::holdWithValue(Op& op, void* stream, bool* held) {
@@ -342,13 +419,15 @@ Status CudaProxy::holdWithHostFn(const std::shared_ptr<Op>& op, void* stream) {
 
 Status CudaProxy::drain(double seconds) {
   std::unique_lock<std::mutex> g(mu_);
-  if (!cv_.wait_for(g, std::chrono::duration<double>(seconds), [&] { return queue_.empty() && !busy_; }))
+  if (!cv_.wait_for(g, std::chrono::duration<double>(seconds), [&] { return queue_.empty() && !busy_ && deferred_ <= 0; }))
     return Status::Timeout("calls on CUDA streams did not finish within " + std::to_string(static_cast<long>(seconds)) +
                            " s (a stream blocked before a Braid call?)");
   return Status::Ok();
 }
 
 void CudaProxy::stop(bool abortive) {
+  // Calls made on streams that have not reached them yet (once graphs exist) finish first, bounded.
+  if (!abortive) (void)drain(3 * comm_.timeoutSec() + 60);
   {
     std::lock_guard<std::mutex> g(mu_);
     stopping_ = true;
@@ -363,6 +442,7 @@ void CudaProxy::stop(bool abortive) {
     op->readyEvent = nullptr;
   }
   queue_.clear();
+  releaseCuda();
 }
 
 void CudaProxy::loop() {
@@ -390,9 +470,10 @@ void CudaProxy::loop() {
       if (op->readyEventDone && spareEvents_.size() < 64) spareEvents_.push_back(ev);
       else cudaEventDestroy(static_cast<cudaEvent_t>(ev));  // (it may still be recorded: CUDA frees it when it completes)
     }
-    if (queue_.empty()) {
+    if (queue_.empty() && capturedCalls_ == 0) {
       // Idle, and under mu_ no call can queue a hold meanwhile: no stream is held, so what may
-      // synchronize the device may run now.
+      // synchronize the device may run now. (Not once graphs exist: a launch may be about to
+      // reach one of this proxy's calls, and would wait for the proxy while the proxy waits for it.)
       retired_.clear();
       comm_.trimCudaIpc();
     }
@@ -615,7 +696,8 @@ void CudaProxy::process(Op& op) {
   s = comm_.runDevice(op.dev, call);
   if (!s.ok()) {
     s = s.withContext(what);
-    if (s.code() == Code::kCudaError || s.code() == Code::kTimeout) comm_.fail(s, true);
+    // A graph's call has no handle to report to: the communicator fails, and its next call says why.
+    if (s.code() == Code::kCudaError || s.code() == Code::kTimeout || op.captured) comm_.fail(s, true);
     comm_.setLastError(s);
   }
   op.finish(s);

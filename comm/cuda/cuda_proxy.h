@@ -33,12 +33,14 @@ struct WorkState;
 // one piece overlaps the collective on the one before. A first guess, to be measured on a GPU.
 inline constexpr std::size_t kStagePieceBytes = 4 << 20;
 
-class CudaProxy {
+class CudaProxy : public std::enable_shared_from_this<CudaProxy> {
  public:
   struct Op;
   struct Pinned;
-  struct Captured {  // a captured call: its graph node's argument
-    CudaProxy* proxy;
+  // A captured call: its graph node's argument. It outlives the proxy (a graph may be launched at
+  // any time, even after the communicator is gone): kept until the process ends, about 100 bytes.
+  struct Captured {
+    std::weak_ptr<CudaProxy> proxy;
     CollArgs args;
   };
 
@@ -52,13 +54,20 @@ class CudaProxy {
   Status enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkState> work);
   // `stream` is being captured into a CUDA graph: puts one host-function node there that, each time
   // the graph reaches it, queues `a` as a new call and holds the stream until the proxy has run it
-  // (replay()). Nothing runs now. A replay's failure fails the communicator (later calls report it).
-  // The graph must not be launched after the communicator is destroyed.
+  // (replay()). Nothing runs now, except that pinned memory for a staged replay is allocated (the
+  // capture must be in relaxed mode). A replay's failure fails the communicator, so the next call
+  // reports it. From the first capture on, every call of this proxy is queued when its stream
+  // reaches it (so a call after a graph launch on the same stream waits behind the graph's calls),
+  // and the proxy no longer frees memory when idle (a graph's call may arrive at any time).
   Status enqueueCaptured(const CollArgs& a, void* stream);
-  // From the captured node, on CUDA's callback thread: queues `a` and waits until it is done
-  // (bounded like every hold). Touches host state only: a host function must not call CUDA.
+  // From a node on CUDA's callback thread: queues `op` (ready: the stream has reached it) and
+  // waits until it is done, bounded like every hold; an op of a stopped proxy is aborted. Touches
+  // host state only: a host function must not call CUDA.
+  void queueAndWait(const std::shared_ptr<Op>& op);
+  // A captured call's node: the call prepared and queued as a new call (queueAndWait).
   void replay(const CollArgs& a);
-  // Waits until every queued call has finished, at most `seconds`.
+  // Waits until every queued call (and every call whose stream has yet to reach it) has finished,
+  // at most `seconds`.
   Status drain(double seconds);
   // Ends the thread. abortive: queued calls fail at once (their streams are released); otherwise
   // they finish first (bounded by BRAID_TIMEOUT each).
@@ -70,6 +79,7 @@ class CudaProxy {
   std::shared_ptr<Op> prepare(const CollArgs& a) const;
   void loop();
   void process(Op& op);
+  void releaseCuda();
   // The staged path (see cuda_proxy.cc): pinned memory placed, then copies in, runHost per piece,
   // copies out, pipelined.
   Status placeStaging(Op& op);
@@ -80,6 +90,8 @@ class CudaProxy {
   // Holds `stream` until op is done; false (nothing queued) if the mechanism is not available.
   Status holdWithValue(Op& op, void* stream, bool* held);
   Status holdWithHostFn(const std::shared_ptr<Op>& op, void* stream);
+  // Queues `op` when `stream` reaches it (a host-function node that calls queueAndWait).
+  Status queueWhenReached(const std::shared_ptr<Op>& op, void* stream);
 
   Comm& comm_;
   const int device_;
@@ -112,9 +124,10 @@ class CudaProxy {
   std::shared_ptr<Pinned> pinned_;
   std::vector<std::shared_ptr<Pinned>> retired_;
   bool shareStaging_ = true;  // false once cudaHostRegister refused braidMemAlloc memory (see Pinned)
-  // The calls captured into CUDA graphs (the nodes' arguments): kept while the proxy lives, as a
-  // graph may be launched any number of times.
-  std::vector<std::unique_ptr<Captured>> captured_;
+  // Under mu_: calls captured into graphs so far (from the first, calls are queued when their stream
+  // reaches them), and calls made that their streams have not reached yet (drain waits for them).
+  int capturedCalls_ = 0;
+  int deferred_ = 0;
 };
 
 }  // namespace braid

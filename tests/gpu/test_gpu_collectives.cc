@@ -8,6 +8,7 @@
 // early would reduce poison; a stream that resumed early would snapshot stale memory.
 // Without a usable GPU the program prints why and exits 77 (SKIP).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -342,8 +343,10 @@ TEST(GpuArguments, MixedMemoryTypesAreInvalidArguments) {
 // Calls made on a stream being captured into a CUDA graph run each time the graph is launched,
 // not at the capture: an in-place all-reduce of 1 and 2 captured once and launched three times
 // gives 3, 6, 12; an all-gather captured after it in the same graph gathers each launch's sums.
-// The communicator serves ordinary calls on the same stream before and after.
-TEST(GpuGraphs, CapturedCallsRunAtEveryLaunch) {
+// The communicator serves ordinary calls on the same stream before and after, also one made right
+// after a launch without waiting for it (it runs behind the graph's calls: 24, then 48). Through
+// CUDA IPC, and staged through pinned memory (allocated at the capture).
+void expectCapturedCallsRunAtEveryLaunch(const Env& env) {
   auto outcome = runRanks(2, [](int rank, braidComm_t comm) {
     const std::size_t n = 1000;
     float* dev = nullptr;
@@ -382,21 +385,31 @@ TEST(GpuGraphs, CapturedCallsRunAtEveryLaunch) {
           return 22;
         }
     }
+    // A fourth launch (12 + 12) and at once an ordinary call on the same stream (24 + 24), the
+    // stream kept busy for 50 ms first so that the call is made before the graph's calls are reached.
+    if (cudaLaunchHostFunc(s, [](void*) { usleep(50000); }, nullptr) != cudaSuccess) return 23;
+    if (cudaGraphLaunch(exec, s) != cudaSuccess) return 23;
+    if (braidAllReduce(dev, dev, n, braidFloat32, braidSum, comm, s) != braidSuccess) return 24;
+    if (cudaStreamSynchronize(s) != cudaSuccess) return 25;
+    if (cudaMemcpy(host.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) return 26;
+    if (cudaMemcpy(all.data(), gathered, 2 * n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) return 27;
+    for (std::size_t i = 0; i < n; ++i)
+      if (host[i] != 48.0f || all[i] != 24.0f || all[n + i] != 24.0f) {
+        report(rank, "after the fourth launch: " + std::to_string(all[i]) + " gathered, " + std::to_string(host[i]) +
+                         " all-reduced; expected 24 and 48");
+        return 28;
+      }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
-    // An ordinary call afterwards: 12 + 12.
-    if (braidAllReduce(dev, dev, n, braidFloat32, braidSum, comm, s) != braidSuccess) return 23;
-    if (cudaStreamSynchronize(s) != cudaSuccess) return 24;
-    if (cudaMemcpy(host.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) return 25;
-    for (std::size_t i = 0; i < n; ++i)
-      if (host[i] != 24.0f) return 26;
     cudaStreamDestroy(s);
     cudaFree(dev);
     cudaFree(gathered);
     return 0;
-  });
+  }, env);
   expectEveryRankSucceeded(outcome);
 }
+TEST(GpuGraphs, CapturedCallsRunAtEveryLaunch) { expectCapturedCallsRunAtEveryLaunch({}); }
+TEST(GpuGraphs, CapturedStagedCallsRunAtEveryLaunch) { expectCapturedCallsRunAtEveryLaunch({{"BRAID_CUDA_IPC", "0"}}); }
 
 // Device memory on rank 0 and host memory on rank 1 in one call (`call` makes it with n float32 on
 // either): not supported (as in NCCL), but it must end in an error on both ranks, not in a hang, and

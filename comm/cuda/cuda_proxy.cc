@@ -173,7 +173,7 @@ CudaProxy::~CudaProxy() { stop(true); }
 
 // After the thread has ended (stop): the CUDA resources go now, on the caller's thread, so that the
 // proxy's last reference, which a graph's node may hold for a moment, frees no CUDA object on CUDA's
-// callback thread. Under mu_; safe to repeat.
+// callback thread. Safe to repeat.
 void CudaProxy::releaseCuda() {
   for (void*& ev : events_)
     if (void* e = std::exchange(ev, nullptr)) cudaEventDestroy(static_cast<cudaEvent_t>(e));
@@ -435,13 +435,17 @@ void CudaProxy::stop(bool abortive) {
     cv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
-  std::lock_guard<std::mutex> g(mu_);
-  for (auto& op : queue_) {
-    op->finish(Status::Aborted("the communicator was destroyed or aborted before this call ran"));
-    if (op->readyEvent) cudaEventDestroy(static_cast<cudaEvent_t>(op->readyEvent));
-    op->readyEvent = nullptr;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& op : queue_) {
+      op->finish(Status::Aborted("the communicator was destroyed or aborted before this call ran"));
+      if (op->readyEvent) cudaEventDestroy(static_cast<cudaEvent_t>(op->readyEvent));
+      op->readyEvent = nullptr;
+    }
+    queue_.clear();
   }
-  queue_.clear();
+  // Not under mu_: freeing pinned memory may wait for a stream whose graph node waits for mu_ (it
+  // then finds the proxy stopping and returns). Nothing else touches these once the thread is gone.
   releaseCuda();
 }
 

@@ -57,7 +57,7 @@ void Comm::onNotice(const Notice& n) {
     // The store's host process is gone (if it was a rank of this host, it is named). Like a peer
     // that left, this fails a call in flight but not a destroy whose calls all went through: the
     // store's host may end before the last ranks have left (a launcher stops it once another rank
-    // exited non-zero, as braid doctor's ranks do when they found something).
+    // exited non-zero).
     fail(Status(n.code, deadLocalRanks() + n.message), false, true);
   } else if (n.rank < 0) {
     fail(Status(n.code, n.message), false);

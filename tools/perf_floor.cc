@@ -4,6 +4,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <vector>
 
 #include "kernels/copy.h"
 #include "kernels/reduce.h"
@@ -64,8 +65,11 @@ bool measureMemory(braidComm_t world, const std::vector<std::string>& hostOf, st
     copy = std::max(copy, windowRate(bytes, [&] { kernels::copy(b, a, bytes, streaming); }));
   }
   if (braidBarrier(world) != braidSuccess) return false;
-  // b = a op b, in place as a reduction step writes its output over one input.
-  const double reduce = count ? windowRate(count * es, [&] { kernels::reduce(b, a, b, count, dt, op); }) : 0;
+  // c = a op b into a buffer of its own, as a reduction step writes a third one (a kernel may take
+  // another path where the output overlaps an input).
+  static thread_local std::vector<std::byte> c;
+  if (c.size() < count * es) c.resize(count * es);
+  const double reduce = count ? windowRate(count * es, [&] { kernels::reduce(c.data(), a, b, count, dt, op); }) : 0;
   return slowestHost(world, hostOf, copy, &out->copyGBps) && slowestHost(world, hostOf, reduce, &out->reduceGBps);
 }
 

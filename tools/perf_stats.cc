@@ -90,14 +90,17 @@ Straggler findStraggler(const std::vector<std::vector<double>>& perSize) {
 
 double busbwFloor(const std::string& coll, int n, int hosts, int perHost, double copyGBps, double reduceGBps,
                   double linkGBps) {
+  (void)reduceGBps;  // (measured and reported; the floor counts memory traffic, see the header)
   if (coll == "barrier" || n < 2) return 0;
   const double N = n;
-  double mem = copyGBps;
-  if (coll == "allreduce") mem = copyGBps > 0 && reduceGBps > 0 ? 2 / (1 / reduceGBps + 1 / copyGBps) : 0;
-  else if (coll == "reducescatter") mem = reduceGBps;
-  else if (coll == "reduce") mem = reduceGBps * N / (N - 1);
-  else if (coll == "broadcast") mem = copyGBps * N / (N - 1);
-  else if (coll == "sendrecv") mem = copyGBps * N / (n / 2);
+  // Bytes each rank must read and write per byte of busbw, at 2 x copy (a copy reads and writes).
+  double traffic = 2;                                                  // all-gather, all-to-all
+  if (coll == "reducescatter") traffic = (1 + 1 / N) / ((N - 1) / N);  // read its slice of n inputs, write it
+  else if (coll == "allreduce") traffic = (3 - 1 / N) / (2 * (N - 1) / N);  // reduce-scatter, then all-gather
+  else if (coll == "reduce") traffic = (N + 1) / N;                    // n inputs read, one output, over n ranks
+  else if (coll == "broadcast") traffic = 2 * (N - 1) / N;             // n-1 ranks copy the array
+  else if (coll == "sendrecv") traffic = 2 * (n / 2) / N;              // the n/2 receivers copy it
+  const double mem = 2 * copyGBps / traffic;
   if (hosts < 2 || linkGBps <= 0) return mem;
   const double H = hosts, k = std::max(1, perHost);
   // busbw's bytes per rank over the bytes that must cross into (or out of) the busiest host.

@@ -38,17 +38,19 @@ Straggler findStraggler(const std::vector<std::vector<double>>& perSizePerRankMe
 
 // --floor: the busbw that the machine allows a collective of `n` ranks on `hosts` hosts (at most
 // `perHost` ranks on one), whatever its algorithm, from rates measured with every rank at once: a
-// rank's share of its host's `copyGBps` (memcpy) and `reduceGBps` (a op b -> c, output bytes) at the
-// row's size, and `linkGBps`, the slowest stream between ranks of two hosts with both directions
-// busy (0: one host). Memory: the ranks together must at least copy what they receive and reduce
-// what they combine. All-gather and all-to-all copy (n-1)/n of the array on every rank, so busbw <=
-// copy; reduce-scatter reduces as much (busbw <= reduce); all-reduce does both (busbw <= 2 / (1/reduce
-// + 1/copy)). Broadcast copies the array on n-1 ranks, reduce combines n-1 arrays (busbw <= n/(n-1)
-// of the rate), sendrecv copies it on the n/2 receivers (busbw <= n/(n/2) copy). Links: a host must
-// take in at least (H-1)/H of the array for all-gather (twice for all-reduce, as much out for
-// reduce-scatter), all of it for broadcast and reduce, and k(n-k)/n of it for all-to-all (k ranks
-// on it): busbw is at most the link's rate times busbw's bytes over those. 0 where there is no
-// floor (barrier, one rank).
+// rank's share of its host's memory copy rate `copyGBps` at the row's size (a copy reads and writes
+// each byte: 2 x copyGBps of memory traffic), and `linkGBps`, the slowest stream between ranks of
+// two hosts with both directions busy (0: one host). `reduceGBps` is reported beside it but not used:
+// a kernel that combines n inputs in one pass does less than n-1 pairwise reductions, so only memory
+// traffic bounds every algorithm. Memory: the bytes the ranks must at least read and write, per
+// byte of busbw: all-gather and all-to-all copy what each rank receives (2); reduce-scatter reads
+// each rank's slice of n inputs and writes it ((1 + 1/n) / ((n-1)/n)); all-reduce adds an
+// all-gather to that ((3 - 1/n) / (2(n-1)/n)); reduce reads n arrays and writes one, over n ranks
+// ((n+1)/n); broadcast copies the array on n-1 ranks (2(n-1)/n); sendrecv on the n/2 receivers.
+// Links: a host must take in at least (H-1)/H of the array for all-gather (twice for all-reduce,
+// as much out for reduce-scatter), all of it for broadcast and reduce, and k(n-k)/n of it for
+// all-to-all (k ranks on it): busbw is at most the link's rate times busbw's bytes over those. 0
+// where there is no floor (barrier, one rank).
 double busbwFloor(const std::string& coll, int n, int hosts, int perHost, double copyGBps, double reduceGBps,
                   double linkGBps);
 

@@ -89,17 +89,19 @@ TEST(PerfStats, SplitColorsAreNcclTestsOperations) {
 }
 
 TEST(PerfStats, TheFloorIsWhatMemoryAndLinksAllowEachCollective) {
-  // One host, copy 10 GB/s and reduce 40 GB/s per rank (every rank at once), 4 ranks.
-  EXPECT_DOUBLE_EQ(busbwFloor("allgather", 4, 1, 4, 10, 40, 0), 10);
+  // One host, 4 ranks, each copying 10 GB/s with every rank at once (20 GB/s of reads and writes).
+  EXPECT_DOUBLE_EQ(busbwFloor("allgather", 4, 1, 4, 10, 40, 0), 10);          // 2 bytes a byte
   EXPECT_DOUBLE_EQ(busbwFloor("alltoall", 4, 1, 4, 10, 40, 0), 10);
-  EXPECT_DOUBLE_EQ(busbwFloor("reducescatter", 4, 1, 4, 10, 40, 0), 40);
-  EXPECT_DOUBLE_EQ(busbwFloor("allreduce", 4, 1, 4, 10, 40, 0), 16);        // 2 / (1/40 + 1/10)
-  EXPECT_DOUBLE_EQ(busbwFloor("broadcast", 4, 1, 4, 10, 40, 0), 40.0 / 3);  // 3 of 4 ranks copy
-  EXPECT_DOUBLE_EQ(busbwFloor("reduce", 4, 1, 4, 10, 40, 0), 160.0 / 3);    // 3 reductions of the array
-  EXPECT_DOUBLE_EQ(busbwFloor("sendrecv", 4, 1, 4, 10, 40, 0), 20);         // 2 receivers of 4
-  EXPECT_DOUBLE_EQ(busbwFloor("sendrecv", 5, 1, 5, 10, 40, 0), 25);         // the 5th sits out
+  EXPECT_DOUBLE_EQ(busbwFloor("reducescatter", 4, 1, 4, 10, 40, 0), 12);      // (5/4) / (3/4) = 5/3
+  EXPECT_DOUBLE_EQ(busbwFloor("allreduce", 4, 1, 4, 10, 40, 0), 20.0 / (11.0 / 6));  // (11/4) / (3/2)
+  EXPECT_DOUBLE_EQ(busbwFloor("broadcast", 4, 1, 4, 10, 40, 0), 40.0 / 3);    // 3 of 4 ranks copy
+  EXPECT_DOUBLE_EQ(busbwFloor("reduce", 4, 1, 4, 10, 40, 0), 16);             // 5 arrays over 4 ranks
+  EXPECT_DOUBLE_EQ(busbwFloor("sendrecv", 4, 1, 4, 10, 40, 0), 20);           // 2 receivers of 4
+  EXPECT_DOUBLE_EQ(busbwFloor("sendrecv", 5, 1, 5, 10, 40, 0), 25);           // the 5th sits out
   EXPECT_EQ(busbwFloor("barrier", 4, 1, 4, 10, 40, 0), 0);
   EXPECT_EQ(busbwFloor("allreduce", 1, 1, 1, 10, 40, 0), 0);
+  // The reduce rate does not move it (a fused n-input reduction does less than n-1 pairwise ones).
+  EXPECT_DOUBLE_EQ(busbwFloor("allreduce", 4, 1, 4, 10, 1, 0), busbwFloor("allreduce", 4, 1, 4, 10, 400, 0));
   // 4 hosts x 2 ranks, links of 1 GB/s: a host takes in 3/4 of the array (all-gather), busbw's bytes
   // are 7/8 of it: busbw <= 7/6 GB/s; all-to-all: 2 ranks x 6 peers x 1/8 of the array in.
   EXPECT_DOUBLE_EQ(busbwFloor("allgather", 8, 4, 2, 10, 40, 1), 7.0 / 6);

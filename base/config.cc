@@ -79,10 +79,10 @@ const Row kRows[] = {
        c.timeoutSec = std::min(v, kNoTimeLimitSec);
        return Status::Ok();
      }},
-    {"BRAID_ALGO", "auto", "force the algorithm: ring, tree, oneshot or hier (all-reduce, all-gather and reduce-scatter across several hosts; auto: the tuner's cost model decides)",
+    {"BRAID_ALGO", "auto", "force the algorithm: ring, tree, oneshot, hier (all-reduce, all-gather and reduce-scatter across several hosts) or bruck (all-gather and reduce-scatter in log2 n steps); auto: the tuner's cost model decides",
      [](Config& c, const std::string& s) -> Status {
-       if (s != "auto" && s != "ring" && s != "tree" && s != "oneshot" && s != "hier")
-         return Status::InvalidArgument("expected auto, ring, tree, oneshot or hier");
+       if (s != "auto" && s != "ring" && s != "tree" && s != "oneshot" && s != "hier" && s != "bruck")
+         return Status::InvalidArgument("expected auto, ring, tree, oneshot, hier or bruck");
        c.algo = s;
        return Status::Ok();
      }},

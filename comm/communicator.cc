@@ -295,8 +295,8 @@ Status Comm::executeHost(const CollArgs& in, const Fingerprint& fp, std::size_t 
   const TunerChoice& t = tuner_.choose(a.kind, total);
   const bool viaMailbox = (a.kind == CollKind::kAllReduce || a.kind == CollKind::kBarrier) && mailboxFits(t, total);
   BRAID_LOG(kInfo, kTune, "%s #%llu: %s%s, %d channel(s), chunk %zu (model: ring %.1f us, tree %.1f us, oneshot %.1f us, "
-            "hier %.1f us)", fp.describe().c_str(), static_cast<unsigned long long>(fp.seq), algoName(t.algo),
-            viaMailbox ? " (shm mailbox)" : "", t.channels, t.chunk, t.ringUs, t.treeUs, t.oneShotUs, t.hierUs);
+            "hier %.1f us, bruck %.1f us)", fp.describe().c_str(), static_cast<unsigned long long>(fp.seq), algoName(t.algo),
+            viaMailbox ? " (shm mailbox)" : "", t.channels, t.chunk, t.ringUs, t.treeUs, t.oneShotUs, t.hierUs, t.bruckUs);
   lastPath_ = viaMailbox ? "shm mailbox" : algoName(t.algo);
   lastChannels_ = viaMailbox ? 0 : t.channels;
   if (viaMailbox) return mailboxAllReduce(a, fp);
@@ -475,6 +475,7 @@ const char* algoName(Algo a) {
     case Algo::kTree: return "tree";
     case Algo::kOneShot: return "oneshot";
     case Algo::kHier: return "hier";
+    case Algo::kBruck: return "bruck";
   }
   return "?";
 }

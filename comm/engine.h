@@ -75,6 +75,7 @@ struct Op {
   int peer = -1;
   int channel = 0;
   int dep = -1;              // op whose finished bytes gate this one
+  int after = 0;             // starts only once ops [0, after) are complete (Plan::fence)
   int fp = -1;               // index of its own fingerprint in the plan (Plan::setFingerprint); -1: the plan's
   std::uint32_t step = 0;
   const std::byte* src = nullptr;  // send: source; reduce: local operand
@@ -97,6 +98,14 @@ class Plan {
   // the broadcast root's output): the engine does it in pieces while it would otherwise wait, so it
   // overlaps the transfers instead of delaying the first send.
   void localCopy(void* dst, const void* src, std::size_t bytes);
+  // Every op added from now on starts only once every op added before has completed: a step of
+  // an algorithm whose sends carry what several earlier receives brought (comm/algorithms/bruck.cc).
+  void fence() { fence_ = static_cast<int>(ops_.size()); }
+  // From now on a message of no bytes is not posted (send and receive return -1): for algorithms
+  // whose small calls leave most blocks empty (the ring's and the hierarchical plans when the
+  // count is below the ranks), where both ends know the block is empty. Not for a count of 0,
+  // whose empty messages are what lets each rank check the others' calls.
+  void skipEmptyMessages() { skipEmpty_ = true; }
   // This plan's copies (local ones, and receives copied out of a transport's buffer) belong to a
   // collective whose output is at least largeCopyBytes(), though each message may be smaller (the
   // all-gather's blocks): copy them past the cache too.
@@ -152,6 +161,9 @@ class Plan {
   int nranks_ = 1;
   std::size_t chunk_ = 1 << 18;
   bool streamCopies_ = false;
+  bool skipEmpty_ = false;
+  int fence_ = 0;
+  std::size_t firstOpen_ = 0;  // ops before it are complete (the engine's fence check)
   LiveProgress* live_ = nullptr;
   // Whether a copy of `bytes` of this plan goes past the cache (streamCopies, largeCopyBytes).
   bool streams(std::size_t bytes) const { return streamCopies_ || bytes >= largeCopyBytes(); }

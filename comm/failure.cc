@@ -59,8 +59,6 @@ void Comm::onNotice(const Notice& n) {
     // store's host may end before the last ranks have left (a launcher stops it once another rank
     // exited non-zero).
     fail(Status(n.code, deadLocalRanks() + n.message), false, true);
-  } else if (n.rank < 0) {
-    fail(Status(n.code, n.message), false);
   } else {
     fail(Status(n.code, n.message), false);
   }

@@ -16,6 +16,11 @@
 //                      hierarchical reduce-scatter (its mirror) the same. Hosts of L to M ranks: +
 //                      F (alpha_l + S / beta_l), the whole array between each base rank and its F
 //                      extras (the result to them, or their inputs from them)
+//   bruck all-gather   ceil(log2 n) alpha + X (n-1)/n S / beta, the reduce-scatter the same: the ring's
+//                      bytes in log2 n steps, but with most of a step's pairs across hosts, a host's
+//                      X = M ranks (the largest host) share its link at once (X = 1 on one host).
+//                      A candidate only where every pair is connected at creation (as the one-shot
+//                      is); BRAID_ALGO=bruck forces it, connecting its 2 log2 n peers on first use
 // alpha and beta come from the slowest link's class (Transport::linkClass: rough figures for this
 // machine class, good enough to place the crossovers).
 #include "comm/tuner.h"
@@ -51,6 +56,7 @@ double predictedUs(const TunerChoice& c, CollKind kind, double n, double S, doub
     case Algo::kTree: return c.treeUs + (reduces ? S / gamma : 0);
     case Algo::kOneShot: return c.oneShotUs;
     case Algo::kHier: return c.hierUs;
+    case Algo::kBruck: return c.bruckUs;
   }
   return 0;
 }
@@ -99,15 +105,23 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
                (H - 1) / H * S / beta + F * (shape.local.latencyUs + S / shape.local.bytesPerUs);
     if (c.hierUs < flatUs) c.algo = Algo::kHier;
   }
+  const bool gathers = in.kind == CollKind::kAllGather || in.kind == CollKind::kReduceScatter;
+  if (gathers && in.nranks > 2) {
+    const double X = shape.hosts > 1 ? shape.maxPerHost : 1;
+    c.bruckUs = logn * alpha + X * (n - 1) / n * S / beta;
+    const double best = c.algo == Algo::kHier ? c.hierUs : (n - 1) * alpha + (n - 1) / n * S / beta;
+    if (in.allPairs && c.bruckUs < best) c.algo = Algo::kBruck;
+  }
   if (config.algo == "ring") c.algo = Algo::kRing;
   if (config.algo == "tree" && treeCapable) c.algo = Algo::kTree;
   if (config.algo == "oneshot" && (in.kind == CollKind::kAllReduce || in.kind == CollKind::kBarrier))
     c.algo = Algo::kOneShot;
   if (config.algo == "hier" && c.hierUs > 0) c.algo = Algo::kHier;
   if (config.algo == "hier" && c.algo != Algo::kHier && in.kind == CollKind::kAllReduce) c.algo = Algo::kRing;
+  if (config.algo == "bruck" && gathers) c.algo = Algo::kBruck;
   // Small messages on one channel (fewer headers); large ones on all of them. The double tree
   // needs two channels to use both trees.
-  c.channels = in.bytes >= (256u << 10) && c.algo != Algo::kOneShot ? in.maxChannels : 1;
+  c.channels = in.bytes >= (256u << 10) && c.algo != Algo::kOneShot && c.algo != Algo::kBruck ? in.maxChannels : 1;
   if (c.algo == Algo::kTree && !rooted) c.channels = std::max(c.channels, std::min(2, in.maxChannels));
   // Chunk: small enough that a pipeline of n steps fills quickly, big enough to amortize a pass.
   std::size_t perStep = in.bytes / static_cast<std::size_t>(std::max(1, in.nranks * c.channels));

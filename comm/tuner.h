@@ -45,7 +45,7 @@ struct TunerChoice {
   Algo algo;
   int channels;
   std::size_t chunk;
-  double ringUs = 0, treeUs = 0, oneShotUs = 0, hierUs = 0;  // the model's estimates, for BRAID_DEBUG=INFO (0: not a candidate)
+  double ringUs = 0, treeUs = 0, oneShotUs = 0, hierUs = 0, bruckUs = 0;  // the model's estimates, for BRAID_DEBUG=INFO (0: not a candidate)
   double predictedUs = 0;  // the model's time of `algo` (braid tune; 0 for all-to-all and send/recv)
 };
 

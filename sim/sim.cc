@@ -101,19 +101,42 @@ class World::Stream {
   std::size_t capacity_, head_ = 0, size_ = 0;
 };
 
+// The ranks the next round passes: a rank whose pass moved (it may have more to do), and a rank
+// that a peer's pass gave bytes to read or room to write. The others cannot move, and at 16,384
+// ranks a round that passed them all would cost far more than the messages.
+struct Wakes {
+  std::vector<char> awake;
+  std::vector<int> list;
+  void wake(int r) {
+    if (awake[static_cast<std::size_t>(r)]) return;
+    awake[static_cast<std::size_t>(r)] = 1;
+    list.push_back(r);
+  }
+};
+
 namespace {
 
 class SimChannel : public Channel {
  public:
-  SimChannel(World::Stream& out, World::Stream& in) : out_(out), in_(in) {}
-  Result<std::size_t> trySend(const void* data, std::size_t n) override { return out_.put(data, n); }
+  SimChannel(World::Stream& out, World::Stream& in, Wakes& wakes, int peer) : out_(out), in_(in), wakes_(wakes), peer_(peer) {}
+  Result<std::size_t> trySend(const void* data, std::size_t n) override { return woke(out_.put(data, n)); }
   Result<std::span<const std::byte>> peek() override { return in_.peek(); }
-  void consume(std::size_t n) override { in_.consume(n); }
-  Result<std::size_t> tryRecv(void* dst, std::size_t n) override { return in_.get(dst, n); }
+  void consume(std::size_t n) override {
+    in_.consume(n);
+    woke(n);
+  }
+  Result<std::size_t> tryRecv(void* dst, std::size_t n) override { return woke(in_.get(dst, n)); }
 
  private:
+  // The peer may move now: it has bytes to read, or room to write.
+  std::size_t woke(std::size_t n) {
+    if (n) wakes_.wake(peer_);
+    return n;
+  }
   World::Stream& out_;
   World::Stream& in_;
+  Wakes& wakes_;
+  int peer_;
 };
 
 class SimConnection : public Connection {
@@ -158,7 +181,8 @@ class World::Rank : public Workspace, public EngineHost {
     if (!c) {
       c = std::make_unique<SimConnection>(peer);
       for (int ch = 0; ch < kMaxChannels; ++ch)
-        c->channels_.push_back(std::make_unique<SimChannel>(world_.stream(rank_, peer, ch), world_.stream(peer, rank_, ch)));
+        c->channels_.push_back(
+            std::make_unique<SimChannel>(world_.stream(rank_, peer, ch), world_.stream(peer, rank_, ch), *world_.wakes_, peer));
     }
     return c.get();
   }
@@ -262,7 +286,9 @@ int World::criticalPath() const {
 }
 
 World::World(const Topology& t, std::size_t streamBytes)
-    : layout_(layOutRanks(t.hostLabels())), streamBytes_(streamBytes), msgs_(layout_.hostOf.size()), sendsTo_(layout_.hostOf.size()) {
+    : layout_(layOutRanks(t.hostLabels())), streamBytes_(streamBytes), msgs_(layout_.hostOf.size()), sendsTo_(layout_.hostOf.size()),
+      wakes_(std::make_unique<Wakes>()) {
+  wakes_->awake.assign(layout_.hostOf.size(), 0);
   for (int r = 0; r < nranks(); ++r) ranks_.push_back(std::make_unique<Rank>(*this, r));
   makeTuner(linkClassOf("shm", true), linkClassOf("tcp", false), Config{});
 }
@@ -365,12 +391,19 @@ Status World::drive(const std::vector<CollArgs>* calls, std::uint64_t seed) {
     ranks_[static_cast<std::size_t>(stopped)]->stopped = true;
   }
   std::mt19937_64 rng(seed);
-  std::vector<int> order(static_cast<std::size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
+  std::vector<int> order;
+  Wakes& wakes = *wakes_;
+  wakes.list.clear();
+  std::fill(wakes.awake.begin(), wakes.awake.end(), 0);
+  for (int r = 0; r < n; ++r) wakes.wake(r);
   int left = n - (stopped >= 0);
   lastRounds_ = 0;
   while (left > 0) {
     ++lastRounds_;
+    order.swap(wakes.list);
+    wakes.list.clear();
+    for (int r : order) wakes.awake[static_cast<std::size_t>(r)] = 0;
+    std::sort(order.begin(), order.end());  // the order woken in is not the seed's
     std::shuffle(order.begin(), order.end(), rng);
     bool moved = false;
     for (int r : order) {
@@ -380,6 +413,7 @@ Status World::drive(const std::vector<CollArgs>* calls, std::uint64_t seed) {
       auto done = Engine::pass(rank.plan, rank, &m);
       if (!done.ok()) return statuses_[static_cast<std::size_t>(r)] = done.status();
       moved |= m;
+      if (m) wakes.wake(r);
       if (r == fault_.stopRank && finished(rank.plan) >= fault_.stopAfter) {
         rank.stopped = true, stopped = r, --left;
         continue;

@@ -21,6 +21,8 @@
 
 namespace braid::sim {
 
+struct Wakes;  // the ranks a round passes (sim.cc)
+
 // Hosts and their ranks: hostSizes[h] ranks on host h. Ranks are numbered host after host, or,
 // with `interleave`, dealt out in turn (rank r on the (r mod H)-th host that still has room), as a
 // launcher that places ranks round-robin does.
@@ -104,7 +106,8 @@ class World {
   // Per ordered pair (sender, receiver), over every run since the last resetCounts().
   const std::map<std::pair<int, int>, LinkCount>& links() const { return links_; }
   void resetCounts();
-  // Rounds of passes the last run took (one pass per unfinished rank a round).
+  // Rounds of passes the last run took (a round passes each unfinished rank that may move: one
+  // whose last pass moved, or whose streams got bytes or room since).
   int lastRounds() const { return lastRounds_; }
   // The last run's (or planOnly's) critical path in messages (the alpha steps of the cost model): the longest
   // chain in which each message is received before the next one is sent (a send that forwards
@@ -146,6 +149,7 @@ class World {
   friend class Rank;
   Stream& stream(int from, int to, int channel);
   std::map<std::tuple<int, int, int>, std::unique_ptr<Stream>> streams_;
+  std::unique_ptr<Wakes> wakes_;
 };
 
 }  // namespace braid::sim

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -307,7 +308,12 @@ struct Run {
       }
       if (o.iterStats) cell.iters = iterStats(slowest, static_cast<std::size_t>(o.skip));
     }
-    cell.timeUs = combineRanks(o.timeOf, perRank);
+    // -a over rank 0's group (--split groups may differ in size, and the row's bytes and busbw
+    // are that group's).
+    std::vector<double> group;
+    for (int q = 0; q < wn; ++q)
+      if (o.split.op == Split::kNone || o.split.colorOf(q) == o.split.colorOf(0)) group.push_back(perRank[static_cast<std::size_t>(q)]);
+    cell.timeUs = combineRanks(o.timeOf, group);
     cell.wrong = allWrong;
     double bytes = static_cast<double>(count * es);
     cell.algbw = cell.timeUs > 0 ? bytes / cell.timeUs / 1e3 : 0;
@@ -509,6 +515,18 @@ int runPerf(int argc, char** argv) {
   braidCommUserRank(run.world, &run.wrank);
   braidCommCount(run.world, &run.wn);
   run.comm = run.world;
+  // The root must be in every group: checked on every rank alike before any group runs a call.
+  int smallest = run.wn;
+  if (o.split.op != Split::kNone) {
+    std::map<int, int> sizes;
+    for (int q = 0; q < run.wn; ++q) ++sizes[o.split.colorOf(q)];
+    for (const auto& [color, size] : sizes) smallest = std::min(smallest, size);
+  }
+  if (o.root < 0 || o.root >= smallest) {
+    std::fprintf(stderr, "braid perf: root %d is outside 0..%d%s\n", o.root, smallest - 1,
+                 smallest < run.wn ? " (the ranks of the smallest --split group)" : "");
+    return 2;
+  }
   if (o.split.op != Split::kNone &&
       braidCommSplit(run.world, o.split.colorOf(run.wrank), run.wrank, &run.comm) != braidSuccess) {
     std::fprintf(stderr, "braid perf: --split %s: %s\n", o.split.text().c_str(), braidGetLastError(run.world));
@@ -517,10 +535,6 @@ int runPerf(int argc, char** argv) {
   braidCommUserRank(run.comm, &run.rank);
   braidCommCount(run.comm, &run.n);
   const int n = run.n;
-  if (o.root < 0 || o.root >= n) {
-    std::fprintf(stderr, "braid perf: root %d is outside 0..%d\n", o.root, n - 1);
-    return 2;
-  }
   std::vector<DataType> types;
   for (const TypeName& t : kTypes)
     if (o.dtype == "all" || o.dtype == t.name || o.dtype == dataTypeName(t.t)) types.push_back(t.t);

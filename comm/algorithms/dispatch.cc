@@ -64,10 +64,12 @@ bool buildPlan(const CollArgs& a, Workspace& ws, Algo algo, int channels, int al
       break;
     case CollKind::kAllGather:
       if (algo == Algo::kHier && hierApplies(ws)) buildHierAllGather(a, ws, channels, plan);
+      else if (algo == Algo::kBruck) buildBruckAllGather(a, ws, plan);
       else buildRingAllGather(a, ws, channels, plan);
       break;
     case CollKind::kReduceScatter:
       if (algo == Algo::kHier && hierApplies(ws)) buildHierReduceScatter(a, ws, channels, plan);
+      else if (algo == Algo::kBruck) buildBruckReduceScatter(a, ws, plan);
       else buildRingReduceScatter(a, ws, channels, plan);
       break;
     case CollKind::kBroadcast:

@@ -105,6 +105,10 @@ void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
   // `held`: where this rank's partial sums live once steps 0 and 1 wrote them (recv), or its own
   // input on a host of one column without extras (no step wrote them).
   const std::byte* held = L > 1 || !p.extras.empty() ? recv : send;
+  // Below L H elements a channel, most pieces are empty: skipped at both ends, as the ring's, and
+  // not even built (sub-block k of every block is empty from k = ceil(part / L) on).
+  const bool skipping = a.count > 0;
+  if (skipping) plan.skipEmptyMessages();
   std::vector<int> prev(HH), done(HH), folded(static_cast<std::size_t>(L) * HH), fin(folded.size());
   for (int c = 0; c < channels; ++c) {
     const Range part = split(a.count, static_cast<std::size_t>(channels), static_cast<std::size_t>(c));
@@ -115,11 +119,13 @@ void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
       return Range{(part.off + blk.off + s.off) * es, s.len * es};
     };
     auto piece = [&](std::size_t b, std::size_t k) { return b * HH + k; };
+    const std::size_t busy = skipping ? std::min(HH, (part.len + static_cast<std::size_t>(L) - 1) / static_cast<std::size_t>(L)) : HH;
+    const int busyH = static_cast<int>(busy);
     if (p.isExtra()) {  // steps 0 and 4, piece by piece in the base's order
       for (std::size_t b = 0; b < static_cast<std::size_t>(L); ++b)
-        for (std::size_t k = 0; k < HH; ++k) plan.send(p.base(), c, send + sub(b, k).off, sub(b, k).len);
+        for (std::size_t k = 0; k < busy; ++k) plan.send(p.base(), c, send + sub(b, k).off, sub(b, k).len);
       for (std::size_t b = 0; b < static_cast<std::size_t>(L); ++b)
-        for (std::size_t k = 0; k < HH; ++k) plan.recvCopy(p.base(), c, recv + sub(b, k).off, sub(b, k).len);
+        for (std::size_t k = 0; k < busy; ++k) plan.recvCopy(p.base(), c, recv + sub(b, k).off, sub(b, k).len);
       continue;
     }
     // 0. The extras' inputs, summed into recv piece by piece; folded[piece]: the message that
@@ -127,7 +133,7 @@ void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
     std::fill(folded.begin(), folded.end(), -1);
     for (std::size_t e = 0; e < p.extras.size(); ++e)
       for (std::size_t b = 0; b < static_cast<std::size_t>(L); ++b)
-        for (std::size_t k = 0; k < HH; ++k) {
+        for (std::size_t k = 0; k < busy; ++k) {
           const Range r = sub(b, k);
           int& f = folded[piece(b, k)];
           f = plan.recvReduce(p.extras[e], c, recv + r.off, (e == 0 ? send : recv) + r.off, r.len, f);
@@ -135,7 +141,7 @@ void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
     // 1. Reduce-scatter within the host.
     for (int k = 0; k < H; ++k) prev[static_cast<std::size_t>(k)] = folded[piece(mod(l, L), static_cast<std::size_t>(k))];
     for (int s = 0; s < L - 1; ++s)
-      for (int k = 0; k < H; ++k) {
+      for (int k = 0; k < busyH; ++k) {
         const auto kk = static_cast<std::size_t>(k);
         const std::size_t rblock = mod(l - s - 1, L);
         const Range sb = sub(mod(l - s, L), kk), rb = sub(rblock, kk);
@@ -147,25 +153,26 @@ void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
     // message that finished sub-block k on this rank.
     done = prev;
     int last = -1;
-    for (int s = 0; s < H - 1; ++s) {
+    const std::size_t mineLen = split(part.len, static_cast<std::size_t>(L), mine).len;
+    forBusySteps(H, h, 0, mineLen, skipping, [&](int s) {
       const std::size_t ks = mod(h - s, H), kr = mod(h - s - 1, H);
       const Range sb = sub(mine, ks), rb = sub(mine, kr);
       plan.send(hostRight, c, (s == 0 ? held : recv) + sb.off, sb.len, s == 0 ? done[ks] : last);
       // The local operand is this rank's own sum of sub-block kr, which steps 0 and 1 finished.
       last = plan.recvReduce(hostLeft, c, recv + rb.off, held + rb.off, rb.len, done[kr], avg && s == H - 2);
-    }
+    });
     done[mod(h + 1, H)] = last;
-    for (int s = 0; s < H - 1; ++s) {
+    forBusySteps(H, h, 1, mineLen, skipping, [&](int s) {
       const std::size_t ks = mod(h + 1 - s, H), kr = mod(h - s, H);
       const Range sb = sub(mine, ks), rb = sub(mine, kr);
       plan.send(hostRight, c, recv + sb.off, sb.len, last);
       last = done[kr] = plan.recvCopy(hostLeft, c, recv + rb.off, rb.len);
-    }
+    });
     for (std::size_t k = 0; k < HH; ++k) fin[piece(mine, k)] = done[k];
     // 3. All-gather within the host, block `mine` first.
     prev = done;
     for (int s = 0; s < L - 1; ++s)
-      for (int k = 0; k < H; ++k) {
+      for (int k = 0; k < busyH; ++k) {
         const auto kk = static_cast<std::size_t>(k);
         const std::size_t rblock = mod(static_cast<long long>(mine) - s - 1, L);
         const Range sb = sub(mod(static_cast<long long>(mine) - s, L), kk), rb = sub(rblock, kk);
@@ -175,7 +182,7 @@ void buildHierAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
     // 4. The result to each extra, each piece once it is final here.
     for (int extra : p.extras)
       for (std::size_t b = 0; b < static_cast<std::size_t>(L); ++b)
-        for (std::size_t k = 0; k < HH; ++k) plan.send(extra, c, recv + sub(b, k).off, sub(b, k).len, fin[piece(b, k)]);
+        for (std::size_t k = 0; k < busy; ++k) plan.send(extra, c, recv + sub(b, k).off, sub(b, k).len, fin[piece(b, k)]);
   }
 }
 

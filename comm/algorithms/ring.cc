@@ -10,13 +10,16 @@
 // After the reduce-scatter phase position p holds block p+1 fully reduced (the last step applies
 // avg). All-gather and reduce-scatter index blocks by rank (the output's layout): the block that
 // started at position q is rank order[q]'s.
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "comm/algorithms/algorithms.h"
 
 namespace braid {
 namespace {
 std::size_t mod(long long a, int n) { return static_cast<std::size_t>(((a % n) + n) % n); }
+
 }  // namespace
 
 void buildRingAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& plan) {
@@ -27,6 +30,10 @@ void buildRingAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
   const std::vector<int>& order = ws.ringOrder();
   const int right = order[mod(r + 1, n)], left = order[mod(r - 1, n)];
   const bool avg = a.op == ReduceOp::kAvg;
+  // Below n elements a channel, most blocks are empty: both ends know which, and skip them (a
+  // block's messages are all empty or all not, so each send still forwards its block's receive).
+  const bool skipping = a.count > 0;
+  if (skipping) plan.skipEmptyMessages();
   for (int c = 0; c < channels; ++c) {
     Range part = split(a.count, static_cast<std::size_t>(channels), static_cast<std::size_t>(c));
     auto blk = [&](std::size_t i) {
@@ -34,16 +41,16 @@ void buildRingAllReduce(const CollArgs& a, Workspace& ws, int channels, Plan& pl
       return Range{(part.off + b.off) * es, b.len * es};
     };
     int prev = -1;
-    for (int s = 0; s < n - 1; ++s) {
+    forBusySteps(n, r, 0, part.len, skipping, [&](int s) {
       Range sb = blk(mod(r - s, n)), rb = blk(mod(r - s - 1, n));
       plan.send(right, c, (s == 0 ? send : recv) + sb.off, sb.len, prev);
       prev = plan.recvReduce(left, c, recv + rb.off, send + rb.off, rb.len, -1, avg && s == n - 2);
-    }
-    for (int s = 0; s < n - 1; ++s) {
+    });
+    forBusySteps(n, r, 1, part.len, skipping, [&](int s) {
       Range sb = blk(mod(r + 1 - s, n)), rb = blk(mod(r - s, n));
       plan.send(right, c, recv + sb.off, sb.len, prev);
       prev = plan.recvCopy(left, c, recv + rb.off, rb.len);
-    }
+    });
   }
 }
 

@@ -113,7 +113,7 @@ std::vector<Case> everyAlgorithm(std::size_t count, int n, std::size_t salt) {
   const ReduceOp op = static_cast<ReduceOp>(salt % kNumReduceOps);
   std::vector<Case> v;
   for (Algo a : {Algo::kRing, Algo::kTree, Algo::kHier, Algo::kOneShot}) v.push_back({CollKind::kAllReduce, a, count, t, op, 0, inPlace});
-  for (Algo a : {Algo::kRing, Algo::kHier}) {
+  for (Algo a : {Algo::kRing, Algo::kHier, Algo::kBruck}) {
     v.push_back({CollKind::kAllGather, a, count, t, op, 0, inPlace});
     v.push_back({CollKind::kReduceScatter, a, count, t, op, 0, inPlace});
   }
@@ -157,10 +157,12 @@ TEST(Sim, EveryAlgorithmIsExactFromTwoTo64Ranks) {
   std::printf("%d cases exact\n", cases);
 }
 
-// Larger worlds on a sample: 1,024 ranks (128 hosts x 8) for every collective, 4,096 (512 hosts
-// of 7 to 9 ranks) and 16,384 (2,048 hosts x 8) for the tree-shaped plans and the barrier. (The ring's and the
-// hierarchical plans' messages grow with n and with hosts x ranks per host: at 4,096 ranks the
-// hierarchical all-reduce alone posts about 10,000 messages a rank, 2.5 minutes here.)
+// Larger worlds on a sample: 1,024 ranks (128 hosts x 8) for every collective; 4,096 (512 hosts
+// of 7 to 9 ranks) and 16,384 (2,048 hosts x 8) for every all-reduce algorithm, all-gather and
+// reduce-scatter (log-step), broadcast, reduce and barrier, with counts small enough for 16,384
+// ranks in one process. (The ring's and the hierarchical plans skip their empty blocks, so a
+// small all-reduce there is a few messages a rank; their all-gather and reduce-scatter carry n-1
+// blocks a rank, 268 million messages at 16,384 ranks, so the log-step ones run there.)
 void runSample(const Topology& t, const std::vector<Case>& cases) {
   World w(t);
   const auto t0 = std::chrono::steady_clock::now();
@@ -186,17 +188,34 @@ TEST(Sim, EveryCollectiveIsExactAt1024Ranks) {
              {CollKind::kReduce, Algo::kTree, 11, DataType::kInt32, ReduceOp::kSum, n - 1}});
 }
 
-TEST(Sim, TreesAreExactAt4096And16384Ranks) {
+TEST(Sim, EveryAllReduceAndTheLogStepGathersAreExactAt4096And16384Ranks) {
   Topology uneven;
   for (int h = 0; h < 512; ++h) uneven.hostSizes.push_back(7 + h % 3);
-  for (const Topology& t : {uneven, Topology::uniform(2048, 8)}) {
-    const int n = t.nranks();
-    runSample(t, {{CollKind::kAllReduce, Algo::kTree, 5, DataType::kFloat32, ReduceOp::kSum},
-                  {CollKind::kAllReduce, Algo::kTree, 1, DataType::kInt32, ReduceOp::kMin, 0, true},
-                  {CollKind::kBroadcast, Algo::kTree, 11, DataType::kFloat32, ReduceOp::kSum, n / 3},
-                  {CollKind::kReduce, Algo::kTree, 7, DataType::kInt32, ReduceOp::kSum, n - 1},
-                  {CollKind::kBarrier, Algo::kTree, 0}});
-  }
+  const int u = uneven.nranks();  // 4,095
+  runSample(uneven, {{CollKind::kAllReduce, Algo::kTree, 5, DataType::kFloat32, ReduceOp::kSum},
+                     {CollKind::kAllReduce, Algo::kTree, 1, DataType::kInt32, ReduceOp::kMin, 0, true},
+                     {CollKind::kAllReduce, Algo::kRing, 7, DataType::kFloat32, ReduceOp::kSum},
+                     {CollKind::kAllReduce, Algo::kRing, 3, DataType::kInt32, ReduceOp::kMax, 0, true, 1},
+                     {CollKind::kAllReduce, Algo::kHier, 11, DataType::kFloat32, ReduceOp::kAvg},
+                     {CollKind::kAllReduce, Algo::kHier, 2, DataType::kInt32, ReduceOp::kMin, 0, true, 1},
+                     {CollKind::kAllGather, Algo::kBruck, 1, DataType::kInt8, ReduceOp::kSum},
+                     {CollKind::kAllGather, Algo::kBruck, 3, DataType::kInt32, ReduceOp::kSum, 0, true},
+                     {CollKind::kReduceScatter, Algo::kBruck, 1, DataType::kInt32, ReduceOp::kSum},
+                     {CollKind::kReduceScatter, Algo::kBruck, 2, DataType::kFloat32, ReduceOp::kAvg, 0, true},
+                     {CollKind::kBroadcast, Algo::kTree, 11, DataType::kFloat32, ReduceOp::kSum, u / 3},
+                     {CollKind::kReduce, Algo::kTree, 7, DataType::kInt32, ReduceOp::kSum, u - 1},
+                     {CollKind::kBarrier, Algo::kTree, 0}});
+  // 16,384 ranks: one count each (an all-gather's output is n elements a rank, n^2 in all).
+  const int n = 16384;
+  runSample(Topology::uniform(2048, 8),
+            {{CollKind::kAllReduce, Algo::kTree, 5, DataType::kFloat32, ReduceOp::kSum},
+             {CollKind::kAllReduce, Algo::kRing, 7, DataType::kFloat32, ReduceOp::kSum},
+             {CollKind::kAllReduce, Algo::kHier, 11, DataType::kFloat32, ReduceOp::kAvg, 0, true},
+             {CollKind::kAllGather, Algo::kBruck, 1, DataType::kInt8, ReduceOp::kSum, 0, true},
+             {CollKind::kReduceScatter, Algo::kBruck, 1, DataType::kInt32, ReduceOp::kSum},
+             {CollKind::kBroadcast, Algo::kTree, 11, DataType::kFloat32, ReduceOp::kSum, n / 3},
+             {CollKind::kReduce, Algo::kTree, 7, DataType::kInt32, ReduceOp::kSum, n - 1},
+             {CollKind::kBarrier, Algo::kTree, 0}});
 }
 
 // What the hierarchical all-reduce sends between hosts: 2(H-1)/H of the call's S bytes per host

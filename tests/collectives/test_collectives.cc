@@ -127,7 +127,7 @@ TEST_P(Collectives, EveryTypeOpAndCountIsExact) {
   // Ring and tree run what they name on every host: where the host has a core per rank, cross-
   // memory attach would take the large all-gathers and broadcasts (it has its own test below);
   // oneshot and auto keep it.
-  if (algo == "ring" || algo == "tree") env.push_back({"BRAID_CMA", "0"});
+  if (algo == "ring" || algo == "tree" || algo == "bruck") env.push_back({"BRAID_CMA", "0"});
   auto outcome = runRanks(
       n,
       [&](int rank, braidComm_t comm) {
@@ -200,6 +200,20 @@ INSTANTIATE_TEST_SUITE_P(OneShotAndAuto, Collectives,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks_" +
                                   std::get<2>(info.param);
+                         });
+
+// The log-step all-gather and reduce-scatter forced (the other collectives keep the tuner's
+// choice): over shm, over tcp, and on 16 ranks of 4 pretend hosts, where its peers 2^k away on
+// other hosts connect on first use.
+INSTANTIATE_TEST_SUITE_P(Bruck, Collectives,
+                         ::testing::Values(std::make_tuple(std::string("shm"), 4, std::string("bruck")),
+                                           std::make_tuple(std::string("shm"), 5, std::string("bruck")),
+                                           std::make_tuple(std::string("tcp"), 3, std::string("bruck")),
+                                           std::make_tuple(std::string("hosts=3,4,5,4"), 16, std::string("bruck"))),
+                         [](const auto& info) {
+                           std::string t = std::get<0>(info.param);
+                           for (char& ch : t) ch = ch == '=' ? 'S' : ch == ',' ? '_' : ch;
+                           return t + "_" + std::to_string(std::get<1>(info.param)) + "ranks_" + std::get<2>(info.param);
                          });
 
 // Ranks on several (pretend) hosts: the hierarchical all-reduce forced on 2 hosts x 2 ranks and 3

@@ -19,8 +19,9 @@
 //   bruck all-gather   ceil(log2 n) alpha + X (n-1)/n S / beta, the reduce-scatter the same: the ring's
 //                      bytes in log2 n steps, but with most of a step's pairs across hosts, a host's
 //                      X = M ranks (the largest host) share its link at once (X = 1 on one host).
-//                      A candidate only where every pair is connected at creation (as the one-shot
-//                      is); BRAID_ALGO=bruck forces it, connecting its 2 log2 n peers on first use
+//                      A candidate below 256 KiB only where every pair is connected at creation (as
+//                      the one-shot is); BRAID_ALGO=bruck forces it, its 2 log2 n peers connected on
+//                      first use
 // alpha and beta come from the slowest link's class (Transport::linkClass: rough figures for this
 // machine class, good enough to place the crossovers).
 #include "comm/tuner.h"
@@ -43,6 +44,7 @@ HostShape hostShape(const std::vector<std::vector<int>>& hosts) {
 
 namespace {
 constexpr double kGamma = 6000.0;  // the reduction's speed, bytes per microsecond
+constexpr std::size_t kManyChannelsBytes = 256u << 10;  // calls from this size on use every channel
 
 // The model's time of the algorithm chosen, with its reduction work: what the choice was made on.
 double predictedUs(const TunerChoice& c, CollKind kind, double n, double S, double alpha, double beta) {
@@ -106,7 +108,10 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
     if (c.hierUs < flatUs) c.algo = Algo::kHier;
   }
   const bool gathers = in.kind == CollKind::kAllGather || in.kind == CollKind::kReduceScatter;
-  if (gathers && in.nranks > 2) {
+  // Below 256 KiB, where every algorithm runs on one channel: the model does not price the ring's
+  // channels and pipelining, with which it moves large calls better than whole steps one after
+  // another.
+  if (gathers && in.nranks > 2 && in.bytes < kManyChannelsBytes) {
     const double X = shape.hosts > 1 ? shape.maxPerHost : 1;
     c.bruckUs = logn * alpha + X * (n - 1) / n * S / beta;
     const double best = c.algo == Algo::kHier ? c.hierUs : (n - 1) * alpha + (n - 1) / n * S / beta;
@@ -121,7 +126,7 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
   if (config.algo == "bruck" && gathers) c.algo = Algo::kBruck;
   // Small messages on one channel (fewer headers); large ones on all of them. The double tree
   // needs two channels to use both trees.
-  c.channels = in.bytes >= (256u << 10) && c.algo != Algo::kOneShot && c.algo != Algo::kBruck ? in.maxChannels : 1;
+  c.channels = in.bytes >= kManyChannelsBytes && c.algo != Algo::kOneShot && c.algo != Algo::kBruck ? in.maxChannels : 1;
   if (c.algo == Algo::kTree && !rooted) c.channels = std::max(c.channels, std::min(2, in.maxChannels));
   // Chunk: small enough that a pipeline of n steps fills quickly, big enough to amortize a pass.
   std::size_t perStep = in.bytes / static_cast<std::size_t>(std::max(1, in.nranks * c.channels));

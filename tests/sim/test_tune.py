@@ -70,10 +70,17 @@ for r in big["rows"]:
 if elapsed > 60:
     failures.append(f"16,384 ranks took {elapsed:.1f} s")
 
+# The ring skips its empty blocks: an 8-byte all-reduce (2 elements, 2 blocks) is 2(n-1) hops of
+# each block in each phase, a send and a receive each; 1 MiB fills every block, n^2 messages.
+n = 16384
 ring = only_row(tune("--hosts", "2048", "--per-host", "8", "--collectives", "allreduce", "--sizes", "8", algo="ring"))
-check("16,384-rank ring over the limit: built", ring["built"], False)
+check("16,384-rank ring, 8 B: built", ring["built"], True)
+check("16,384-rank ring, 8 B: messages", ring["messages"], 2 * 2 * 2 * (n - 1))
+check("16,384-rank ring, 8 B: path 2(n-1)", ring["path"], 2 * (n - 1))
+ring = only_row(tune("--hosts", "2048", "--per-host", "8", "--collectives", "allreduce", "--sizes", "1M", algo="ring"))
+check("16,384-rank ring, 1 MiB, over the limit: built", ring["built"], False)
 if not ring["messages"] > 20000000:
-    failures.append(f"16,384-rank ring: estimate {ring['messages']} messages is not over the limit")
+    failures.append(f"16,384-rank ring, 1 MiB: estimate {ring['messages']} messages is not over the limit")
 
 bad = subprocess.run([BRAID, "tune", "--hosts", "0"], capture_output=True, text=True, timeout=30)
 check("--hosts 0: exit status", bad.returncode, 2)

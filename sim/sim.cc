@@ -223,10 +223,10 @@ class World::Rank : public Workspace, public EngineHost {
 void World::record(int r, const Plan& plan) {
   auto& msgs = msgs_[static_cast<std::size_t>(r)];
   auto& sendsTo = sendsTo_[static_cast<std::size_t>(r)];
-  msgs.assign(static_cast<std::size_t>(plan.numOps()), Msg{false, -1, 0, -1, 0});
+  msgs.assign(static_cast<std::size_t>(plan.numOps()), Msg{false, -1, 0, -1, 0, 0});
   sendsTo.clear();
   plan.forEachMessage([&](const Op& op, int index, std::size_t position) {
-    msgs[static_cast<std::size_t>(index)] = {op.kind == Op::kSend, op.peer, op.channel, op.dep, position};
+    msgs[static_cast<std::size_t>(index)] = {op.kind == Op::kSend, op.peer, op.channel, op.dep, position, op.after};
     if (op.kind != Op::kSend) return;
     auto& q = sendsTo[{op.peer, op.channel}];
     if (q.size() <= position) q.resize(position + 1, -1);
@@ -266,6 +266,15 @@ int World::criticalPath() const {
         }
         bool ready = true;
         int best = 0;
+        for (int k = 0; k < m.after; ++k) {  // behind a fence: every earlier op of this rank
+          const int nd = depth[static_cast<std::size_t>(r)][static_cast<std::size_t>(k)];
+          if (nd < 0) {
+            stack.push_back({r, k});
+            ready = false;
+          } else {
+            best = std::max(best, nd);
+          }
+        }
         for (int k = 0; k < 2; ++k) {
           if (need[k].first < 0) continue;
           const int nd = depth[static_cast<std::size_t>(need[k].first)][static_cast<std::size_t>(need[k].second)];

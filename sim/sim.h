@@ -111,7 +111,8 @@ class World {
   int lastRounds() const { return lastRounds_; }
   // The last run's (or planOnly's) critical path in messages (the alpha steps of the cost model): the longest
   // chain in which each message is received before the next one is sent (a send that forwards
-  // what a receive finished, Op::dep) or a receive waits for its sender. Messages queued one
+  // what a receive finished, Op::dep, or waits for every earlier op, Plan::fence) or a receive
+  // waits for its sender. Messages queued one
   // after another on a link add no step (they go out back to back).
   int criticalPath() const;
 
@@ -140,6 +141,7 @@ class World {
     bool send;
     int peer, channel, dep;
     std::size_t position;
+    int after;  // it waits for every op before this index (Plan::fence)
   };
   std::vector<std::vector<Msg>> msgs_;
   std::vector<std::map<std::pair<int, int>, std::vector<int>>> sendsTo_;

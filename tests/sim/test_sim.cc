@@ -285,7 +285,8 @@ TEST(Sim, TheTunersChoicesAreExact) {
 // The plans' critical paths in messages (World::criticalPath), against the alpha terms of the
 // tuner's cost model (comm/tuner.cc), on H hosts of L ranks (n = HL). Equal: ring all-reduce
 // 2(n-1), ring all-gather and reduce-scatter n-1, hierarchical all-reduce 2(L-1) + 2(H-1) and
-// all-gather and reduce-scatter (L-1) + (H-1), one-shot 1, and on one host the chain n-1. Where
+// all-gather and reduce-scatter (L-1) + (H-1), one-shot 1, the log-step all-gather and
+// reduce-scatter ceil(log2 n), and on one host the chain n-1. Where
 // they differ the model is the upper bound: the double binary tree is 2 floor(log2 n) deep, the
 // model says 2 ceil(log2 n); across hosts both trees are built over hosts first, so 2 (floor(log2 H)
 // + floor(log2 L)); a broadcast or reduce crosses the hosts' leaders first and then each
@@ -307,6 +308,8 @@ TEST(Sim, CriticalPathsMatchTheTunersAlphaTerms) {
     EXPECT_EQ(path(CollKind::kAllGather, Algo::kRing), n - 1) << at;
     EXPECT_EQ(path(CollKind::kReduceScatter, Algo::kRing), n - 1) << at;
     EXPECT_EQ(path(CollKind::kAllReduce, Algo::kOneShot), 1) << at;
+    EXPECT_EQ(path(CollKind::kAllGather, Algo::kBruck), log2ceil(n)) << at;  // one step each, behind its fence
+    EXPECT_EQ(path(CollKind::kReduceScatter, Algo::kBruck), log2ceil(n)) << at;
     const int tree = path(CollKind::kAllReduce, Algo::kTree);
     EXPECT_EQ(tree, H > 1 && L > 1 ? 2 * (log2floor(H) + log2floor(L)) : 2 * log2floor(n)) << at;
     EXPECT_LE(tree, 2 * log2ceil(n)) << at;

@@ -161,6 +161,12 @@ const Row kRows[] = {
        c.secret = s;
        return Status::Ok();
      }},
+    {"BRAID_STORE_HOST", "auto", "who hosts the rendezvous store of a launcher-started job: launcher (braid run's node-0 launcher, which sets it for its ranks; rank 0 then connects as the others do), rank0, or auto (braid run: launcher; else rank0)",
+     [](Config& c, const std::string& s) -> Status {
+       if (s != "auto" && s != "launcher" && s != "rank0") return Status::InvalidArgument("expected auto, launcher or rank0");
+       c.storeHost = s;
+       return Status::Ok();
+     }},
     {"BRAID_TRACE_BUFFER", "1000", "collectives each rank's flight recorder keeps (0: off); written on failure to BRAID_TRACE_DIR",
      [](Config& c, const std::string& s) -> Status {
        auto v = parseInt(s);

@@ -16,6 +16,7 @@ struct Config {
   double timeoutSec = 300;           // BRAID_TIMEOUT
   std::string algo = "auto";         // BRAID_ALGO
   std::string connect = "auto";      // BRAID_CONNECT
+  std::string storeHost = "auto";    // BRAID_STORE_HOST
   bool shmDisable = false;           // BRAID_SHM_DISABLE
   bool ibDisable = false;            // BRAID_IB_DISABLE
   std::string ibverbsLib = "libibverbs.so.1";  // BRAID_IBVERBS_LIB

@@ -319,7 +319,7 @@ bool holdsReaders(int fd) {
 
 class Launcher {
  public:
-  explicit Launcher(Options opts) : opts_(std::move(opts)) {}
+  Launcher(Options opts, StoreHost* store) : opts_(std::move(opts)), store_(store) {}
 
   int run() {
     std::fflush(nullptr);  // Output the host process buffered must come before the ranks'.
@@ -346,6 +346,9 @@ class Launcher {
     }
     for (std::string& word : opts_.program) childArgv_.push_back(word.data());
     childArgv_.push_back(nullptr);
+    // Every host's ranks are told the same (launchers on every host decide alike), node 0's hosts it.
+    launcherStore_ = store_ && store_->wanted();
+    hostsStore_ = launcherStore_ && opts_.nodeRank == 0;
     ranks_.resize(static_cast<std::size_t>(opts_.nproc));
     for (int local = 0; local < opts_.nproc; ++local) {
       if (!spawn(ranks_[static_cast<std::size_t>(local)], local)) {
@@ -354,7 +357,14 @@ class Launcher {
         break;
       }
     }
+    if (hostsStore_ && !stopping_) startStore();
     loop();
+    if (hostsStore_) {
+      // The other hosts' ranks may still be in their last calls, or hearing of this host's
+      // failure: serve them until they leave (as rank 0 did when it hosted the store).
+      store_->waitUntilAllLeft(status_ != 0);
+      store_->stop();
+    }
     restoreSignals();
     return status_;
   }
@@ -479,6 +489,7 @@ class Launcher {
         {"MASTER_ADDR", opts_.masterAddr},
         {"MASTER_PORT", std::to_string(opts_.masterPort)},
         {"BRAID_LAUNCHER", "1"},
+        {"BRAID_STORE_HOST", launcherStore_ ? "launcher" : "rank0"},
     };
     for (const auto& [name, value] : vars) {
       if (::setenv(name, value.c_str(), 1) != 0) ::_exit(127);
@@ -494,7 +505,16 @@ class Launcher {
     ::_exit(127);
   }
 
-  bool anyAlive() const {
+  void startStore() {
+    const std::string why = store_->start(opts_.masterAddr, opts_.masterPort, opts_.secret);
+    if (why.empty()) return;
+    printError("cannot host the rendezvous store at " + opts_.masterAddr + ":" + std::to_string(opts_.masterPort) + ": " +
+               why + " (pick another --master-port, or set BRAID_STORE_HOST=rank0)");
+    status_ = 1;
+    beginStop();
+  }
+
+    bool anyAlive() const {
     return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.alive; });
   }
 
@@ -689,6 +709,9 @@ class Launcher {
         if (fds[i].revents != 0) readStream(*owners[i].first, *owners[i].second, kReadsPerTurn);
       }
       reap();
+      // Every rank left the store, and some are still running: the job's next communicator meets
+      // a new one at the same address (its ranks retry until it is there).
+      if (hostsStore_ && !stopping_ && anyAlive() && store_->finished()) startStore();
     }
     // Every rank and its group are gone, so the ranks' own output is already in the pipes, and one
     // non-blocking drain gets all of it without waiting for EOF. A pipe still open after it is held
@@ -711,6 +734,9 @@ class Launcher {
   }
 
   Options opts_;
+  StoreHost* store_ = nullptr;
+  bool launcherStore_ = false;  // node 0's launcher hosts the store
+  bool hostsStore_ = false;     // and this is it
   std::vector<cpu_set_t> bindings_;  // by local rank; empty: ranks run unpinned
   std::vector<Rank> ranks_;
   std::vector<char*> childArgv_;
@@ -730,7 +756,7 @@ class Launcher {
 
 }  // namespace
 
-int runLauncher(int argc, char** argv) {
+int runLauncher(int argc, char** argv, StoreHost* store) {
   Options opts;
   const std::string error = parseOptions(argc, argv, opts);
   if (!error.empty()) {
@@ -763,7 +789,7 @@ int runLauncher(int argc, char** argv) {
         opts.secret += hex;
       }
   }
-  return Launcher(std::move(opts)).run();
+  return Launcher(std::move(opts), store).run();
 }
 
 }  // namespace braid::tools

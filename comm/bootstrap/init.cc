@@ -210,7 +210,11 @@ Result<InitParams> paramsFromEnv(const CommOptions& options) {
   }
   std::string addr = le->masterAddr.empty() ? "127.0.0.1" : le->masterAddr;
   int port = le->masterPort > 0 ? le->masterPort : 29500;
-  return paramsFromStore(addr, port, le->rank == 0, le->worldSize, le->rank, options);
+  // braid run's node-0 launcher hosts the store itself (BRAID_STORE_HOST=launcher, which it sets):
+  // rank 0 then holds one store connection, not one for every rank.
+  auto cfg = Config::fromEnvironment();
+  if (!cfg.ok()) return cfg.status();
+  return paramsFromStore(addr, port, le->rank == 0 && cfg->storeHost != "launcher", le->worldSize, le->rank, options);
 }
 
 }  // namespace braid

@@ -4,6 +4,7 @@
  * all-reduce and a broadcast in each part; every result checked exactly. With --alltoall-refused
  * (ranks' open files capped low) the all-to-all must fail on every rank with the numbers (open
  * files, ulimit -n), and nothing more runs. Exits non-zero, saying why, if anything is off. */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,16 @@ static int fail(const char* what, braidComm_t comm) {
   return 1;
 }
 
+/* Descriptors this process holds (/proc/self/fd, less the one reading it). */
+static int openFds(void) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int k = 0;
+  while (readdir(d)) ++k;
+  closedir(d);
+  return k - 3; /* ".", ".." and the directory's own */
+}
+
 int main(int argc, char** argv) {
   const int refused = argc > 1 && strcmp(argv[1], "--alltoall-refused") == 0;
   braidComm_t world, part;
@@ -27,6 +38,7 @@ int main(int argc, char** argv) {
   braidCommCount(world, &n);
   const int rank = rank_;
   const long long sumRanks = (long long)n * (n - 1) / 2;
+  const int fdsAfterSetup = openFds();
 
   long long s = rank;
   if (braidAllReduce(&s, &s, 1, braidInt64, braidSum, world, NULL) != braidSuccess) return fail("all-reduce", world);
@@ -83,7 +95,7 @@ int main(int argc, char** argv) {
     if (got == braidSuccess || !strstr(why, "open files") || !strstr(why, "ulimit -n"))
       return fprintf(stderr, "scale-check: rank %d: all-to-all under the cap returned %d: %s\n", rank, got, why), 2;
     if (rank == 0) printf("scale-check: %d ranks: every collective exact, send/recv half the job apart exact; "
-                          "all-to-all refused: %s\n", n, why);
+                          "rank 0 held %d descriptors after set-up; all-to-all refused: %s\n", n, fdsAfterSetup, why);
     braidCommAbort(world);
     free(all);
     free(a2aIn);

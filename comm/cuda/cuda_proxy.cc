@@ -175,6 +175,7 @@ CudaProxy::~CudaProxy() { stop(true); }
 // proxy's last reference, which a graph's node may hold for a moment, frees no CUDA object on CUDA's
 // callback thread. Safe to repeat.
 void CudaProxy::releaseCuda() {
+  std::lock_guard<std::mutex> growing(growMu_);  // (a growPinned under way swaps nothing in once stopping_)
   for (void*& ev : events_)
     if (void* e = std::exchange(ev, nullptr)) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   for (void* ev : spareEvents_) cudaEventDestroy(static_cast<cudaEvent_t>(ev));
@@ -240,20 +241,20 @@ Status CudaProxy::enqueue(const CollArgs& a, void* stream, std::shared_ptr<WorkS
   std::shared_ptr<Op> op = prepare(a);
   op->work = std::move(work);
   const std::size_t total = op->stagingBytes;
-  std::unique_lock<std::mutex> g(mu_);
-  if (stopping_) return Status::InvalidUsage("the communicator was destroyed or aborted");
-  // No stream is held: outgrown buffers may go now (not once graphs exist: freeing may wait for a
-  // stream whose graph is about to reach one of this proxy's calls, which needs mu_, held here).
-  if (!busy_ && queue_.empty() && capturedCalls_ == 0) retired_.clear();
   // Pinned memory is allocated here, before this call's stream is held (an allocation may
   // synchronize with other streams), unless the call goes through CUDA IPC and needs none.
   if (!comm_.cudaIpcTakes(a)) {
     Status grown = growPinned(total);
     if (!grown.ok()) return grown;
   }
+  std::unique_lock<std::mutex> g(mu_);
+  if (stopping_) return Status::InvalidUsage("the communicator was destroyed or aborted");
+  // No stream is held: outgrown buffers may go now (not once graphs exist: freeing may wait for a
+  // stream whose graph is about to reach one of this proxy's calls, which needs mu_, held here).
+  if (!busy_ && queue_.empty() && capturedCalls_ == 0) retired_.clear();
   // Graphs may hold calls of this proxy that their streams have yet to reach: this call is queued
   // when its own stream reaches it, behind any such call on that stream.
-  if (capturedCalls_ > 0) return queueWhenReached(op, stream);
+  if (capturedCalls_ > 0) return queueWhenReached(op, stream, g);
   op->seq = ++seq_;
   bool held = false;
   if (waitValue_) {
@@ -306,8 +307,6 @@ void CUDART_CB queueReached(void* arg) {
 
 Status CudaProxy::enqueueCaptured(const CollArgs& a, void* stream) {
   std::shared_ptr<Op> op = prepare(a);
-  std::lock_guard<std::mutex> g(mu_);
-  if (stopping_) return Status::InvalidUsage("the communicator was destroyed or aborted");
   // A staged replay's pinned memory now: the node cannot allocate it (no CUDA call in a host
   // function), nor should the proxy while the replay holds the stream.
   if (!comm_.cudaIpcTakes(a)) {
@@ -315,6 +314,13 @@ Status CudaProxy::enqueueCaptured(const CollArgs& a, void* stream) {
     if (!grown.ok())
       return grown.withContext("capturing " + std::string(collName(a.kind)) +
                                " (Braid allocates pinned memory while capturing: use cudaStreamCaptureModeRelaxed)");
+  }
+  {
+    // Counted before the node exists (from now on every call is queued when its stream reaches
+    // it); the CUDA call below is made without mu_ held.
+    std::lock_guard<std::mutex> g(mu_);
+    if (stopping_) return Status::InvalidUsage("the communicator was destroyed or aborted");
+    ++capturedCalls_;
   }
   Captured* c = nullptr;
   {
@@ -324,7 +330,6 @@ Status CudaProxy::enqueueCaptured(const CollArgs& a, void* stream) {
   }
   cudaError_t e = cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), replayCaptured, c);
   if (e != cudaSuccess) return failed("cudaLaunchHostFunc (capturing the call into the graph)", e);
-  ++capturedCalls_;
   return Status::Ok();
 }
 
@@ -362,14 +367,18 @@ void CudaProxy::queueAndWait(const std::shared_ptr<Op>& op) {
   if (!op->cv.wait_for(g, std::chrono::duration<double>(op->holdSec), [&] { return op->done; })) op->abandoned = true;
 }
 
-Status CudaProxy::queueWhenReached(const std::shared_ptr<Op>& op, void* stream) {
+Status CudaProxy::queueWhenReached(const std::shared_ptr<Op>& op, void* stream, std::unique_lock<std::mutex>& lock) {
+  ++deferred_;  // (drain waits for it from now on)
+  lock.unlock();
   auto* d = new Deferred{weak_from_this(), op};
   cudaError_t e = cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), queueReached, d);
   if (e != cudaSuccess) {
     delete d;
+    lock.lock();
+    --deferred_;
+    cv_.notify_all();
     return failed("cudaLaunchHostFunc (ordering the call with the stream)", e);
   }
-  ++deferred_;
   return Status::Ok();
 }
 
@@ -509,21 +518,30 @@ Status copyRows(void* dst, std::size_t dpitch, const void* src, std::size_t spit
 }  // namespace
 
 // Grows the one pinned buffer (the proxy runs one call at a time, so it serves every call) to at
-// least `bytes`; under mu_, from enqueue or placeStaging. An outgrown buffer is retired, not freed
-// (freeing pinned memory may synchronize the device while a caller's stream is held).
+// least `bytes`; from enqueue, enqueueCaptured or placeStaging, without mu_ held (see the header).
+// An outgrown buffer is retired, not freed (freeing pinned memory may synchronize the device
+// while a caller's stream is held).
 Status CudaProxy::growPinned(std::size_t bytes) {
-  if (pinned_->size >= bytes) return Status::Ok();
+  std::lock_guard<std::mutex> growing(growMu_);
+  std::size_t want = 0;
+  bool share = false;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (stopping_) return Status::InvalidUsage("the communicator was destroyed or aborted");
+    if (pinned_->size >= bytes) return Status::Ok();
+    want = std::max(bytes, pinned_->size * 2);
+    share = shareStaging_;
+  }
   auto bigger = std::make_shared<Pinned>();
-  const std::size_t want = std::max(bytes, pinned_->size * 2);
   void* p = nullptr;
-  if (shareStaging_ && mem::allocate(&p, want).ok()) {
+  if (share && mem::allocate(&p, want).ok()) {
     if (cudaHostRegister(p, want, cudaHostRegisterPortable) == cudaSuccess) {
       bigger->shared = true;
     } else {
       cudaGetLastError();  // (not sticky) cudaHostAlloc below, from now on
       (void)mem::release(p);
       p = nullptr;
-      shareStaging_ = false;
+      share = false;
     }
   }
   if (!p) {
@@ -532,6 +550,9 @@ Status CudaProxy::growPinned(std::size_t bytes) {
   }
   bigger->data = static_cast<std::byte*>(p);
   bigger->size = want;
+  std::lock_guard<std::mutex> g(mu_);
+  shareStaging_ = share;
+  if (stopping_) return Status::InvalidUsage("the communicator was destroyed or aborted");  // (bigger is freed)
   retired_.push_back(std::move(pinned_));
   pinned_ = std::move(bigger);
   return Status::Ok();
@@ -546,8 +567,11 @@ Status CudaProxy::placeStaging(Op& op) {
     if (pinned_->size < op.stagingBytes)
       BRAID_LOG(kInfo, kColl, "rank %d: staging a call that was to go through CUDA IPC: allocating %zu bytes of pinned "
                 "memory while streams are held", comm_.rank(), op.stagingBytes);
-    Status grown = growPinned(op.stagingBytes);
-    if (!grown.ok()) return grown;
+  }
+  Status grown = growPinned(op.stagingBytes);
+  if (!grown.ok()) return grown;
+  {
+    std::lock_guard<std::mutex> g(mu_);
     base = pinned_->data;
   }
   if (op.slotBytes) {

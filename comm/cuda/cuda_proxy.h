@@ -83,15 +83,18 @@ class CudaProxy : public std::enable_shared_from_this<CudaProxy> {
   // The staged path (see cuda_proxy.cc): pinned memory placed, then copies in, runHost per piece,
   // copies out, pipelined.
   Status placeStaging(Op& op);
-  // Grows the pinned buffer to at least `bytes` (the outgrown one is retired); under mu_.
+  // Grows the pinned buffer to at least `bytes` (the outgrown one is retired). Allocates without
+  // mu_ held (an allocation may synchronize the device, and once graphs exist a stream may be
+  // waiting in one of this proxy's nodes for mu_), then swaps the buffer in under it.
   Status growPinned(std::size_t bytes);
   Status runStaged(Op& op, const std::function<Status(const CollArgs&)>& runHost);
   Status waitReady(Op& op);
   // Holds `stream` until op is done; false (nothing queued) if the mechanism is not available.
   Status holdWithValue(Op& op, void* stream, bool* held);
   Status holdWithHostFn(const std::shared_ptr<Op>& op, void* stream);
-  // Queues `op` when `stream` reaches it (a host-function node that calls queueAndWait).
-  Status queueWhenReached(const std::shared_ptr<Op>& op, void* stream);
+  // Queues `op` when `stream` reaches it (a host-function node that calls queueAndWait). Called
+  // with mu_ held through `lock`, which it releases before the CUDA call.
+  Status queueWhenReached(const std::shared_ptr<Op>& op, void* stream, std::unique_lock<std::mutex>& lock);
 
   Comm& comm_;
   const int device_;
@@ -111,6 +114,7 @@ class CudaProxy : public std::enable_shared_from_this<CudaProxy> {
   std::vector<void*> spareEvents_;
 
   std::mutex mu_;
+  std::mutex growMu_;  // one growPinned at a time (taken before mu_, never under it)
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Op>> queue_;
   bool busy_ = false;

@@ -22,6 +22,12 @@
  *    the call returned (braidCudaError, braidTimeout, a peer's error) ends the communicator:
  *    braidCommGetAsyncError reports it and every later call returns it. Each rank uses the device
  *    whose context was current when it created the communicator; see docs/API.md for the rest.
+ *    A call made on a stream being captured (cudaStreamBeginCapture) becomes a node of the graph
+ *    and runs at every launch. From a communicator's first captured call on, each of its calls runs
+ *    when its stream reaches it, not in the order the calls were made: calls on different streams
+ *    must then be ordered by the streams themselves (events), the same way on every rank, or two
+ *    calls of the same shape may meet the other ranks' calls in a different order, and their data
+ *    mix with no error.
  *  - A communicator is used by one thread at a time (like one CUDA stream in NCCL); different
  *    communicators are independent. A call made while another thread is inside a call of the same
  *    communicator is braidInvalidUsage (naming both calls), and it ends the communicator on every

@@ -32,25 +32,27 @@ double windowRate(std::size_t bytes, const std::function<void()>& work) {
   return static_cast<double>(bytes * runs) / (t - t0) / 1e9;
 }
 
-// Each host's mean of its ranks' `mine` (what the host as a whole does, shared out), the smallest over
-// the hosts: a collective's ranks on that host cannot together go faster.
-bool slowestHost(braidComm_t world, const std::vector<std::string>& hostOf, double mine, double* out) {
+// Per host, the sum of its ranks' `mine` and how many ranks it has (an all-gather over `world`).
+bool byHost(braidComm_t world, const std::vector<std::string>& hostOf, double mine,
+            std::map<std::string, std::pair<double, int>>* hosts) {
   std::vector<double> all(hostOf.size());
   if (braidAllGather(&mine, all.data(), 1, braidFloat64, world, nullptr) != braidSuccess) return false;
-  std::map<std::string, std::pair<double, int>> hosts;
   for (std::size_t r = 0; r < all.size(); ++r) {
-    auto& [sum, k] = hosts[hostOf[r]];
+    auto& [sum, k] = (*hosts)[hostOf[r]];
     sum += all[r];
     ++k;
   }
-  *out = 1e300;
-  for (const auto& [host, h] : hosts) *out = std::min(*out, h.first / h.second);
   return true;
 }
 
-// The slowest rank's value of `mine`.
-bool slowest(braidComm_t world, double mine, double* out) {
-  return braidAllReduce(&mine, out, 1, braidFloat64, braidMin, world, nullptr) == braidSuccess;
+// Each host's mean of its ranks' `mine` (what the host as a whole does, shared out), the smallest over
+// the hosts: a collective's ranks on that host cannot together go faster.
+bool slowestHost(braidComm_t world, const std::vector<std::string>& hostOf, double mine, double* out) {
+  std::map<std::string, std::pair<double, int>> hosts;
+  if (!byHost(world, hostOf, mine, &hosts)) return false;
+  *out = 1e300;
+  for (const auto& [host, h] : hosts) *out = std::min(*out, h.first / h.second);
+  return true;
 }
 
 }  // namespace
@@ -80,7 +82,10 @@ bool measureLinks(braidComm_t world, int rank, const std::vector<std::string>& h
   const bool sends = n > 1 && host(next) != host(rank), receives = n > 1 && host(prev) != host(rank);
   std::vector<std::byte> s(sends ? bytes : 0), r(receives ? bytes : 0);
   double best = 1e300;
-  for (int rep = -1; rep < 3 && (sends || receives); ++rep) {
+  for (int rep = -1; rep < 3; ++rep) {
+    // Every stream starts together (a receiver that came late would find data already buffered).
+    if (braidBarrier(world) != braidSuccess) return false;
+    if (!sends && !receives) continue;
     const double t0 = now();
     if (braidGroupStart() != braidSuccess) return false;
     if (sends && braidSend(s.data(), bytes, braidUint8, next, world, nullptr) != braidSuccess) return false;
@@ -88,13 +93,18 @@ bool measureLinks(braidComm_t world, int rank, const std::vector<std::string>& h
     if (braidGroupEnd() != braidSuccess) return false;
     if (rep >= 0) best = std::min(best, now() - t0);
   }
-  const double mine = sends || receives ? static_cast<double>(bytes) / best / 1e9 : 1e300;
+  // A host's link is what its ranks that stream across move together (ranks dealt round-robin
+  // over hosts all cross at once, each with a share of the link); the slowest host's sum.
+  const double mine = sends ? static_cast<double>(bytes) / best / 1e9 : 0;
+  std::map<std::string, std::pair<double, int>> hosts;
   double pairs = sends ? 1 : 0, all = 0;
-  if (!slowest(world, mine, &out->gbps) ||
+  if (!byHost(world, hostOf, mine, &hosts) ||
       braidAllReduce(&pairs, &all, 1, braidFloat64, braidSum, world, nullptr) != braidSuccess)
     return false;
   out->pairs = static_cast<int>(all);
-  if (out->pairs == 0) out->gbps = 0;
+  out->gbps = 0;
+  for (const auto& [h, sum] : hosts)
+    if (sum.first > 0) out->gbps = out->gbps == 0 ? sum.first : std::min(out->gbps, sum.first);
   return true;
 }
 

@@ -24,7 +24,9 @@ bool measureMemory(braidComm_t world, const std::vector<std::string>& hostOf, st
 
 // Links between hosts: each rank whose ring neighbour (rank + 1, rank - 1) is on another host
 // streams `bytes` to the next while it receives as many from the previous one, over Braid's
-// send/recv (tcp or ib), every such pair at once; the slowest pair's rate in GB/s each way.
+// send/recv (tcp or ib), every such pair at once, each repetition started together (a barrier);
+// per host the sum of its ranks' streams (with ranks dealt round-robin, several cross at once),
+// and the slowest host's, in GB/s each way.
 // `hostOf[r]` names rank r's host. Collective over `world`; false if a call failed.
 struct LinkRate {
   double gbps = 0;  // 0: no pair of ranks on two hosts

@@ -135,9 +135,9 @@ void PerfReport::printHeader() const {
                 o.split.text().c_str(), h_.groups, h_.groupRanks);
   if (o.floor)
     std::printf("# floor: memory, each rank's copy and reduce at each size with every rank at once%s\n",
-                h_.linkPairs ? (("; links between hosts: " + gbpsText(h_.linkGBps) + " GB/s each way, the slowest of " +
+                h_.linkPairs ? (("; links between hosts: " + gbpsText(h_.linkGBps) + " GB/s each way, the slowest host's streams across together (" +
                                  std::to_string(h_.linkPairs) + " rank pair(s) streaming " + std::to_string(h_.linkBytes >> 20) +
-                                 " MiB both ways at once").c_str())
+                                 " MiB both ways at once)").c_str())
                              : "; one host: no link between hosts");
   for (const std::string& t : h_.transports) std::printf("#   %s\n", t.c_str());
   // The floor's column after each group's #wrong (with --floor only: the table is nccl-tests' otherwise).

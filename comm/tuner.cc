@@ -108,14 +108,15 @@ TunerChoice tune(const TunerInput& in, const Config& config) {
     if (c.hierUs < flatUs) c.algo = Algo::kHier;
   }
   const bool gathers = in.kind == CollKind::kAllGather || in.kind == CollKind::kReduceScatter;
-  // Below 256 KiB, where every algorithm runs on one channel: the model does not price the ring's
-  // channels and pipelining, with which it moves large calls better than whole steps one after
-  // another.
-  if (gathers && in.nranks > 2 && in.bytes < kManyChannelsBytes) {
+  if (gathers) {
     const double X = shape.hosts > 1 ? shape.maxPerHost : 1;
     c.bruckUs = logn * alpha + X * (n - 1) / n * S / beta;
     const double best = c.algo == Algo::kHier ? c.hierUs : (n - 1) * alpha + (n - 1) / n * S / beta;
-    if (in.allPairs && c.bruckUs < best) c.algo = Algo::kBruck;
+    // A candidate below 256 KiB, where every algorithm runs on one channel: the model does not
+    // price the ring's channels and pipelining, with which it moves large calls better than whole
+    // steps one after another. Not where BRAID_ALGO names another algorithm.
+    const bool forcedElse = config.algo != "auto" && config.algo != "bruck";
+    if (in.allPairs && in.nranks > 2 && in.bytes < kManyChannelsBytes && !forcedElse && c.bruckUs < best) c.algo = Algo::kBruck;
   }
   if (config.algo == "ring") c.algo = Algo::kRing;
   if (config.algo == "tree" && treeCapable) c.algo = Algo::kTree;

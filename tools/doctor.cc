@@ -519,8 +519,10 @@ int runDoctor(int argc, char** argv) {
   if (d.error.empty()) {
     // Rank 0 alone exits with the verdict; the others exit 0. A launcher (braid run, torchrun,
     // mpirun) stops every rank once one exits non-zero: a rank still in its destroy would then die
-    // without a goodbye, and its peers would call that a failure. Rank 0, which hosts the
-    // rendezvous store, leaves its destroy only after every rank has left, so its status comes last.
+    // without a goodbye, and its peers would call that a failure. Rank 0's destroy returns once
+    // every rank has called destroy (and so said its goodbyes); where rank 0 hosts the rendezvous
+    // store, only once every rank has left it (under braid run, node 0's launcher hosts it and
+    // serves the other hosts' ranks until they have left).
     if (braidCommDestroy(d.comm) != braidSuccess) {
       std::fprintf(stderr, "braid doctor: rank %d: destroy failed: %s\n", d.rank, braidGetLastError(d.comm));
       verdict = 2;

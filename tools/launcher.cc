@@ -281,11 +281,13 @@ std::string parseOptions(int argc, char** argv, Options& opts) {
 
 // Another process may take the port before rank 0 binds it; that window is the price of not
 // asking the user for a port on a single host, and the same one torchrun accepts.
-std::optional<int> pickFreePort(std::string& error) {
+// A free port on the loopback interface (0: any), or none with *error set.
+std::optional<int> freePort(int port, std::string& error) {
   UniqueFd sock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
   socklen_t len = sizeof addr;
   if (!sock.valid() || ::bind(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
       ::getsockname(sock.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
@@ -293,6 +295,18 @@ std::optional<int> pickFreePort(std::string& error) {
     return std::nullopt;
   }
   return ntohs(addr.sin_port);
+}
+
+// MASTER_PORT: a free port whose next one is free too (the launcher's rendezvous store, beside the
+// port the program may use itself, as torch's env:// store does).
+std::optional<int> pickFreePort(std::string& error) {
+  for (int tries = 0; tries < 32; ++tries) {
+    const auto port = freePort(0, error);
+    if (!port) return std::nullopt;
+    if (*port < 65535 && freePort(*port + 1, error)) return port;
+  }
+  error = "no two free ports in a row after 32 tries";
+  return std::nullopt;
 }
 
 struct Stream {
@@ -338,17 +352,20 @@ class Launcher {
     // Two pipes a rank: room for them under the soft limit (raised toward the hard one where
     // needed); each rank gets back the limit the launcher was started with.
     ::getrlimit(RLIMIT_NOFILE, &startLimit_);
-    if (Status room = fdlimit::reserve(2L * opts_.nproc, "braid run", "2 pipes for each of " +
-                                       std::to_string(opts_.nproc) + " ranks"); !room.ok()) {
+    // Every host's ranks are told the same (launchers on every host decide alike), node 0's hosts it.
+    launcherStore_ = store_ && store_->wanted();
+    hostsStore_ = launcherStore_ && opts_.nodeRank == 0;
+    const long ranks = static_cast<long>(opts_.nproc) * opts_.nnodes;
+    if (Status room = fdlimit::reserve(2L * opts_.nproc + (hostsStore_ ? ranks : 0), "braid run",
+                                       "2 pipes for each of " + std::to_string(opts_.nproc) + " ranks" +
+                                           (hostsStore_ ? ", " + std::to_string(ranks) + " for the rendezvous store's ranks" : ""));
+        !room.ok()) {
       printError(room.message());
       restoreSignals();
       return 1;
     }
     for (std::string& word : opts_.program) childArgv_.push_back(word.data());
     childArgv_.push_back(nullptr);
-    // Every host's ranks are told the same (launchers on every host decide alike), node 0's hosts it.
-    launcherStore_ = store_ && store_->wanted();
-    hostsStore_ = launcherStore_ && opts_.nodeRank == 0;
     ranks_.resize(static_cast<std::size_t>(opts_.nproc));
     for (int local = 0; local < opts_.nproc; ++local) {
       if (!spawn(ranks_[static_cast<std::size_t>(local)], local)) {
@@ -357,15 +374,18 @@ class Launcher {
         break;
       }
     }
-    if (hostsStore_ && !stopping_) startStore();
+    if (hostsStore_ && !stopping_ && !startStore()) {
+      status_ = 1;
+      beginStop();
+    }
     loop();
+    restoreSignals();  // (a Ctrl-C during the wait below ends the launcher)
     if (hostsStore_) {
       // The other hosts' ranks may still be in their last calls, or hearing of this host's
       // failure: serve them until they leave (as rank 0 did when it hosted the store).
       store_->waitUntilAllLeft(status_ != 0);
       store_->stop();
     }
-    restoreSignals();
     return status_;
   }
 
@@ -505,13 +525,14 @@ class Launcher {
     ::_exit(127);
   }
 
-  void startStore() {
-    const std::string why = store_->start(opts_.masterAddr, opts_.masterPort, opts_.secret);
-    if (why.empty()) return;
-    printError("cannot host the rendezvous store at " + opts_.masterAddr + ":" + std::to_string(opts_.masterPort) + ": " +
-               why + " (pick another --master-port, or set BRAID_STORE_HOST=rank0)");
-    status_ = 1;
-    beginStop();
+  // The store on the port after MASTER_PORT (the program's own, as torch's env:// store uses it).
+  bool startStore() {
+    const int port = opts_.masterPort + 1;
+    const std::string why = port > 65535 ? std::string("MASTER_PORT is the last port") : store_->start(opts_.masterAddr, port, opts_.secret);
+    if (why.empty()) return true;
+    printError("cannot host the rendezvous store at " + opts_.masterAddr + ":" + std::to_string(port) +
+               " (MASTER_PORT + 1): " + why + " (pick another --master-port, or set BRAID_STORE_HOST=rank0)");
+    return false;
   }
 
     bool anyAlive() const {
@@ -710,8 +731,9 @@ class Launcher {
       }
       reap();
       // Every rank left the store, and some are still running: the job's next communicator meets
-      // a new one at the same address (its ranks retry until it is there).
-      if (hostsStore_ && !stopping_ && anyAlive() && store_->finished()) startStore();
+      // a new one at the same address (its ranks retry until it is there). One that cannot be
+      // started fails only the communicators that would meet it, not the job.
+      if (hostsStore_ && !stopping_ && anyAlive() && store_->finished() && !startStore()) hostsStore_ = false;
     }
     // Every rank and its group are gone, so the ranks' own output is already in the pipes, and one
     // non-blocking drain gets all of it without waiting for EOF. A pipe still open after it is held

@@ -14,8 +14,9 @@ class StoreHost {
   virtual ~StoreHost() = default;
   // Whether to host it (BRAID_STORE_HOST): asked before any rank starts, which then learns so.
   virtual bool wanted() = 0;
-  // Starts the store at addr:port for the ranks that prove `secret` (BRAID_SECRET where set, else
-  // this); "" or why not. Called after the ranks are forked (the launcher forks single-threaded).
+  // Starts the store at addr:port (MASTER_PORT + 1) for the ranks that prove `secret` (BRAID_SECRET
+  // where set, else this); "" or why not. Called after the ranks are forked (the launcher forks
+  // single-threaded).
   virtual std::string start(const std::string& addr, int port, const std::string& secret) = 0;
   // Every rank that joined has left: a later communicator of the job needs a new store (start).
   virtual bool finished() = 0;

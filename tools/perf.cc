@@ -45,7 +45,7 @@ const char* kUsage =
     "                  [-c 0|1] [-d DTYPE|all] [-o OP|all] [-r ROOT] [-a 0|1|2|3] [-m AGG] [-z 0|1] [-C 0|1]\n"
     "                  [-T SECONDS] [-u BYTES] [-I 0|1] [-K SKIP] [--per-rank] [--floor] [-G LAUNCHES] [-R 0|1]\n"
     "                  [--split 'OP VALUE']\n"
-    "                  [--algo ring|tree|oneshot] [--transport shm|tcp] [--mem user|braid] [--device host|cuda]\n"
+    "                  [--algo ring|tree|oneshot|hier|bruck] [--transport shm|tcp] [--mem user|braid] [--device host|cuda]\n"
     "                  [--json FILE] [--plot FILE.svg [--plot-with RUN.json ...]]\n"
     "       braid perf --compare RUN.json RUN.json ...\n"
     "  -a 0|1|2|3: the time column is rank 0's mean time per call (0), the average over ranks (1, the\n"
@@ -423,8 +423,8 @@ int parse(int argc, char** argv, PerfOptions& o, std::vector<std::string>* compa
   else if (o.iters < 1 || o.warmup < 0) why = "-n must be at least 1 and -w at least 0";
   else if (o.step == 0 && !(o.factor > 1)) why = "-f must be above 1 (or give -i)";
   else if (o.minBytes > o.maxBytes) why = "-b is larger than -e";
-  else if (!o.algo.empty() && o.algo != "ring" && o.algo != "tree" && o.algo != "oneshot")
-    why = "--algo (or -a with a name) takes ring, tree or oneshot";
+  else if (!o.algo.empty() && o.algo != "ring" && o.algo != "tree" && o.algo != "oneshot" && o.algo != "hier" && o.algo != "bruck")
+    why = "--algo (or -a with a name) takes ring, tree, oneshot, hier or bruck";
   else if (o.skip >= (o.graphs ? o.graphs : o.iters) && o.perIteration())
     why = o.graphs ? "-K must leave at least one of the -G launches (one sample each)" : "-K must leave at least one of the -n iterations";
   else if (o.graphs && o.device != "cuda") why = "-G replays CUDA graphs: it needs --device cuda";

@@ -9,6 +9,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <thread>
@@ -30,7 +33,8 @@ namespace {
 const char* kStatusUsage =
     "usage: braid status [--addr HOST:PORT | --unique-id ID] [--interval SECONDS] [--watch SECONDS] [--json | --prom]\n"
     "  Asks every rank of a running job what it is doing and says who holds the others up.\n"
-    "  --addr      the job's rendezvous store (default: MASTER_ADDR:MASTER_PORT, as the job's launcher set them)\n"
+    "  --addr      the job's rendezvous store (default: MASTER_ADDR:MASTER_PORT, as the job's launcher set them;\n"
+    "              outside a job's environment, the job whose ranks run on this host, with their BRAID_SECRET)\n"
     "  --unique-id a job that met through a unique id (host:port/nonce: braidUniqueIdToString, braid_torch.unique_id());\n"
     "              the nonce is then the secret\n"
     "  --interval  seconds between the two samples that tell moving from waiting (default 0.5)\n"
@@ -285,6 +289,54 @@ std::string toProm(const Report& rep) {
   return prometheusText(ranks, rep.stalled ? 1 : 0);
 }
 
+// A job whose ranks run on this host, in environment mode (braid run, torchrun, mpirun, srun): its
+// store's address and the secret its ranks were given, from their /proc/PID/environ (readable
+// only by their user and root, who may then ask the job, as its ranks may).
+struct LocalJob {
+  std::string host;
+  int port = 0;
+  std::string secret;
+  std::vector<int> ranks;
+};
+
+std::vector<LocalJob> localJobs() {
+  std::map<std::pair<std::string, int>, LocalJob> jobs;
+  const int self = static_cast<int>(getpid());
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    const int pid = std::atoi(name.c_str());
+    if (pid <= 0 || pid == self) continue;
+    std::ifstream in(entry.path() / "environ", std::ios::binary);
+    const std::string env((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (env.empty()) continue;
+    std::map<std::string, std::string> vars;
+    for (std::size_t at = 0; at < env.size();) {
+      std::size_t end = env.find('\0', at);
+      if (end == std::string::npos) end = env.size();
+      const std::string kv = env.substr(at, end - at);
+      const std::size_t eq = kv.find('=');
+      if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
+      at = end + 1;
+    }
+    if (!vars.count("RANK") || !vars.count("MASTER_PORT")) continue;
+    int port = std::atoi(vars["MASTER_PORT"].c_str());
+    // Under torchrun's agent store, or braid run's own, Braid's is on the next port (readLaunchEnv,
+    // paramsFromEnv).
+    if (vars["TORCHELASTIC_USE_AGENT_STORE"] == "True" || vars["BRAID_STORE_HOST"] == "launcher") ++port;
+    const std::string host = vars.count("MASTER_ADDR") && !vars["MASTER_ADDR"].empty() ? vars["MASTER_ADDR"] : "127.0.0.1";
+    LocalJob& job = jobs[{host, port}];
+    job.host = host, job.port = port, job.secret = vars["BRAID_SECRET"];
+    job.ranks.push_back(std::atoi(vars["RANK"].c_str()));
+  }
+  std::vector<LocalJob> found;
+  for (auto& [key, job] : jobs) {
+    std::sort(job.ranks.begin(), job.ranks.end());
+    found.push_back(job);
+  }
+  return found;
+}
+
 }  // namespace
 
 int runStatus(int argc, char** argv) {
@@ -315,6 +367,7 @@ int runStatus(int argc, char** argv) {
   auto cfg = Config::fromEnvironment();
   if (!cfg.ok()) { std::fprintf(stderr, "braid status: %s\n", cfg.status().toString().c_str()); return 2; }
   std::string host, secret;
+  std::string braidSecret = cfg->secret;  // BRAID_SECRET: this shell's, or the local job's ranks'
   int port = -1;
   if (!uniqueId.empty()) {  // the store's address and the job's secret, both in the id
     auto id = uniqueIdFromString(uniqueId);
@@ -323,13 +376,28 @@ int runStatus(int argc, char** argv) {
     host = p->storeIp, port = p->storePort, secret = p->storeNonce;
   } else if (addr.empty()) {
     auto le = readLaunchEnv();
-    if (le.ok()) host = le->masterAddr, port = le->masterPort;
+    if (le.ok()) host = le->masterAddr, port = le->masterPort + (cfg->storeHost == "launcher" ? 1 : 0);
+    if (host.empty() || port <= 0) {
+      // Not in a job's environment: the job whose ranks run on this host, if there is one.
+      const std::vector<LocalJob> jobs = localJobs();
+      if (jobs.size() > 1) {
+        std::fprintf(stderr, "braid status: %zu jobs run ranks on this host; say which with --addr:\n", jobs.size());
+        for (const LocalJob& j : jobs)
+          std::fprintf(stderr, "  --addr %s:%d  (ranks %d..%d here)\n", j.host.c_str(), j.port, j.ranks.front(), j.ranks.back());
+        return 2;
+      }
+      if (jobs.size() == 1) {
+        host = jobs[0].host, port = jobs[0].port;
+        if (!jobs[0].secret.empty()) braidSecret = jobs[0].secret;
+      }
+    }
   } else if (addr.rfind(':') != std::string::npos) {
     host = addr.substr(0, addr.rfind(':'));
     port = std::atoi(addr.substr(addr.rfind(':') + 1).c_str());
   }
   if (host.empty() || port <= 0 || port > 65535) {
-    std::fprintf(stderr, "braid status: say where the job's rendezvous store is: --addr HOST:PORT, or MASTER_ADDR and MASTER_PORT\n");
+    std::fprintf(stderr, "braid status: no job's ranks run on this host (as this user): say where the job's rendezvous store is: "
+                         "--addr HOST:PORT, or MASTER_ADDR and MASTER_PORT\n");
     return 2;
   }
   auto ip = net::resolve(host);
@@ -337,7 +405,7 @@ int runStatus(int argc, char** argv) {
   const std::string where = *ip + ":" + std::to_string(port);
   for (;;) {
     const Deadline d = Deadline::after(std::min(10.0, cfg->timeoutSec));
-    auto store = StoreClient::observe(*ip, port, secret.empty() ? storeSecret(cfg->secret, *ip, port) : secret, d);
+    auto store = StoreClient::observe(*ip, port, secret.empty() ? storeSecret(braidSecret, *ip, port) : secret, d);
     if (!store.ok()) { std::fprintf(stderr, "braid status: %s\n", store.status().toString().c_str()); return 2; }
     // Answers come from each rank's watcher thread within milliseconds. The second sample is
     // taken an interval after the first: a rank in the same call with no more bytes moved is waiting.

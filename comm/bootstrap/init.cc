@@ -210,11 +210,15 @@ Result<InitParams> paramsFromEnv(const CommOptions& options) {
   }
   std::string addr = le->masterAddr.empty() ? "127.0.0.1" : le->masterAddr;
   int port = le->masterPort > 0 ? le->masterPort : 29500;
-  // braid run's node-0 launcher hosts the store itself (BRAID_STORE_HOST=launcher, which it sets):
-  // rank 0 then holds one store connection, not one for every rank.
+  // braid run's node-0 launcher hosts the store itself (BRAID_STORE_HOST=launcher, which it sets),
+  // on the port after MASTER_PORT (which stays the program's: torch's env:// store takes it), as
+  // under torchrun's agent store: rank 0 then holds one store connection, not one for every rank.
   auto cfg = Config::fromEnvironment();
   if (!cfg.ok()) return cfg.status();
-  return paramsFromStore(addr, port, le->rank == 0 && cfg->storeHost != "launcher", le->worldSize, le->rank, options);
+  const bool launcherStore = cfg->storeHost == "launcher";
+  if (launcherStore && ++port > 65535)
+    return Status::InvalidArgument("MASTER_PORT=65535 with BRAID_STORE_HOST=launcher: the launcher's store takes MASTER_PORT + 1");
+  return paramsFromStore(addr, port, le->rank == 0 && !launcherStore, le->worldSize, le->rank, options);
 }
 
 }  // namespace braid

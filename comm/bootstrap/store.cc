@@ -306,6 +306,7 @@ void StoreServer::serve(int listenFd) {
         nranks = n;
         c.rank = rank;
         ++joined;
+        joined_.store(joined, std::memory_order_relaxed);
         auth::Digest proof = auth::hmacSha256(nonce_, "braid-store-ok" + theirChallenge + c.challenge);
         Writer w;
         w.str(std::string(reinterpret_cast<const char*>(proof.data()), proof.size()));
@@ -413,8 +414,8 @@ void StoreServer::serve(int listenFd) {
       if (fd < 0 && fdlimit::exhausted(errno)) {
         // Out of descriptors: the spare one makes room to accept this rank and tell it why (rather
         // than leave it in the backlog until BRAID_TIMEOUT), and every joined rank hears it too.
-        const std::string why = "the rendezvous store (in rank 0's process, or the one that created the unique id) "
-                                "cannot accept more ranks: " + net::errnoText(errno);
+        const std::string why = "the rendezvous store (in rank 0's process, braid run's launcher on node 0, or the process "
+                                "that created the unique id) cannot accept more ranks: " + net::errnoText(errno);
         if (!outOfFds) {
           BRAID_LOG(kWarn, kBoot, "store: %s", why.c_str());
           broadcast({Notice::kError, -1, Code::kSystemError, why}, clients.size());
@@ -761,7 +762,8 @@ void StoreClient::startWatching(std::function<void(const Notice&)> onNotice) {
       if (closing_) return end("the communicator is closing");
       if (!s.ok()) {
         const std::string lost = "lost the connection to the rendezvous store at " + endpoint_ +
-                                 ": the process hosting it (rank 0, or the one that created the unique id) exited";
+                                 ": the process hosting it (rank 0, braid run's launcher on node 0, or the one that created the "
+                                 "unique id) exited";
         end(lost);
         onNotice({Notice::kStoreLost, -1, Code::kRemoteError, lost});
         return;

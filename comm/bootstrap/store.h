@@ -1,5 +1,5 @@
 // The rendezvous store: a small key-value server (c10d's vocabulary: set, get, add, wait) that runs
-// in rank 0 or in the process that called braidGetUniqueId, and doubles as the control plane after
+// in rank 0, in braid run's launcher on node 0, or in the process that called braidGetUniqueId, and doubles as the control plane after
 // setup: a rank reports a failure once and the store tells every other rank, and a rank whose
 // connection drops without saying goodbye is announced as gone. Frames are length-prefixed and
 // bounded (kMaxFrame); anything malformed drops that connection only.
@@ -47,6 +47,8 @@ class StoreServer {
   bool finished() const { return finished_; }  // every rank left (or stop): no longer serving
   // Requests served so far (every frame a client sent: hello, set, get, multi-get, add, ...).
   std::int64_t requests() const { return requests_.load(std::memory_order_relaxed); }
+  // Ranks that have said hello so far (observers aside).
+  int ranksJoined() const { return joined_.load(std::memory_order_relaxed); }
   // Bytes of those frames and of every answer and notice it sent.
   std::int64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
   // The same for this process's detached store of `nonce` (unique-id mode); -1 if there is none.
@@ -71,6 +73,7 @@ class StoreServer {
   std::atomic<bool> finished_{false};
   std::atomic<std::int64_t> requests_{0};
   std::atomic<std::int64_t> bytes_{0};
+  std::atomic<int> joined_{0};
   // Who closes the listener: the object (listen_, kOwned), the detached thread (kDetached), or
   // nobody yet because the thread ended first (kThreadDone: detach() closes it). Changed only by
   // exchange, so the thread never reads listen_ while detach() releases it.

@@ -329,7 +329,11 @@ Status CudaProxy::enqueueCaptured(const CollArgs& a, void* stream) {
     c = capturedCalls().back().get();
   }
   cudaError_t e = cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), replayCaptured, c);
-  if (e != cudaSuccess) return failed("cudaLaunchHostFunc (capturing the call into the graph)", e);
+  if (e != cudaSuccess) {
+    std::lock_guard<std::mutex> g(mu_);
+    --capturedCalls_;  // (no node holds it)
+    return failed("cudaLaunchHostFunc (capturing the call into the graph)", e);
+  }
   return Status::Ok();
 }
 

@@ -83,7 +83,7 @@ start_on_hosts() {
       --master-addr "$("$testhosts" addr h1)" --master-port "$port" -n "$ranks" --bind-to none -- "$@" >"$work/h$k.log" 2>&1 &
     pids+=($!)
   done
-  port=$((port + 1))
+  port=$((port + 2))  # MASTER_PORT and the launcher's store on the next one
 }
 
 # start_on_hosts, then waits for all of them; returns the number that exited non-zero.
@@ -366,7 +366,7 @@ status_capped() {
   [ -n "$status_job" ] || { echo "  no braid-status-job given"; return 1; }
   "$testhosts" link h1 rate 100mbit to h2
   start_on_hosts 2 2 120 "$status_job" --count 262144 --calls 100000000
-  status_samples "$("$testhosts" addr h1):$((port - 1))" 3 5000
+  status_samples "$("$testhosts" addr h1):$port" 3 5000
   local st=$?
   "$testhosts" link h1 clear; "$testhosts" link h2 clear
   kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null
@@ -528,7 +528,7 @@ check "128 ranks on 32 hosts x 4: every collective exact, peers beyond the algor
 status_32x4() {
   [ -n "$status_job" ] || { echo "  no braid-status-job given"; return 1; }
   start_on_hosts 32 4 180 "$status_job" --count 262144 --calls 100000000
-  status_samples "$("$testhosts" addr h1):$((port - 1))" 3 2000
+  status_samples "$("$testhosts" addr h1):$port" 3 2000
   local st=$?
   kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null
   return "$st"

@@ -6,11 +6,19 @@ import socket
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A free port whose next one is free too: braid run's launcher hosts the store on MASTER_PORT + 1."""
+    while True:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        try:
+            t = socket.socket()
+            t.bind(("127.0.0.1", port + 1))
+            t.close()
+            return port
+        except OSError:
+            continue
 
 
 def end_job(proc, pids):

@@ -83,7 +83,8 @@ with tempfile.TemporaryDirectory(prefix="braid-schemas-") as tmp:
     try:
         status = None
         for _ in range(100):
-            r = subprocess.run([BRAID, "status", "--addr", f"127.0.0.1:{port}", "--json"], env=ENV, capture_output=True,
+            # (braid run's launcher hosts the store on MASTER_PORT + 1)
+            r = subprocess.run([BRAID, "status", "--addr", f"127.0.0.1:{port + 1}", "--json"], env=ENV, capture_output=True,
                                text=True, timeout=30)
             if r.returncode == 0:
                 status = json.loads(r.stdout)

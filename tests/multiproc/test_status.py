@@ -4,6 +4,7 @@
 Usage: test_status.py BRAID STATUS_JOB. Checks, each on a live job:
 - a healthy job: every rank answers, "all progressing", exit status 0;
 - a query with a wrong secret: refused (exit 2, "authentication failed"), and the job unaffected;
+- without --addr and outside the job's environment: the job whose ranks run on this host, found;
 - one rank stopped with SIGSTOP: named "stopped" within 2 s, every other rank waiting, exit 1;
   after SIGCONT: all progressing again, and the wait counted against it per peer (stall seconds);
 - one rank busy outside any call (compute) while the others wait: named as not entered, exit 1;
@@ -42,7 +43,7 @@ def start(extra=(), env_extra=None):
                           "--calls", "1000000", *extra], env=env, start_new_session=True,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     jobs.append({"proc": p, "pids": []})
-    return port
+    return port + 1  # the store's: braid run's launcher hosts it on MASTER_PORT + 1
 
 
 def status(port, secret=SECRET):
@@ -165,6 +166,16 @@ try:
     check("wrong secret refused", rc == 2 and "authentication failed" in err, f"exit {rc}: {err!r}")
     rc, doc, _ = until(port, progressing, seconds=10)
     check("job unaffected by the refused query", progressing(rc, doc), f"exit {rc}: {doc and doc['verdict']}")
+
+    # Outside the job's environment (no MASTER_*, no BRAID_SECRET): the job whose ranks run on this
+    # host, found through their /proc/PID/environ. (Where another suite's job runs here too, it
+    # lists both and asks for --addr.)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "BRAID_", "RANK", "WORLD_SIZE"))}
+    r = subprocess.run([BRAID, "status", "--json"], env=env, capture_output=True, text=True, timeout=30)
+    found = json.loads(r.stdout) if r.returncode in (0, 1) and r.stdout else None
+    check("without --addr: the job on this host found",
+          (found is not None and len(found["ranks"]) == 8 and found["addr"].endswith(f":{port}"))
+          or (r.returncode == 2 and f"--addr 127.0.0.1:{port}" in r.stderr), f"exit {r.returncode}: {r.stderr[-300:]!r}")
 
     victim = doc["ranks"][3]["pid"]
     os.kill(victim, signal.SIGSTOP)

@@ -600,10 +600,10 @@ TEST(Tuner, OneShotForTinyTreeForSmallRingForLarge) {
   EXPECT_EQ(tune({CollKind::kAllReduce, 8, 8, 2, shm}, c).algo, Algo::kRing);
   c.algo = "oneshot";
   EXPECT_EQ(tune({CollKind::kAllReduce, 256u << 20, 8, 2, shm}, c).algo, Algo::kOneShot);
-  EXPECT_EQ(tune({CollKind::kAllGather, 8, 8, 2, shm}, c).algo, Algo::kBruck);  // all-reduce only
+  EXPECT_EQ(tune({CollKind::kAllGather, 8, 8, 2, shm}, c).algo, Algo::kRing);  // all-reduce only; no other forced one
   Tuner memo(c, 8, 2, shm);
   EXPECT_EQ(memo.choose(CollKind::kAllReduce, 8).algo, Algo::kOneShot);
-  EXPECT_EQ(memo.choose(CollKind::kAllGather, 8).algo, Algo::kBruck);  // a new key is not the old answer
+  EXPECT_EQ(memo.choose(CollKind::kAllGather, 8).algo, Algo::kRing);  // a new key is not the old answer
   c.algo = "ring";
   c.chunkSize = 12345;
   EXPECT_EQ(tune({CollKind::kAllReduce, 8, 8, 2, shm}, c).chunk, 12288u);  // whole 64-byte units

@@ -52,7 +52,7 @@ class LauncherStore final : public braid::tools::StoreHost {
   // (A store started again for a next communicator that no rank then created is left at once,
   // whatever observers asked it.)
   void waitUntilAllLeft(bool jobFailed) override {
-    const double limit = jobFailed ? std::min(5.0, config_.timeoutSec) : config_.timeoutSec;
+    const double limit = jobFailed ? std::min(1.0, config_.timeoutSec) : config_.timeoutSec;
     if (server_ && server_->ranksJoined() > 0) server_->waitUntilAllLeft(braid::Deadline::after(limit));
   }
   void stop() override { server_.reset(); }

@@ -20,9 +20,8 @@ class StoreHost {
   virtual std::string start(const std::string& addr, int port, const std::string& secret) = 0;
   // Every rank that joined has left: a later communicator of the job needs a new store (start).
   virtual bool finished() = 0;
-  // Serves until every rank that joined has left, or BRAID_TIMEOUT has passed (where the job
-  // failed, 5 s at most: the failure's notices reach the other hosts' ranks, as when rank 0
-  // hosted the store); then stops.
+  // Serves until every rank that joined has left, or BRAID_TIMEOUT has passed (1 s where the job
+  // failed: its notices were relayed as they came); then stops.
   virtual void waitUntilAllLeft(bool jobFailed) = 0;
   virtual void stop() = 0;
 };

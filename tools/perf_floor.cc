@@ -93,18 +93,22 @@ bool measureLinks(braidComm_t world, int rank, const std::vector<std::string>& h
     if (braidGroupEnd() != braidSuccess) return false;
     if (rep >= 0) best = std::min(best, now() - t0);
   }
-  // A host's link is what its ranks that stream across move together (ranks dealt round-robin
-  // over hosts all cross at once, each with a share of the link); the slowest host's sum.
-  const double mine = sends ? static_cast<double>(bytes) / best / 1e9 : 0;
-  std::map<std::string, std::pair<double, int>> hosts;
-  double pairs = sends ? 1 : 0, all = 0;
-  if (!byHost(world, hostOf, mine, &hosts) ||
-      braidAllReduce(&pairs, &all, 1, braidFloat64, braidSum, world, nullptr) != braidSuccess)
-    return false;
-  out->pairs = static_cast<int>(all);
+  // Each stream's time is the slower of its two ends' (a sender is done once the kernel holds its
+  // last bytes); a host's link is what its ranks that stream across move together (ranks dealt
+  // round-robin over hosts all cross at once, each with a share); the slowest host's sum.
+  const double mine = sends || receives ? best : 0;
+  std::vector<double> took(static_cast<std::size_t>(n));
+  if (braidAllGather(&mine, took.data(), 1, braidFloat64, world, nullptr) != braidSuccess) return false;
+  std::map<std::string, double> egress;
+  out->pairs = 0;
+  for (int q = 0; q < n; ++q)
+    if (n > 1 && host((q + 1) % n) != host(q)) {
+      const double t = std::max(took[static_cast<std::size_t>(q)], took[static_cast<std::size_t>((q + 1) % n)]);
+      egress[host(q)] += static_cast<double>(bytes) / t / 1e9;
+      ++out->pairs;
+    }
   out->gbps = 0;
-  for (const auto& [h, sum] : hosts)
-    if (sum.first > 0) out->gbps = out->gbps == 0 ? sum.first : std::min(out->gbps, sum.first);
+  for (const auto& [h, gbps] : egress) out->gbps = out->gbps == 0 ? gbps : std::min(out->gbps, gbps);
   return true;
 }
 

@@ -366,7 +366,7 @@ status_capped() {
   [ -n "$status_job" ] || { echo "  no braid-status-job given"; return 1; }
   "$testhosts" link h1 rate 100mbit to h2
   start_on_hosts 2 2 120 "$status_job" --count 262144 --calls 100000000
-  status_samples "$("$testhosts" addr h1):$port" 3 5000
+  status_samples "$("$testhosts" addr h1):$((port - 1))" 3 5000  # MASTER_PORT + 1: start_on_hosts moved port on by 2
   local st=$?
   "$testhosts" link h1 clear; "$testhosts" link h2 clear
   kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null
@@ -528,7 +528,7 @@ check "128 ranks on 32 hosts x 4: every collective exact, peers beyond the algor
 status_32x4() {
   [ -n "$status_job" ] || { echo "  no braid-status-job given"; return 1; }
   start_on_hosts 32 4 180 "$status_job" --count 262144 --calls 100000000
-  status_samples "$("$testhosts" addr h1):$port" 3 2000
+  status_samples "$("$testhosts" addr h1):$((port - 1))" 3 2000  # MASTER_PORT + 1
   local st=$?
   kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null
   return "$st"

@@ -535,7 +535,7 @@ class Launcher {
     return false;
   }
 
-    bool anyAlive() const {
+  bool anyAlive() const {
     return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.alive; });
   }
 

@@ -408,7 +408,10 @@ void StoreServer::serve(int listenFd) {
     std::vector<std::size_t> owner{0};
     for (std::size_t i = 0; i < clients.size(); ++i)
       if (!clients[i].left && clients[i].fd.valid()) { pfds.push_back({clients[i].fd.get(), POLLIN, 0}); owner.push_back(i); }
-    if (::poll(pfds.data(), pfds.size(), 50) <= 0) continue;
+    // (No event is no reason to skip the sweep below: a socket found broken while writing to it
+    // after the last event is dropped there, or nobody ever would.)
+    if (::poll(pfds.data(), pfds.size(), 50) < 0)
+      for (pollfd& p : pfds) p.revents = 0;
     if (pfds[0].revents & POLLIN) {
       int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0 && fdlimit::exhausted(errno)) {
@@ -465,7 +468,8 @@ void StoreServer::serve(int listenFd) {
       }
     }
     // A client whose socket broke while we wrote to it, or that has not proved itself within
-    // 10 s, is dropped (and announced, if it had joined).
+    // 10 s, is dropped (and announced, if it had joined). An announcement may break an earlier
+    // one's socket: the next pass, 50 ms on at most, drops that one.
     for (std::size_t i = 0; i < clients.size(); ++i) {
       ServerClient& c = clients[i];
       if (c.left) continue;

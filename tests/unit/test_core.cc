@@ -1,6 +1,7 @@
 // In-process unit tests of the pieces under the communicator: config parsing, interface matching,
 // unique ids, fingerprints, partitioning, the tuner, and the rendezvous store.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -943,6 +944,63 @@ TEST(Store, PeerThatVanishesIsAnnounced) {
   for (int i = 0; i < 500 && gone < 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(gone.load(), 1);
   (*a)->close();
+}
+
+// Joins the store as RANK of NRANKS over a socket whose receive buffer is RCVBUF bytes (0: the
+// system's), by the wire format.
+net::Fd joinRaw(int port, const std::string& secret, int rank, int nranks, int rcvbuf = 0) {
+  net::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (rcvbuf > 0) setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return net::Fd();
+  std::string p;
+  if (readFrame(fd.get(), &p) != 'C') return net::Fd();
+  const std::string hello = helloFor(secret, p.substr(4), rank, nranks);
+  if (!net::sendAll(fd.get(), hello.data(), hello.size(), Deadline::after(5)).ok() || readFrame(fd.get(), &p) != 'V')
+    return net::Fd();
+  return fd;
+}
+
+// Ranks whose sockets break while the store writes to others (a job's abort): every one of them
+// counts as left and the store finishes, however the breaks fall between its polls (a launcher
+// hosting the store waits for that before it exits). Rank 1 stops reading, so the store's write of
+// rank 2's reports to it comes to wait out its budget (1 s); meanwhile ranks 0 and 2 die. Rank 1 is
+// then dropped and announced to them, which finds their sockets broken too: rank 0's after its
+// turn in that pass had gone, with no event left to bring another.
+TEST(Store, FinishesWhenRanksBreakWhileItWritesToAnother) {
+  auto server = StoreServer::start("127.0.0.1", 0, "s3cret");
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  net::Fd r0 = joinRaw(port, "s3cret", 0, 3), r1 = joinRaw(port, "s3cret", 1, 3, 4096), r2 = joinRaw(port, "s3cret", 2, 3);
+  ASSERT_TRUE(r0.valid() && r1.valid() && r2.valid());
+  const std::string report = frameOf('R', i32(Notice::kError) + i32(2) + i32(static_cast<int>(Code::kRemoteError)) +
+                                              str(std::string(512 << 10, 'x')));
+  const std::string probe = frameOf('S', str("probe") + str(""));
+  bool blocked = false;
+  for (int k = 0; k < 64 && !blocked; ++k) {
+    ASSERT_TRUE(net::sendAll(r2.get(), report.data(), report.size(), Deadline::after(5)).ok());
+    std::string got;
+    ASSERT_EQ(readFrame(r0.get(), &got), 'N');  // rank 0 has it: the store now writes it to rank 1
+    // A set from rank 2 is answered at once, unless the store is stuck writing to rank 1.
+    ASSERT_TRUE(net::sendAll(r2.get(), probe.data(), probe.size(), Deadline::after(5)).ok());
+    char head[5];
+    blocked = !net::recvAll(r2.get(), head, sizeof(head), Deadline::after(0.3)).ok();
+    if (!blocked) { ASSERT_EQ(head[4], 'O'); }
+  }
+  ASSERT_TRUE(blocked) << "rank 1's buffers never filled";
+  const linger reset{1, 0};  // closed with a reset, as a killed process's socket may be
+  for (net::Fd* fd : {&r0, &r2}) {
+    ASSERT_EQ(setsockopt(fd->get(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset)), 0);
+    fd->reset();
+  }
+  // (waitUntilAllLeft stops the store at its deadline, which also makes it finished: ask before.)
+  const Deadline d = Deadline::after(5);
+  while (!(*server)->finished() && !d.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_TRUE((*server)->finished()) << "the store still waits for ranks that are gone";
+  (*server)->waitUntilAllLeft(d);
 }
 
 }  // namespace

@@ -279,9 +279,22 @@ class Net(torch.nn.Module):
         return self.b(torch.tanh(self.a(x)))
 
 
-def ddp_body(rank, world, port, backend, variant, out_path):
-    from torch.nn.parallel import DistributedDataParallel as DDP
+def ddp_body(rank, world, port, backend, variants, out_dir):
+    """Each variant's training in turn on one process group; rank 0 saves each one's parameters."""
     init(rank, world, port, backend)
+    for variant in variants:
+        ddp_train(rank, world, backend, variant, os.path.join(out_dir, f"{backend}-{world}-{variant}.pt"))
+    if backend == "gloo":
+        # torch 1.13's ~ProcessGroupGloo (run by ~Reducer as `ddp` goes) joins gloo's worker threads
+        # while it holds the GIL, and a worker finishing a work's future waits for the GIL: a
+        # deadlock CI met once. The reference run leaves without running destructors.
+        dist.barrier()
+        os._exit(0)
+    dist.destroy_process_group()
+
+
+def ddp_train(rank, world, backend, variant, out_path):
+    from torch.nn.parallel import DistributedDataParallel as DDP
     torch.manual_seed(1234)
     model = Net(unused=(variant == "unused"))
     cap = 0.0005 if variant == "small-buckets" else 25
@@ -318,13 +331,6 @@ def ddp_body(rank, world, port, backend, variant, out_path):
                 raise AssertionError(f"{backend} {variant}: step {step}: rank {q}'s parameters differ from rank {rank}'s")
     if rank == 0:
         torch.save([p.detach().clone() for p in ddp.parameters()], out_path)
-    if backend == "gloo":
-        # torch 1.13's ~ProcessGroupGloo (run by ~Reducer as `ddp` goes) joins gloo's worker threads
-        # while it holds the GIL, and a worker finishing a work's future waits for the GIL: a
-        # deadlock CI met once. The reference run leaves without running destructors.
-        dist.barrier()
-        os._exit(0)
-    dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------ sequence numbers
@@ -773,14 +779,15 @@ def check_coalescing():
 
 
 def check_ddp_matches_gloo():
+    # One job a world size and backend runs every variant in turn (powerSGD last: its hook's last
+    # all-reduce may still be queued as the process exits).
+    variants = ("plain", "no_sync", "small-buckets", "unused", "hook", "powersgd")
     with tempfile.TemporaryDirectory() as d:
         for world in (2, 3):
-            for variant in ("plain", "no_sync", "small-buckets", "unused", "hook", "powersgd"):
-                res = {}
-                for backend in ("braid", "gloo"):
-                    path = os.path.join(d, f"{backend}-{world}-{variant}.pt")
-                    spawn(ddp_body, world, backend, variant, path)
-                    res[backend] = torch.load(path)
+            for backend in ("braid", "gloo"):
+                spawn(ddp_body, world, backend, variants, d)
+            for variant in variants:
+                res = {b: torch.load(os.path.join(d, f"{b}-{world}-{variant}.pt")) for b in ("braid", "gloo")}
                 diff = max((a - b).abs().max().item() for a, b in zip(res["braid"], res["gloo"]))
                 print(f"  DDP {world} ranks, {variant}: max |braid - gloo| = {diff:.3g}")
                 if diff > 1e-6:

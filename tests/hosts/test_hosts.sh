@@ -101,6 +101,8 @@ run_on_hosts() {
 }
 
 # HOSTS_CASES=PATTERN (a shell pattern matched against a case's function) runs only those cases.
+# Some need an earlier one: the 128-rank cases (*_32x4) the hosts scale_32x4 makes, and
+# doctor_everything the baseline doctor_healthy writes ('*32x4', 'doctor_*' run them together).
 check() {  # NAME CONDITION...
   local name=$1
   shift
@@ -585,4 +587,5 @@ check "128 ranks on 32 hosts x 4: a rank killed on one host is named within 10 s
 
 rm -rf "$work"
 echo "$passed passed, $fail failed"
+[ $((passed + fail)) -gt 0 ] || { echo "HOSTS_CASES='${HOSTS_CASES:-}' matches no case"; exit 1; }
 [ "$fail" = 0 ]

@@ -2,6 +2,7 @@
 // unique ids, fingerprints, partitioning, the tuner, and the rendezvous store.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -971,36 +972,54 @@ net::Fd joinRaw(int port, const std::string& secret, int rank, int nranks, int r
 // then dropped and announced to them, which finds their sockets broken too: rank 0's after its
 // turn in that pass had gone, with no event left to bring another.
 TEST(Store, FinishesWhenRanksBreakWhileItWritesToAnother) {
-  auto server = StoreServer::start("127.0.0.1", 0, "s3cret");
-  ASSERT_TRUE(server.ok());
-  const int port = (*server)->port();
-  net::Fd r0 = joinRaw(port, "s3cret", 0, 3), r1 = joinRaw(port, "s3cret", 1, 3, 4096), r2 = joinRaw(port, "s3cret", 2, 3);
-  ASSERT_TRUE(r0.valid() && r1.valid() && r2.valid());
-  const std::string report = frameOf('R', i32(Notice::kError) + i32(2) + i32(static_cast<int>(Code::kRemoteError)) +
-                                              str(std::string(512 << 10, 'x')));
-  const std::string probe = frameOf('S', str("probe") + str(""));
-  bool blocked = false;
-  for (int k = 0; k < 64 && !blocked; ++k) {
-    ASSERT_TRUE(net::sendAll(r2.get(), report.data(), report.size(), Deadline::after(5)).ok());
-    std::string got;
-    ASSERT_EQ(readFrame(r0.get(), &got), 'N');  // rank 0 has it: the store now writes it to rank 1
-    // A set from rank 2 is answered at once, unless the store is stuck writing to rank 1.
-    ASSERT_TRUE(net::sendAll(r2.get(), probe.data(), probe.size(), Deadline::after(5)).ok());
-    char head[5];
-    blocked = !net::recvAll(r2.get(), head, sizeof(head), Deadline::after(0.3)).ok();
-    if (!blocked) { ASSERT_EQ(head[4], 'O'); }
-  }
-  ASSERT_TRUE(blocked) << "rank 1's buffers never filled";
-  const linger reset{1, 0};  // closed with a reset, as a killed process's socket may be
-  for (net::Fd* fd : {&r0, &r2}) {
-    ASSERT_EQ(setsockopt(fd->get(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset)), 0);
-    fd->reset();
-  }
-  // (waitUntilAllLeft stops the store at its deadline, which also makes it finished: ask before.)
-  const Deadline d = Deadline::after(5);
-  while (!(*server)->finished() && !d.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_TRUE((*server)->finished()) << "the store still waits for ranks that are gone";
-  (*server)->waitUntilAllLeft(d);
+  enum Outcome { kFinished, kStuck, kNotBlocked };
+  auto attempt = [](std::string* why) -> Outcome {
+    auto server = StoreServer::start("127.0.0.1", 0, "s3cret");
+    if (!server.ok()) return *why = server.status().message(), kStuck;
+    const int port = (*server)->port();
+    net::Fd r0 = joinRaw(port, "s3cret", 0, 3), r1 = joinRaw(port, "s3cret", 1, 3, 4096), r2 = joinRaw(port, "s3cret", 2, 3);
+    if (!r0.valid() || !r1.valid() || !r2.valid()) return *why = "a rank could not join", kStuck;
+    const std::string report = frameOf('R', i32(Notice::kError) + i32(2) + i32(static_cast<int>(Code::kRemoteError)) +
+                                                str(std::string(512 << 10, 'x')));
+    const std::string probe = frameOf('S', str("probe") + str(""));
+    bool blocked = false;
+    for (int k = 0; k < 64 && !blocked; ++k) {
+      std::string got;
+      if (!net::sendAll(r2.get(), report.data(), report.size(), Deadline::after(5)).ok() || readFrame(r0.get(), &got) != 'N')
+        return *why = "rank 2's report did not reach rank 0", kStuck;
+      // Rank 0 has it, so the store now writes it to rank 1. A set from rank 2 is answered at
+      // once, unless the store is stuck in that write (or, on a loaded machine, only slow).
+      if (!net::sendAll(r2.get(), probe.data(), probe.size(), Deadline::after(5)).ok()) return *why = "probe", kStuck;
+      char head[5];
+      blocked = !net::recvAll(r2.get(), head, sizeof(head), Deadline::after(0.5)).ok();
+    }
+    if (!blocked) return *why = "rank 1's buffers never filled", kStuck;
+    const linger reset{1, 0};  // closed with a reset, as a killed process's socket may be
+    for (net::Fd* fd : {&r0, &r2}) {
+      setsockopt(fd->get(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+      fd->reset();
+    }
+    // (waitUntilAllLeft stops the store at its deadline, which also makes it finished: ask before.)
+    const Deadline d = Deadline::after(4);
+    while (!(*server)->finished() && !d.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if ((*server)->finished()) return kFinished;
+    // Not finished: either the store dropped rank 1 (its write ran out of budget, as meant) and
+    // lost count of rank 0, or it was only slow and still holds rank 1, connected. Rank 1's
+    // socket tells which: it ends (after what the store had written) only in the first case.
+    char buf[65536];
+    const Deadline drain = Deadline::after(3);
+    while (!drain.expired()) {
+      pollfd p{r1.get(), POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      const ssize_t k = ::recv(r1.get(), buf, sizeof(buf), 0);
+      if (k <= 0) return *why = "the store dropped rank 1 and still waits for ranks that are gone", kStuck;
+    }
+    return kNotBlocked;
+  };
+  Outcome o = kNotBlocked;
+  std::string why;
+  for (int tries = 0; tries < 3 && o == kNotBlocked; ++tries) o = attempt(&why);
+  EXPECT_EQ(o, kFinished) << (o == kNotBlocked ? "the store was only slow in 3 tries, never stuck writing to rank 1" : why);
 }
 
 }  // namespace

@@ -137,33 +137,42 @@ TEST(Roster, ARankThatVanishesIsNamedByEveryRankAtOnce) {
 TEST(Roster, StrangersAtAParentTakeNoChildsPlaceAndHoldUpNobody) {
   std::vector<net::Fd> held;
   std::thread attacker;
-  auto attack = [&](const std::string& address) {
+  // The four connect in rank 0's thread before its gather starts (its listener is open until
+  // the gather ends, which could otherwise come first); then they speak, beside the gather.
+  std::vector<net::Fd> strangers;
+  auto connectAll = [&](const std::string& address) {
     const std::string ip = address.substr(0, address.rfind(':'));
     const int port = std::atoi(address.c_str() + address.rfind(':') + 1);
-    auto connect = [&]() { return net::connectTo(ip, port, Deadline::after(5)); };
     for (int kind = 0; kind < 4; ++kind) {
-      auto fd = connect();
+      auto fd = net::connectTo(ip, port, Deadline::after(5));
       ASSERT_TRUE(fd.ok());
+      strangers.push_back(std::move(fd.value()));
+    }
+  };
+  auto attack = [&]() {
+    for (int kind = 0; kind < static_cast<int>(strangers.size()); ++kind) {
+      net::Fd* fd = &strangers[static_cast<std::size_t>(kind)];
       std::uint32_t magic = 0x54525242;
       std::int32_t child = 1;
       std::string hello(reinterpret_cast<const char*>(&magic), 4);
       hello += std::string(reinterpret_cast<const char*>(&child), 4) + std::string(16, 'c');
-      if (kind == 0) { held.push_back(std::move(fd.value())); continue; }  // silent
+      if (kind == 0) { held.push_back(std::move(*fd)); continue; }  // silent
       if (kind == 1) {  // claims rank 1, answers the challenge without the secret
         (void)net::sendAll(fd->get(), hello.data(), hello.size(), Deadline::after(1));
         std::string answer(48, '\0');
         (void)net::recvAll(fd->get(), answer.data(), answer.size(), Deadline::after(2));
         auth::Digest wrong = auth::hmacSha256("not the secret", answer.substr(0, 16));
         (void)net::sendAll(fd->get(), wrong.data(), wrong.size(), Deadline::after(1));
-        held.push_back(std::move(fd.value()));
+        held.push_back(std::move(*fd));
         continue;
       }
       if (kind == 2) (void)net::sendAll(fd->get(), std::string(4096, 'g').data(), 4096, Deadline::after(1));
+      fd->reset();  // garbage, or nothing, then a hang-up
     }
   };
   const int n = 9;
   auto out = run(n, 30, nullptr, false, nullptr,
-                 [&](const std::string& address) { attacker = std::thread([&, address] { attack(address); }); });
+                 [&](const std::string& address) { connectAll(address); attacker = std::thread(attack); });
   attacker.join();
   for (int r = 0; r < n; ++r) {
     const Outcome& o = out[static_cast<std::size_t>(r)];
